@@ -1,0 +1,561 @@
+"""Attention core: validation, masks, grouped-query layout, reference attention,
+blockwise online-softmax attention with log-sum-exp, and LSE merging.
+
+Every attention variant in lcjax follows one contract (see DESIGN.md)::
+
+    out = variant(q, k, v, *, causal=False, mask=None, scale=None, **options)
+    q: [B, T, H, D]   k, v: [B, S, Hkv, D]   H % Hkv == 0   ->  out: [B, T, H, D]
+
+``mask`` is boolean, broadcastable to [B, H, T, S], True = may attend. Softmax
+statistics are float32 whatever the input dtype; a query row with nothing to attend
+to returns zeros (and log-sum-exp ``-inf``), never NaN.
+
+The blockwise path is the online softmax of Milakov & Gimelshein (2018) as used by
+FlashAttention (Dao et al., 2022): for each query block, running max ``m``, running
+normaliser ``l`` and running numerator ``acc`` are updated over key blocks,
+
+    m' = max(m, rowmax(S_j)),  l' = e^{m-m'} l + rowsum(e^{S_j - m'}),
+    acc' = e^{m-m'} acc + e^{S_j - m'} V_j,   out = acc / l,   lse = m + log l,
+
+so the [T, S] score matrix is never built for the whole sequence. Its gradient is a
+``jax.custom_vjp`` that recomputes the probabilities block by block from the saved
+log-sum-exp (the FlashAttention-2 backward).
+
+This module is the one place for masks, the reference attention and the LSE merge;
+every other variant calls into it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+__all__ = [
+    "AttentionShapes",
+    "validate_qkv",
+    "causal_mask",
+    "segment_mask",
+    "lengths_to_segment_ids",
+    "build_mask",
+    "default_scale",
+    "group_queries",
+    "ungroup",
+    "dot_product_attention",
+    "blockwise_attention",
+    "merge_attention",
+]
+
+
+# ----------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------
+class AttentionShapes(NamedTuple):
+    """Sizes of one attention call: batch, q_len, heads, head_dim, kv_len, kv_heads, value dim."""
+
+    batch: int
+    q_len: int
+    heads: int
+    head_dim: int
+    kv_len: int
+    kv_heads: int
+    value_dim: int
+
+    @property
+    def groups(self) -> int:
+        return self.heads // self.kv_heads
+
+
+def validate_qkv(q, k, v, *, mask=None, name: str = "attention") -> AttentionShapes:
+    """Check the attention contract and return the sizes; raise ``ValueError`` otherwise."""
+    for arg, x in (("q", q), ("k", k), ("v", v)):
+        if getattr(x, "ndim", None) != 4:
+            raise ValueError(
+                f"{name}: `{arg}` must be rank 4 [batch, len, heads, head_dim], "
+                f"got shape {getattr(x, 'shape', None)}"
+            )
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(f"{name}: `{arg}` must be floating point, got dtype {x.dtype}")
+    b, t, h, d = q.shape
+    bk, s, hk, dk = k.shape
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(
+            f"{name}: `k` and `v` must agree on [batch, kv_len, kv_heads], got k {k.shape}, "
+            f"v {v.shape}"
+        )
+    if bk != b:
+        raise ValueError(f"{name}: batch of `q` {q.shape} and `k` {k.shape} differ")
+    if dk != d:
+        raise ValueError(f"{name}: head_dim of `q` {q.shape} and `k` {k.shape} differ")
+    if hk == 0 or h % hk:
+        raise ValueError(
+            f"{name}: heads of `q` ({h}) must be a multiple of kv_heads of `k` ({hk}); "
+            f"got q {q.shape}, k {k.shape}"
+        )
+    if mask is not None:
+        mask_shape = jnp.shape(mask)
+        if len(mask_shape) > 4:
+            raise ValueError(f"{name}: `mask` has rank {len(mask_shape)} > 4: {mask_shape}")
+        full = (b, h, t, s)
+        padded = (1,) * (4 - len(mask_shape)) + tuple(mask_shape)
+        for got, want in zip(padded, full):
+            if got not in (1, want):
+                raise ValueError(
+                    f"{name}: `mask` of shape {mask_shape} does not broadcast to "
+                    f"[batch, heads, q_len, kv_len] = {list(full)}"
+                )
+        if jnp.result_type(mask) != jnp.bool_:
+            raise ValueError(f"{name}: `mask` must be boolean, got dtype {jnp.result_type(mask)}")
+    return AttentionShapes(b, t, h, d, s, hk, v.shape[-1])
+
+
+def default_scale(head_dim: int, scale: float | None) -> float:
+    """``scale`` or 1/sqrt(head_dim)."""
+    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+
+# ----------------------------------------------------------------------------
+# Masks (True = may attend)
+# ----------------------------------------------------------------------------
+def causal_mask(q_len: int, kv_len: int, *, q_offset=0) -> jax.Array:
+    """[q_len, kv_len] mask: query i (absolute position i + q_offset) sees keys j <= i + q_offset.
+
+    ``q_offset=0`` is the top-left alignment of ``jax.nn.dot_product_attention``;
+    ``q_offset = kv_len - q_len`` aligns the last query with the last key (decoding).
+    """
+    q_pos = jnp.arange(q_len)[:, None] + q_offset
+    return jnp.arange(kv_len)[None, :] <= q_pos
+
+
+def segment_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array) -> jax.Array:
+    """[B, 1, T, S] mask: a query attends to keys of the same segment id.
+
+    Segment ids are int [B, T] / [B, S]; negative ids mark padding and attend nowhere.
+    """
+    same = q_segment_ids[:, :, None] == kv_segment_ids[:, None, :]
+    valid = (q_segment_ids[:, :, None] >= 0) & (kv_segment_ids[:, None, :] >= 0)
+    return (same & valid)[:, None]
+
+
+def lengths_to_segment_ids(lengths: jax.Array, max_len: int) -> jax.Array:
+    """[B] valid lengths -> [B, max_len] segment ids: 0 inside, -1 (padding) beyond."""
+    return jnp.where(jnp.arange(max_len)[None, :] < lengths[:, None], 0, -1).astype(jnp.int32)
+
+
+def build_mask(
+    q_len: int,
+    kv_len: int,
+    *,
+    causal: bool = False,
+    mask=None,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    q_offset=0,
+):
+    """Combine causal, explicit and segment masks into one boolean broadcastable to
+    [B, H, T, S]; ``None`` when nothing is masked."""
+    out = None
+
+    def _and(a, b):
+        return b if a is None else jnp.logical_and(a, b)
+
+    if causal:
+        out = _and(out, causal_mask(q_len, kv_len, q_offset=q_offset)[None, None])
+    if mask is not None:
+        m = jnp.asarray(mask)
+        out = _and(out, m.reshape((1,) * (4 - m.ndim) + m.shape))
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        raise ValueError("pass both `q_segment_ids` and `kv_segment_ids`, or neither")
+    if q_segment_ids is not None:
+        out = _and(out, segment_mask(q_segment_ids, kv_segment_ids))
+    return out
+
+
+# ----------------------------------------------------------------------------
+# Grouped-query layout
+# ----------------------------------------------------------------------------
+def group_queries(q: jax.Array, kv_heads: int) -> jax.Array:
+    """[B, T, H, D] -> [B, T, Hkv, G, D] with query head h = kv_head * G + g."""
+    b, t, h, d = q.shape
+    return q.reshape(b, t, kv_heads, h // kv_heads, d)
+
+
+def ungroup(x: jax.Array) -> jax.Array:
+    """[B, T, Hkv, G, ...] -> [B, T, H, ...]."""
+    b, t, hk, g = x.shape[:4]
+    return x.reshape(b, t, hk * g, *x.shape[4:])
+
+
+def _group_mask(mask: jax.Array, kv_heads: int) -> jax.Array:
+    """Boolean [b, h, T, S] (b, h may be 1) -> [b, Hkv|1, G|1, T, S] for grouped scores."""
+    b, h, t, s = mask.shape
+    if h == 1:
+        return mask[:, :, None]
+    return mask.reshape(b, kv_heads, h // kv_heads, t, s)
+
+
+# ----------------------------------------------------------------------------
+# Reference attention
+# ----------------------------------------------------------------------------
+def dot_product_attention(
+    q,
+    k,
+    v,
+    *,
+    causal: bool = False,
+    mask=None,
+    scale: float | None = None,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    q_offset=0,
+    return_lse: bool = False,
+):
+    """Exact softmax attention, the reference every variant is tested against.
+
+    out[b,i,h] = sum_j softmax_j(scale * q[b,i,h] . k[b,j,h//G]) v[b,j,h//G]
+
+    Args:
+      q: [B, T, H, D]; k: [B, S, Hkv, D]; v: [B, S, Hkv, Dv].
+      causal: query i sees keys j <= i + q_offset.
+      mask: boolean, broadcastable to [B, H, T, S]; True = may attend.
+      scale: defaults to 1/sqrt(D).
+      q_segment_ids, kv_segment_ids: int [B, T], [B, S]; attend within a segment,
+        negative ids are padding.
+      return_lse: also return the float32 log-sum-exp [B, T, H] (``-inf`` for empty rows).
+
+    Returns:
+      [B, T, H, Dv] in q's dtype (and the lse when asked).
+    """
+    shapes = validate_qkv(q, k, v, mask=mask, name="dot_product_attention")
+    scale = default_scale(shapes.head_dim, scale)
+    full_mask = build_mask(
+        shapes.q_len,
+        shapes.kv_len,
+        causal=causal,
+        mask=mask,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        q_offset=q_offset,
+    )
+    qg = group_queries(q, shapes.kv_heads)
+    scores = jnp.einsum(
+        "btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32
+    ) * jnp.float32(scale)
+    if full_mask is not None:
+        scores = jnp.where(_group_mask(full_mask, shapes.kv_heads), scores, -jnp.inf)
+    m = jnp.max(scores, axis=-1, keepdims=True)
+    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    p = jnp.exp(scores - m_safe)
+    l = jnp.sum(p, axis=-1, keepdims=True)
+    probs = p / jnp.where(l > 0, l, 1.0)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v,
+                     preferred_element_type=jnp.float32)
+    out = ungroup(out).astype(q.dtype)
+    if not return_lse:
+        return out
+    lse = (m_safe + jnp.log(l))[..., 0]  # [B, Hkv, G, T]; log 0 = -inf for empty rows
+    lse = jnp.moveaxis(lse.reshape(shapes.batch, shapes.heads, shapes.q_len), 1, 2)
+    return out, lse
+
+
+# ----------------------------------------------------------------------------
+# LSE merge
+# ----------------------------------------------------------------------------
+def merge_attention(out_a, lse_a, out_b, lse_b):
+    """Merge two attentions of the same queries over disjoint key sets.
+
+    out = (e^{lse_a} out_a + e^{lse_b} out_b) / (e^{lse_a} + e^{lse_b}),
+    lse = log(e^{lse_a} + e^{lse_b}), stabilised by the max; ``-inf`` inputs
+    (empty key sets) contribute nothing, and two empty parts give zeros.
+
+    Args:
+      out_a, out_b: [..., D] partial outputs (each already normalised).
+      lse_a, lse_b: [...] float32 log-sum-exps (the leading shape of the outs).
+    Returns:
+      (out [..., D] in out_a's dtype, lse [...] float32).
+    """
+    lse_a = lse_a.astype(jnp.float32)
+    lse_b = lse_b.astype(jnp.float32)
+    m = jnp.maximum(lse_a, lse_b)
+    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    wa = jnp.exp(lse_a - m_safe)
+    wb = jnp.exp(lse_b - m_safe)
+    total = wa + wb
+    denom = jnp.where(total > 0, total, 1.0)
+    out = (wa[..., None] * out_a.astype(jnp.float32) + wb[..., None] * out_b.astype(jnp.float32))
+    out = out / denom[..., None]
+    lse = m_safe + jnp.log(total)
+    return out.astype(out_a.dtype), lse
+
+
+# ----------------------------------------------------------------------------
+# Blockwise online-softmax attention
+# ----------------------------------------------------------------------------
+class _BlockPlan(NamedTuple):
+    """Static description of a blockwise call (hashable, a custom_vjp nondiff arg)."""
+
+    scale: float
+    causal: bool
+    block_q: int
+    block_kv: int
+    q_len: int
+    kv_len: int
+    q_offset: int
+
+
+def _pad_axis(x, axis: int, size: int, value=0):
+    pad = size - x.shape[axis]
+    if pad == 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, pad)
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def _block_scores(plan: _BlockPlan, qb, kb, masking, qi, kj):
+    """Scaled float32 scores of one (query block, key block) pair, masked to -inf.
+
+    qb: [B, bq, Hkv, G, D]; kb: [B, bk, Hkv, D]; masking: (mask [b, h|1, Tp|1, Sp|1]
+    or None, q segment ids [B, Tp] or None, kv segment ids [B, Sp] or None).
+    Returns [B, Hkv, G, bq, bk].
+    """
+    s = jnp.einsum("btkgd,bskd->bkgts", qb, kb, preferred_element_type=jnp.float32)
+    s = s * jnp.float32(plan.scale)
+    q_pos = qi * plan.block_q + jnp.arange(plan.block_q)
+    k_pos = kj * plan.block_kv + jnp.arange(plan.block_kv)
+    valid = (k_pos[None, :] < plan.kv_len) & (q_pos[:, None] < plan.q_len)
+    if plan.causal:
+        valid = valid & (k_pos[None, :] <= q_pos[:, None] + plan.q_offset)
+    keep = valid[None, None, None]
+    mask, q_seg, kv_seg = masking
+    if mask is not None:
+        keep = keep & _group_mask(_slice_mask(mask, qi, kj, plan), kb.shape[2])
+    if q_seg is not None:
+        qs = lax.dynamic_slice_in_dim(q_seg, qi * plan.block_q, plan.block_q, axis=1)
+        ks = lax.dynamic_slice_in_dim(kv_seg, kj * plan.block_kv, plan.block_kv, axis=1)
+        keep = keep & segment_mask(qs, ks)[:, :, None]
+    return jnp.where(keep, s, -jnp.inf)
+
+
+def _kv_blocks_for(plan: _BlockPlan, qi, num_kv_blocks: int):
+    """How many leading key blocks query block ``qi`` needs (causal blocks above the
+    diagonal are skipped)."""
+    if not plan.causal:
+        return num_kv_blocks
+    last_q = qi * plan.block_q + plan.block_q - 1 + plan.q_offset
+    needed = jnp.clip(last_q // plan.block_kv + 1, 0, num_kv_blocks)
+    return needed
+
+
+def _slice_mask(mask, qi, kj, plan: _BlockPlan):
+    """Dynamic [bq, bk] slice of a padded 4-D mask (size-1 dims stay size 1)."""
+    if mask is None:
+        return None
+    starts = [0, 0, 0, 0]
+    sizes = list(mask.shape)
+    if mask.shape[2] != 1:
+        starts[2], sizes[2] = qi * plan.block_q, plan.block_q
+    if mask.shape[3] != 1:
+        starts[3], sizes[3] = kj * plan.block_kv, plan.block_kv
+    return lax.dynamic_slice(mask, starts, sizes)
+
+
+def _blockwise_forward(plan: _BlockPlan, q, k, v, masking):
+    """Padded inputs -> (out [B, Tp, Hkv, G, Dv] f32, lse [B, Hkv, G, Tp] f32)."""
+    b, tp, hk, g, d = q.shape
+    dv = v.shape[-1]
+    nq, nk = tp // plan.block_q, k.shape[1] // plan.block_kv
+
+    def one_q_block(qi):
+        qb = lax.dynamic_slice_in_dim(q, qi * plan.block_q, plan.block_q, axis=1)
+
+        def step(kj, carry):
+            m, l, acc = carry
+            kb = lax.dynamic_slice_in_dim(k, kj * plan.block_kv, plan.block_kv, axis=1)
+            vb = lax.dynamic_slice_in_dim(v, kj * plan.block_kv, plan.block_kv, axis=1)
+            s = _block_scores(plan, qb, kb, masking, qi, kj)
+            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+            m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+            p = jnp.exp(s - m_safe[..., None])
+            corr = jnp.exp(jnp.where(jnp.isfinite(m), m, m_safe) - m_safe)
+            l = corr * l + jnp.sum(p, axis=-1)
+            pv = jnp.einsum("bkgts,bskd->bkgtd", p.astype(v.dtype), vb,
+                            preferred_element_type=jnp.float32)
+            acc = corr[..., None] * acc + pv
+            return m_new, l, acc
+
+        init = (
+            jnp.full((b, hk, g, plan.block_q), -jnp.inf, jnp.float32),
+            jnp.zeros((b, hk, g, plan.block_q), jnp.float32),
+            jnp.zeros((b, hk, g, plan.block_q, dv), jnp.float32),
+        )
+        m, l, acc = lax.fori_loop(0, _kv_blocks_for(plan, qi, nk), step, init)
+        out = acc / jnp.where(l > 0, l, 1.0)[..., None]
+        lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)
+        return out, lse
+
+    outs, lses = lax.map(one_q_block, jnp.arange(nq))
+    # outs: [nq, B, Hkv, G, bq, Dv] -> [B, Tp, Hkv, G, Dv]
+    out = jnp.moveaxis(outs, 0, 3).reshape(b, hk, g, tp, dv)
+    out = jnp.moveaxis(out, 3, 1)
+    lse = jnp.moveaxis(lses, 0, 3).reshape(b, hk, g, tp)
+    return out, lse
+
+
+def _blockwise_backward(plan: _BlockPlan, q, k, v, masking, out, lse, d_out, d_lse):
+    """FlashAttention-2 style backward on padded inputs, recomputing probabilities.
+
+    With P = exp(S - lse), dP = dO V^T, delta = rowsum(dO * O) - d_lse:
+      dS = P * (dP - delta),  dQ = scale dS K,  dK = scale dS^T Q,  dV = P^T dO.
+    """
+    b, tp, hk, g, d = q.shape
+    sp = k.shape[1]
+    nq, nk = tp // plan.block_q, sp // plan.block_kv
+    delta = jnp.einsum("btkgd,btkgd->bkgt", d_out, out) - d_lse  # [B, Hkv, G, Tp]
+
+    def probs_and_ds(qi, kj):
+        qb = lax.dynamic_slice_in_dim(q, qi * plan.block_q, plan.block_q, axis=1)
+        kb = lax.dynamic_slice_in_dim(k, kj * plan.block_kv, plan.block_kv, axis=1)
+        vb = lax.dynamic_slice_in_dim(v, kj * plan.block_kv, plan.block_kv, axis=1)
+        dob = lax.dynamic_slice_in_dim(d_out, qi * plan.block_q, plan.block_q, axis=1)
+        lse_b = lax.dynamic_slice_in_dim(lse, qi * plan.block_q, plan.block_q, axis=3)
+        delta_b = lax.dynamic_slice_in_dim(delta, qi * plan.block_q, plan.block_q, axis=3)
+        s = _block_scores(plan, qb, kb, masking, qi, kj)
+        lse_safe = jnp.where(jnp.isfinite(lse_b), lse_b, 0.0)
+        p = jnp.exp(s - lse_safe[..., None])  # masked entries: exp(-inf) = 0
+        dp = jnp.einsum("btkgd,bskd->bkgts", dob, vb.astype(jnp.float32))
+        ds = p * (dp - delta_b[..., None])
+        return qb, kb, dob, p, ds
+
+    def dq_for_block(qi):
+        def step(kj, dq):
+            _, kb, _, _, ds = probs_and_ds(qi, kj)
+            return dq + jnp.einsum("bkgts,bskd->btkgd", ds, kb.astype(jnp.float32))
+
+        init = jnp.zeros((b, plan.block_q, hk, g, d), jnp.float32)
+        return lax.fori_loop(0, _kv_blocks_for(plan, qi, nk), step, init) * plan.scale
+
+    def dkv_for_block(kj):
+        if plan.causal:
+            first_q = kj * plan.block_kv - plan.q_offset
+            start = jnp.clip(first_q // plan.block_q, 0, nq)
+        else:
+            start = 0
+
+        def step(qi, carry):
+            dk, dv = carry
+            qb, _, dob, p, ds = probs_and_ds(qi, kj)
+            dk = dk + jnp.einsum("bkgts,btkgd->bskd", ds, qb.astype(jnp.float32))
+            dv = dv + jnp.einsum("bkgts,btkgd->bskd", p, dob)
+            return dk, dv
+
+        init = (
+            jnp.zeros((b, plan.block_kv, hk, d), jnp.float32),
+            jnp.zeros((b, plan.block_kv, hk, v.shape[-1]), jnp.float32),
+        )
+        dk, dv = lax.fori_loop(start, nq, step, init)
+        return dk * plan.scale, dv
+
+    dq = lax.map(dq_for_block, jnp.arange(nq))  # [nq, B, bq, Hkv, G, D]
+    dq = jnp.moveaxis(dq, 0, 1).reshape(b, tp, hk, g, d)
+    dk, dv = lax.map(dkv_for_block, jnp.arange(nk))  # [nk, B, bk, Hkv, D]
+    dk = jnp.moveaxis(dk, 0, 1).reshape(b, sp, hk, d)
+    dv = jnp.moveaxis(dv, 0, 1).reshape(b, sp, hk, v.shape[-1])
+    return dq, dk, dv
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _blockwise_core(plan: _BlockPlan, q, k, v, masking):
+    return _blockwise_forward(plan, q, k, v, masking)
+
+
+def _blockwise_core_fwd(plan, q, k, v, masking):
+    out, lse = _blockwise_forward(plan, q, k, v, masking)
+    return (out, lse), (q, k, v, masking, out, lse)
+
+
+def _blockwise_core_bwd(plan, residuals, cotangents):
+    q, k, v, masking, out, lse = residuals
+    d_out, d_lse = cotangents
+    dq, dk, dv = _blockwise_backward(
+        plan, q.astype(jnp.float32), k, v, masking, out, lse,
+        d_out.astype(jnp.float32), d_lse.astype(jnp.float32),
+    )
+    d_masking = jax.tree.map(lambda x: None, masking)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), d_masking
+
+
+_blockwise_core.defvjp(_blockwise_core_fwd, _blockwise_core_bwd)
+
+
+def blockwise_attention(
+    q,
+    k,
+    v,
+    *,
+    causal: bool = False,
+    mask=None,
+    scale: float | None = None,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    q_offset: int = 0,
+    block_q: int = 512,
+    block_kv: int = 512,
+    return_lse: bool = False,
+):
+    """Exact softmax attention by online softmax over key blocks (FlashAttention in XLA).
+
+    Same arguments and result as :func:`dot_product_attention`; memory is
+    O(block_q * block_kv) per (batch, head) instead of O(T * S). With ``causal``, key
+    blocks entirely above the diagonal are skipped (forward and backward). Lengths
+    need not divide the block sizes (inputs are padded and the padding masked).
+    ``q_offset`` must be a Python int here.
+
+    Returns [B, T, H, Dv] (and the float32 lse [B, T, H] when ``return_lse``).
+    """
+    shapes = validate_qkv(q, k, v, mask=mask, name="blockwise_attention")
+    if block_q <= 0 or block_kv <= 0:
+        raise ValueError(f"blockwise_attention: block sizes must be positive, got "
+                         f"block_q={block_q}, block_kv={block_kv}")
+    block_q = min(block_q, shapes.q_len)
+    block_kv = min(block_kv, shapes.kv_len)
+    plan = _BlockPlan(
+        scale=default_scale(shapes.head_dim, scale),
+        causal=bool(causal),
+        block_q=block_q,
+        block_kv=block_kv,
+        q_len=shapes.q_len,
+        kv_len=shapes.kv_len,
+        q_offset=int(q_offset),
+    )
+    tp = -(-shapes.q_len // block_q) * block_q
+    sp = -(-shapes.kv_len // block_kv) * block_kv
+    full_mask = build_mask(shapes.q_len, shapes.kv_len, mask=mask)
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        raise ValueError("pass both `q_segment_ids` and `kv_segment_ids`, or neither")
+    if q_segment_ids is not None:
+        q_segment_ids = _pad_axis(jnp.asarray(q_segment_ids, jnp.int32), 1, tp, -1)
+        kv_segment_ids = _pad_axis(jnp.asarray(kv_segment_ids, jnp.int32), 1, sp, -1)
+    if full_mask is not None:
+        full_mask = jnp.broadcast_to(
+            full_mask,
+            tuple(full_mask.shape[:2]) + (shapes.q_len if full_mask.shape[2] != 1 else 1,
+                                          shapes.kv_len if full_mask.shape[3] != 1 else 1),
+        )
+        if full_mask.shape[2] != 1:
+            full_mask = _pad_axis(full_mask, 2, tp, False)
+        if full_mask.shape[3] != 1:
+            full_mask = _pad_axis(full_mask, 3, sp, False)
+    qg = _pad_axis(group_queries(q, shapes.kv_heads), 1, tp)
+    kp = _pad_axis(k, 1, sp)
+    vp = _pad_axis(v, 1, sp)
+    out, lse = _blockwise_core(plan, qg, kp, vp, (full_mask, q_segment_ids, kv_segment_ids))
+    out = ungroup(out[:, : shapes.q_len]).astype(q.dtype)
+    if not return_lse:
+        return out
+    lse = lse[..., : shapes.q_len].reshape(shapes.batch, shapes.heads, shapes.q_len)
+    return out, jnp.moveaxis(lse, 1, 2)
