@@ -316,24 +316,27 @@ def _pad_axis(x, axis: int, size: int, value=0):
     return jnp.pad(x, widths, constant_values=value)
 
 
-def _block_scores(plan: _BlockPlan, qb, kb, masking, qi, kj):
+def _block_scores(plan: _BlockPlan, qb, kb, masking, qi, kj, *, masked: bool):
     """Scaled float32 scores of one (query block, key block) pair, masked to -inf.
 
-    qb: [B, bq, Hkv, G, D]; kb: [B, bk, Hkv, D]; masking: (mask [b, h|1, Tp|1, Sp|1]
-    or None, q segment ids [B, Tp] or None, kv segment ids [B, Sp] or None).
-    Returns [B, Hkv, G, bq, bk].
+    Head-major blocks: qb [B, Hkv, G, bq, D]; kb [B, Hkv, bk, D]. ``masking`` is
+    (mask [b, h|1, Tp|1, Sp|1] or None, q segment ids [B, Tp] or None, kv segment ids
+    [B, Sp] or None). With ``masked=False`` the caller guarantees that every entry of
+    the block is visible and masking is skipped. Returns [B, Hkv, G, bq, bk].
     """
-    s = jnp.einsum("btkgd,bskd->bkgts", qb, kb, preferred_element_type=jnp.float32)
+    s = jnp.einsum("bkgtd,bksd->bkgts", qb, kb, preferred_element_type=jnp.float32)
     s = s * jnp.float32(plan.scale)
+    if not masked:
+        return s
     q_pos = qi * plan.block_q + jnp.arange(plan.block_q)
     k_pos = kj * plan.block_kv + jnp.arange(plan.block_kv)
-    valid = (k_pos[None, :] < plan.kv_len) & (q_pos[:, None] < plan.q_len)
+    valid = jnp.broadcast_to(k_pos[None, :] < plan.kv_len, (plan.block_q, plan.block_kv))
     if plan.causal:
         valid = valid & (k_pos[None, :] <= q_pos[:, None] + plan.q_offset)
     keep = valid[None, None, None]
     mask, q_seg, kv_seg = masking
     if mask is not None:
-        keep = keep & _group_mask(_slice_mask(mask, qi, kj, plan), kb.shape[2])
+        keep = keep & _group_mask(_slice_mask(mask, qi, kj, plan), kb.shape[1])
     if q_seg is not None:
         qs = lax.dynamic_slice_in_dim(q_seg, qi * plan.block_q, plan.block_q, axis=1)
         ks = lax.dynamic_slice_in_dim(kv_seg, kj * plan.block_kv, plan.block_kv, axis=1)
@@ -341,20 +344,45 @@ def _block_scores(plan: _BlockPlan, qb, kb, masking, qi, kj):
     return jnp.where(keep, s, -jnp.inf)
 
 
-def _kv_blocks_for(plan: _BlockPlan, qi, num_kv_blocks: int):
-    """How many leading key blocks query block ``qi`` needs (causal blocks above the
-    diagonal are skipped)."""
-    if not plan.causal:
-        return num_kv_blocks
-    last_q = qi * plan.block_q + plan.block_q - 1 + plan.q_offset
-    needed = jnp.clip(last_q // plan.block_kv + 1, 0, num_kv_blocks)
-    return needed
+def _has_dense_masking(masking) -> bool:
+    return any(x is not None for x in masking)
+
+
+def _kv_range(plan: _BlockPlan, qi, num_kv_blocks: int, masking):
+    """(first masked key block, end) for query block ``qi``: blocks [0, first) are fully
+    visible (no masking needed), [first, end) need masking, blocks from ``end`` on are
+    entirely above the causal diagonal and skipped."""
+    end = num_kv_blocks
+    if plan.causal:
+        last_q = qi * plan.block_q + plan.block_q - 1 + plan.q_offset
+        end = jnp.clip(last_q // plan.block_kv + 1, 0, num_kv_blocks)
+    if _has_dense_masking(masking):
+        return 0, end
+    clean = plan.kv_len // plan.block_kv  # blocks with no key padding
+    if plan.causal:
+        first_q = qi * plan.block_q + plan.q_offset
+        clean = jnp.clip((first_q + 1) // plan.block_kv, 0, clean)
+    return jnp.minimum(clean, end), end
+
+
+def _q_range(plan: _BlockPlan, kj, num_q_blocks: int, masking):
+    """(start, first fully visible query block) for key block ``kj``: query blocks
+    [start, first) need masking, [first, nq) see the whole key block."""
+    start = 0
+    if plan.causal:
+        start = jnp.clip((kj * plan.block_kv - plan.q_offset) // plan.block_q, 0, num_q_blocks)
+    if _has_dense_masking(masking):
+        return start, num_q_blocks
+    last_k = kj * plan.block_kv + plan.block_kv - 1
+    first = start
+    if plan.causal:
+        first = jnp.clip(-(-(last_k - plan.q_offset) // plan.block_q), start, num_q_blocks)
+    padded = (kj + 1) * plan.block_kv > plan.kv_len
+    return start, jnp.where(padded, num_q_blocks, first)
 
 
 def _slice_mask(mask, qi, kj, plan: _BlockPlan):
     """Dynamic [bq, bk] slice of a padded 4-D mask (size-1 dims stay size 1)."""
-    if mask is None:
-        return None
     starts = [0, 0, 0, 0]
     sizes = list(mask.shape)
     if mask.shape[2] != 1:
@@ -365,103 +393,114 @@ def _slice_mask(mask, qi, kj, plan: _BlockPlan):
 
 
 def _blockwise_forward(plan: _BlockPlan, q, k, v, masking):
-    """Padded inputs -> (out [B, Tp, Hkv, G, Dv] f32, lse [B, Hkv, G, Tp] f32)."""
+    """Padded inputs q [B, Tp, Hkv, G, D] (grouped), k [B, Sp, Hkv, D], v [B, Sp, Hkv, Dv]
+    -> (out [B, Tp, Hkv, G, Dv] f32, lse [B, Hkv, G, Tp] f32).
+
+    Blocks are moved to head-major one at a time, so no whole-sequence copy of the
+    inputs is made.
+    """
     b, tp, hk, g, d = q.shape
     dv = v.shape[-1]
     nq, nk = tp // plan.block_q, k.shape[1] // plan.block_kv
 
     def one_q_block(qi):
         qb = lax.dynamic_slice_in_dim(q, qi * plan.block_q, plan.block_q, axis=1)
+        qb = jnp.transpose(qb, (0, 2, 3, 1, 4))  # [B, Hkv, G, bq, D]
 
-        def step(kj, carry):
+        def step(kj, carry, masked):
             m, l, acc = carry
             kb = lax.dynamic_slice_in_dim(k, kj * plan.block_kv, plan.block_kv, axis=1)
             vb = lax.dynamic_slice_in_dim(v, kj * plan.block_kv, plan.block_kv, axis=1)
-            s = _block_scores(plan, qb, kb, masking, qi, kj)
+            kb, vb = jnp.swapaxes(kb, 1, 2), jnp.swapaxes(vb, 1, 2)
+            s = _block_scores(plan, qb, kb, masking, qi, kj, masked=masked)
             m_new = jnp.maximum(m, jnp.max(s, axis=-1))
             m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
             p = jnp.exp(s - m_safe[..., None])
             corr = jnp.exp(jnp.where(jnp.isfinite(m), m, m_safe) - m_safe)
             l = corr * l + jnp.sum(p, axis=-1)
-            pv = jnp.einsum("bkgts,bskd->bkgtd", p.astype(v.dtype), vb,
+            pv = jnp.einsum("bkgts,bksd->bkgtd", p.astype(v.dtype), vb,
                             preferred_element_type=jnp.float32)
-            acc = corr[..., None] * acc + pv
-            return m_new, l, acc
+            return m_new, l, corr[..., None] * acc + pv
 
-        init = (
+        carry = (
             jnp.full((b, hk, g, plan.block_q), -jnp.inf, jnp.float32),
             jnp.zeros((b, hk, g, plan.block_q), jnp.float32),
             jnp.zeros((b, hk, g, plan.block_q, dv), jnp.float32),
         )
-        m, l, acc = lax.fori_loop(0, _kv_blocks_for(plan, qi, nk), step, init)
+        first_masked, end = _kv_range(plan, qi, nk, masking)
+        carry = lax.fori_loop(0, first_masked, functools.partial(step, masked=False), carry)
+        m, l, acc = lax.fori_loop(first_masked, end, functools.partial(step, masked=True), carry)
         out = acc / jnp.where(l > 0, l, 1.0)[..., None]
         lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)
-        return out, lse
+        return jnp.transpose(out, (0, 3, 1, 2, 4)), lse
 
-    outs, lses = lax.map(one_q_block, jnp.arange(nq))
-    # outs: [nq, B, Hkv, G, bq, Dv] -> [B, Tp, Hkv, G, Dv]
-    out = jnp.moveaxis(outs, 0, 3).reshape(b, hk, g, tp, dv)
-    out = jnp.moveaxis(out, 3, 1)
+    outs, lses = lax.map(one_q_block, jnp.arange(nq))  # [nq, B, bq, Hkv, G, Dv]
+    out = jnp.moveaxis(outs, 0, 1).reshape(b, tp, hk, g, dv)
     lse = jnp.moveaxis(lses, 0, 3).reshape(b, hk, g, tp)
     return out, lse
 
 
 def _blockwise_backward(plan: _BlockPlan, q, k, v, masking, out, lse, d_out, d_lse):
-    """FlashAttention-2 style backward on padded inputs, recomputing probabilities.
+    """FlashAttention-2 style backward, recomputing P block by block.
 
-    With P = exp(S - lse), dP = dO V^T, delta = rowsum(dO * O) - d_lse:
+    Layouts as in :func:`_blockwise_forward`; returns dq, dk, dv in the layouts of
+    q, k, v. With P = exp(S - lse),
+    dP = dO V^T, delta = rowsum(dO * O) - d_lse:
       dS = P * (dP - delta),  dQ = scale dS K,  dK = scale dS^T Q,  dV = P^T dO.
     """
-    b, tp, hk, g, d = q.shape
-    sp = k.shape[1]
+    to_head_major = functools.partial(jnp.transpose, axes=(0, 2, 3, 1, 4))
+    q, out, d_out = to_head_major(q), to_head_major(out), to_head_major(d_out)
+    k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+    b, hk, g, tp, d = q.shape
+    sp = k.shape[2]
     nq, nk = tp // plan.block_q, sp // plan.block_kv
-    delta = jnp.einsum("btkgd,btkgd->bkgt", d_out, out) - d_lse  # [B, Hkv, G, Tp]
+    delta = jnp.einsum("bkgtd,bkgtd->bkgt", d_out, out) - d_lse  # [B, Hkv, G, Tp]
+    lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
 
-    def probs_and_ds(qi, kj):
-        qb = lax.dynamic_slice_in_dim(q, qi * plan.block_q, plan.block_q, axis=1)
-        kb = lax.dynamic_slice_in_dim(k, kj * plan.block_kv, plan.block_kv, axis=1)
-        vb = lax.dynamic_slice_in_dim(v, kj * plan.block_kv, plan.block_kv, axis=1)
-        dob = lax.dynamic_slice_in_dim(d_out, qi * plan.block_q, plan.block_q, axis=1)
+    def probs_and_ds(qi, kj, masked):
+        qb = lax.dynamic_slice_in_dim(q, qi * plan.block_q, plan.block_q, axis=3)
+        kb = lax.dynamic_slice_in_dim(k, kj * plan.block_kv, plan.block_kv, axis=2)
+        vb = lax.dynamic_slice_in_dim(v, kj * plan.block_kv, plan.block_kv, axis=2)
+        dob = lax.dynamic_slice_in_dim(d_out, qi * plan.block_q, plan.block_q, axis=3)
         lse_b = lax.dynamic_slice_in_dim(lse, qi * plan.block_q, plan.block_q, axis=3)
         delta_b = lax.dynamic_slice_in_dim(delta, qi * plan.block_q, plan.block_q, axis=3)
-        s = _block_scores(plan, qb, kb, masking, qi, kj)
-        lse_safe = jnp.where(jnp.isfinite(lse_b), lse_b, 0.0)
-        p = jnp.exp(s - lse_safe[..., None])  # masked entries: exp(-inf) = 0
-        dp = jnp.einsum("btkgd,bskd->bkgts", dob, vb.astype(jnp.float32))
+        s = _block_scores(plan, qb, kb, masking, qi, kj, masked=masked)
+        p = jnp.exp(s - lse_b[..., None])  # masked entries: exp(-inf) = 0
+        dp = jnp.einsum("bkgtd,bksd->bkgts", dob, vb, preferred_element_type=jnp.float32)
         ds = p * (dp - delta_b[..., None])
         return qb, kb, dob, p, ds
 
     def dq_for_block(qi):
-        def step(kj, dq):
-            _, kb, _, _, ds = probs_and_ds(qi, kj)
-            return dq + jnp.einsum("bkgts,bskd->btkgd", ds, kb.astype(jnp.float32))
+        def step(kj, dq, masked):
+            _, kb, _, _, ds = probs_and_ds(qi, kj, masked)
+            return dq + jnp.einsum("bkgts,bksd->bkgtd", ds, kb,
+                                   preferred_element_type=jnp.float32)
 
-        init = jnp.zeros((b, plan.block_q, hk, g, d), jnp.float32)
-        return lax.fori_loop(0, _kv_blocks_for(plan, qi, nk), step, init) * plan.scale
+        dq = jnp.zeros((b, hk, g, plan.block_q, d), jnp.float32)
+        first_masked, end = _kv_range(plan, qi, nk, masking)
+        dq = lax.fori_loop(0, first_masked, functools.partial(step, masked=False), dq)
+        dq = lax.fori_loop(first_masked, end, functools.partial(step, masked=True), dq)
+        return dq * plan.scale
 
     def dkv_for_block(kj):
-        if plan.causal:
-            first_q = kj * plan.block_kv - plan.q_offset
-            start = jnp.clip(first_q // plan.block_q, 0, nq)
-        else:
-            start = 0
-
-        def step(qi, carry):
+        def step(qi, carry, masked):
             dk, dv = carry
-            qb, _, dob, p, ds = probs_and_ds(qi, kj)
-            dk = dk + jnp.einsum("bkgts,btkgd->bskd", ds, qb.astype(jnp.float32))
-            dv = dv + jnp.einsum("bkgts,btkgd->bskd", p, dob)
+            qb, _, dob, p, ds = probs_and_ds(qi, kj, masked)
+            dk = dk + jnp.einsum("bkgts,bkgtd->bksd", ds, qb, preferred_element_type=jnp.float32)
+            dv = dv + jnp.einsum("bkgts,bkgtd->bksd", p, dob, preferred_element_type=jnp.float32)
             return dk, dv
 
-        init = (
-            jnp.zeros((b, plan.block_kv, hk, d), jnp.float32),
-            jnp.zeros((b, plan.block_kv, hk, v.shape[-1]), jnp.float32),
+        carry = (
+            jnp.zeros((b, hk, plan.block_kv, d), jnp.float32),
+            jnp.zeros((b, hk, plan.block_kv, v.shape[-1]), jnp.float32),
         )
-        dk, dv = lax.fori_loop(start, nq, step, init)
-        return dk * plan.scale, dv
+        start, first_clean = _q_range(plan, kj, nq, masking)
+        carry = lax.fori_loop(start, first_clean, functools.partial(step, masked=True), carry)
+        dk, dv = lax.fori_loop(first_clean, nq, functools.partial(step, masked=False), carry)
+        return jnp.swapaxes(dk * plan.scale, 1, 2), jnp.swapaxes(dv, 1, 2)
 
-    dq = lax.map(dq_for_block, jnp.arange(nq))  # [nq, B, bq, Hkv, G, D]
-    dq = jnp.moveaxis(dq, 0, 1).reshape(b, tp, hk, g, d)
+    dq = lax.map(dq_for_block, jnp.arange(nq))  # [nq, B, Hkv, G, bq, D]
+    dq = jnp.moveaxis(dq, 0, 3).reshape(b, hk, g, tp, d).transpose(0, 3, 1, 2, 4)
     dk, dv = lax.map(dkv_for_block, jnp.arange(nk))  # [nk, B, bk, Hkv, D]
     dk = jnp.moveaxis(dk, 0, 1).reshape(b, sp, hk, d)
     dv = jnp.moveaxis(dv, 0, 1).reshape(b, sp, hk, v.shape[-1])
@@ -481,9 +520,9 @@ def _blockwise_core_fwd(plan, q, k, v, masking):
 def _blockwise_core_bwd(plan, residuals, cotangents):
     q, k, v, masking, out, lse = residuals
     d_out, d_lse = cotangents
+    f32 = functools.partial(jnp.asarray, dtype=jnp.float32)
     dq, dk, dv = _blockwise_backward(
-        plan, q.astype(jnp.float32), k, v, masking, out, lse,
-        d_out.astype(jnp.float32), d_lse.astype(jnp.float32),
+        plan, f32(q), f32(k), f32(v), masking, out, lse, f32(d_out), f32(d_lse)
     )
     d_masking = jax.tree.map(lambda x: None, masking)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), d_masking
@@ -550,10 +589,10 @@ def blockwise_attention(
             full_mask = _pad_axis(full_mask, 2, tp, False)
         if full_mask.shape[3] != 1:
             full_mask = _pad_axis(full_mask, 3, sp, False)
-    qg = _pad_axis(group_queries(q, shapes.kv_heads), 1, tp)
-    kp = _pad_axis(k, 1, sp)
-    vp = _pad_axis(v, 1, sp)
-    out, lse = _blockwise_core(plan, qg, kp, vp, (full_mask, q_segment_ids, kv_segment_ids))
+    qh = _pad_axis(group_queries(q, shapes.kv_heads), 1, tp)
+    kh = _pad_axis(k, 1, sp)
+    vh = _pad_axis(v, 1, sp)
+    out, lse = _blockwise_core(plan, qh, kh, vh, (full_mask, q_segment_ids, kv_segment_ids))
     out = ungroup(out[:, : shapes.q_len]).astype(q.dtype)
     if not return_lse:
         return out
