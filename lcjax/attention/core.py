@@ -43,6 +43,7 @@ __all__ = [
     "lengths_to_segment_ids",
     "build_mask",
     "default_scale",
+    "stat_dtype",
     "group_queries",
     "ungroup",
     "dot_product_attention",
@@ -111,6 +112,11 @@ def validate_qkv(q, k, v, *, mask=None, name: str = "attention") -> AttentionSha
         if jnp.result_type(mask) != jnp.bool_:
             raise ValueError(f"{name}: `mask` must be boolean, got dtype {jnp.result_type(mask)}")
     return AttentionShapes(b, t, h, d, s, hk, v.shape[-1])
+
+
+def stat_dtype(*arrays) -> jnp.dtype:
+    """Dtype of softmax statistics: float32 for 16/32-bit inputs, float64 for float64."""
+    return jnp.promote_types(jnp.result_type(*arrays), jnp.float32)
 
 
 def default_scale(head_dim: int, scale: float | None) -> float:
@@ -241,10 +247,9 @@ def dot_product_attention(
         kv_segment_ids=kv_segment_ids,
         q_offset=q_offset,
     )
+    acc = stat_dtype(q, k, v)
     qg = group_queries(q, shapes.kv_heads)
-    scores = jnp.einsum(
-        "btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32
-    ) * jnp.float32(scale)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=acc) * acc.type(scale)
     if full_mask is not None:
         scores = jnp.where(_group_mask(full_mask, shapes.kv_heads), scores, -jnp.inf)
     m = jnp.max(scores, axis=-1, keepdims=True)
@@ -252,8 +257,7 @@ def dot_product_attention(
     p = jnp.exp(scores - m_safe)
     l = jnp.sum(p, axis=-1, keepdims=True)
     probs = p / jnp.where(l > 0, l, 1.0)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v,
-                     preferred_element_type=jnp.float32)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v, preferred_element_type=acc)
     out = ungroup(out).astype(q.dtype)
     if not return_lse:
         return out
@@ -278,15 +282,16 @@ def merge_attention(out_a, lse_a, out_b, lse_b):
     Returns:
       (out [..., D] in out_a's dtype, lse [...] float32).
     """
-    lse_a = lse_a.astype(jnp.float32)
-    lse_b = lse_b.astype(jnp.float32)
+    acc = stat_dtype(lse_a, lse_b)
+    lse_a = lse_a.astype(acc)
+    lse_b = lse_b.astype(acc)
     m = jnp.maximum(lse_a, lse_b)
     m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
     wa = jnp.exp(lse_a - m_safe)
     wb = jnp.exp(lse_b - m_safe)
     total = wa + wb
     denom = jnp.where(total > 0, total, 1.0)
-    out = (wa[..., None] * out_a.astype(jnp.float32) + wb[..., None] * out_b.astype(jnp.float32))
+    out = wa[..., None] * out_a.astype(acc) + wb[..., None] * out_b.astype(acc)
     out = out / denom[..., None]
     lse = m_safe + jnp.log(total)
     return out.astype(out_a.dtype), lse
@@ -305,6 +310,11 @@ class _BlockPlan(NamedTuple):
     q_len: int
     kv_len: int
     q_offset: int
+    acc_dtype: str = "float32"
+
+    @property
+    def acc(self) -> jnp.dtype:
+        return jnp.dtype(self.acc_dtype)
 
 
 def _pad_axis(x, axis: int, size: int, value=0):
@@ -324,8 +334,8 @@ def _block_scores(plan: _BlockPlan, qb, kb, masking, qi, kj, *, masked: bool):
     [B, Sp] or None). With ``masked=False`` the caller guarantees that every entry of
     the block is visible and masking is skipped. Returns [B, Hkv, G, bq, bk].
     """
-    s = jnp.einsum("bkgtd,bksd->bkgts", qb, kb, preferred_element_type=jnp.float32)
-    s = s * jnp.float32(plan.scale)
+    s = jnp.einsum("bkgtd,bksd->bkgts", qb, kb, preferred_element_type=plan.acc)
+    s = s * plan.acc.type(plan.scale)
     if not masked:
         return s
     q_pos = qi * plan.block_q + jnp.arange(plan.block_q)
@@ -419,13 +429,13 @@ def _blockwise_forward(plan: _BlockPlan, q, k, v, masking):
             corr = jnp.exp(jnp.where(jnp.isfinite(m), m, m_safe) - m_safe)
             l = corr * l + jnp.sum(p, axis=-1)
             pv = jnp.einsum("bkgts,bksd->bkgtd", p.astype(v.dtype), vb,
-                            preferred_element_type=jnp.float32)
+                            preferred_element_type=plan.acc)
             return m_new, l, corr[..., None] * acc + pv
 
         carry = (
-            jnp.full((b, hk, g, plan.block_q), -jnp.inf, jnp.float32),
-            jnp.zeros((b, hk, g, plan.block_q), jnp.float32),
-            jnp.zeros((b, hk, g, plan.block_q, dv), jnp.float32),
+            jnp.full((b, hk, g, plan.block_q), -jnp.inf, plan.acc),
+            jnp.zeros((b, hk, g, plan.block_q), plan.acc),
+            jnp.zeros((b, hk, g, plan.block_q, dv), plan.acc),
         )
         first_masked, end = _kv_range(plan, qi, nk, masking)
         carry = lax.fori_loop(0, first_masked, functools.partial(step, masked=False), carry)
@@ -466,7 +476,7 @@ def _blockwise_backward(plan: _BlockPlan, q, k, v, masking, out, lse, d_out, d_l
         delta_b = lax.dynamic_slice_in_dim(delta, qi * plan.block_q, plan.block_q, axis=3)
         s = _block_scores(plan, qb, kb, masking, qi, kj, masked=masked)
         p = jnp.exp(s - lse_b[..., None])  # masked entries: exp(-inf) = 0
-        dp = jnp.einsum("bkgtd,bksd->bkgts", dob, vb, preferred_element_type=jnp.float32)
+        dp = jnp.einsum("bkgtd,bksd->bkgts", dob, vb, preferred_element_type=plan.acc)
         ds = p * (dp - delta_b[..., None])
         return qb, kb, dob, p, ds
 
@@ -474,9 +484,9 @@ def _blockwise_backward(plan: _BlockPlan, q, k, v, masking, out, lse, d_out, d_l
         def step(kj, dq, masked):
             _, kb, _, _, ds = probs_and_ds(qi, kj, masked)
             return dq + jnp.einsum("bkgts,bksd->bkgtd", ds, kb,
-                                   preferred_element_type=jnp.float32)
+                                   preferred_element_type=plan.acc)
 
-        dq = jnp.zeros((b, hk, g, plan.block_q, d), jnp.float32)
+        dq = jnp.zeros((b, hk, g, plan.block_q, d), plan.acc)
         first_masked, end = _kv_range(plan, qi, nk, masking)
         dq = lax.fori_loop(0, first_masked, functools.partial(step, masked=False), dq)
         dq = lax.fori_loop(first_masked, end, functools.partial(step, masked=True), dq)
@@ -486,13 +496,13 @@ def _blockwise_backward(plan: _BlockPlan, q, k, v, masking, out, lse, d_out, d_l
         def step(qi, carry, masked):
             dk, dv = carry
             qb, _, dob, p, ds = probs_and_ds(qi, kj, masked)
-            dk = dk + jnp.einsum("bkgts,bkgtd->bksd", ds, qb, preferred_element_type=jnp.float32)
-            dv = dv + jnp.einsum("bkgts,bkgtd->bksd", p, dob, preferred_element_type=jnp.float32)
+            dk = dk + jnp.einsum("bkgts,bkgtd->bksd", ds, qb, preferred_element_type=plan.acc)
+            dv = dv + jnp.einsum("bkgts,bkgtd->bksd", p, dob, preferred_element_type=plan.acc)
             return dk, dv
 
         carry = (
-            jnp.zeros((b, hk, plan.block_kv, d), jnp.float32),
-            jnp.zeros((b, hk, plan.block_kv, v.shape[-1]), jnp.float32),
+            jnp.zeros((b, hk, plan.block_kv, d), plan.acc),
+            jnp.zeros((b, hk, plan.block_kv, v.shape[-1]), plan.acc),
         )
         start, first_clean = _q_range(plan, kj, nq, masking)
         carry = lax.fori_loop(start, first_clean, functools.partial(step, masked=True), carry)
@@ -520,9 +530,9 @@ def _blockwise_core_fwd(plan, q, k, v, masking):
 def _blockwise_core_bwd(plan, residuals, cotangents):
     q, k, v, masking, out, lse = residuals
     d_out, d_lse = cotangents
-    f32 = functools.partial(jnp.asarray, dtype=jnp.float32)
+    up = functools.partial(jnp.asarray, dtype=plan.acc)
     dq, dk, dv = _blockwise_backward(
-        plan, f32(q), f32(k), f32(v), masking, out, lse, f32(d_out), f32(d_lse)
+        plan, up(q), up(k), up(v), masking, out, lse, up(d_out), up(d_lse)
     )
     d_masking = jax.tree.map(lambda x: None, masking)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), d_masking
@@ -570,6 +580,7 @@ def blockwise_attention(
         q_len=shapes.q_len,
         kv_len=shapes.kv_len,
         q_offset=int(q_offset),
+        acc_dtype=stat_dtype(q, k, v).name,
     )
     tp = -(-shapes.q_len // block_q) * block_q
     sp = -(-shapes.kv_len // block_kv) * block_kv
