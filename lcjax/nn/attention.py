@@ -1,0 +1,240 @@
+"""Multi-head attention module with a pluggable attention variant and a functional KV cache.
+
+    q = x W_q  [B, T, H, D]     k = x W_k, v = x W_v  [B, T, Hkv, D]   (H % Hkv == 0, GQA)
+    q, k <- RoPE(q, positions), RoPE(k, positions)        (Su et al., 2021)
+    o = variant(q, k, v, causal=..., mask=..., scale=..., **attention_options)
+    y = o W_o  [B, T, D_model]
+
+``attention`` is a registry name (``lcjax.attention.get``) or any callable under the
+attention contract. Padding and packing use segment ids (negative = padding): they
+are handed to the variant natively when its signature takes ``q_segment_ids`` /
+``kv_segment_ids`` (no dense mask is built, which matters for long sequences), and
+folded into ``mask`` otherwise.
+
+The KV cache is a pytree (:class:`KVCache`) passed in and returned, so decoding works
+under ``jax.jit``. New keys/values are written at ``cache.index`` and queries attend
+only to filled slots, through an explicit mask built from the index (a traced value).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from flax.core import FrozenDict
+from jax import lax
+
+from lcjax.attention import build_mask, causal_mask, get
+from lcjax.nn.layers import dense_init
+from lcjax.rope import apply_rope
+
+__all__ = ["Attention", "KVCache", "init_kv_cache", "update_kv_cache", "cache_mask", "attend"]
+
+
+class KVCache(NamedTuple):
+    """Per-layer decoding cache.
+
+    k, v: [B, S_max, Hkv, D] rotated keys and values; segment_ids: int32 [B, S_max]
+    (negative = padding); index: int32 scalar, the number of filled slots.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    segment_ids: jax.Array
+    index: jax.Array
+
+
+def init_kv_cache(batch: int, max_len: int, kv_heads: int, head_dim: int,
+                  dtype=jnp.float32) -> KVCache:
+    """Empty cache: zero buffers [batch, max_len, kv_heads, head_dim], index 0."""
+    shape = (batch, max_len, kv_heads, head_dim)
+    return KVCache(
+        k=jnp.zeros(shape, dtype),
+        v=jnp.zeros(shape, dtype),
+        segment_ids=jnp.zeros((batch, max_len), jnp.int32),
+        index=jnp.zeros((), jnp.int32),
+    )
+
+
+def update_kv_cache(cache: KVCache, k: jax.Array, v: jax.Array,
+                    segment_ids: jax.Array) -> KVCache:
+    """Write k, v [B, T, Hkv, D] and segment ids [B, T] at slots [index, index + T)."""
+    i = cache.index
+    return KVCache(
+        k=lax.dynamic_update_slice_in_dim(cache.k, k.astype(cache.k.dtype), i, axis=1),
+        v=lax.dynamic_update_slice_in_dim(cache.v, v.astype(cache.v.dtype), i, axis=1),
+        segment_ids=lax.dynamic_update_slice_in_dim(
+            cache.segment_ids, segment_ids.astype(jnp.int32), i, axis=1
+        ),
+        index=i + k.shape[1],
+    )
+
+
+def cache_mask(index: jax.Array, q_len: int, kv_len: int, *, causal: bool) -> jax.Array:
+    """[1, 1, q_len, kv_len] mask for q_len new queries written at slot ``index``.
+
+    Causal: query t (slot index + t) sees slots <= index + t. Otherwise every filled
+    slot (< index + q_len) is visible.
+    """
+    if causal:
+        m = causal_mask(q_len, kv_len, q_offset=index)
+    else:
+        m = jnp.broadcast_to(jnp.arange(kv_len)[None, :] < index + q_len, (q_len, kv_len))
+    return m[None, None]
+
+
+def _takes_segment_ids(fn: Callable) -> bool:
+    """Whether ``fn`` accepts ``q_segment_ids`` and ``kv_segment_ids`` keywords."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "q_segment_ids" in params and "kv_segment_ids" in params
+
+
+def attend(
+    fn: Callable,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool,
+    mask=None,
+    scale: float | None = None,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    options: Mapping[str, Any] | None = None,
+) -> jax.Array:
+    """Call variant ``fn`` on q [B, T, H, D], k, v [B, S, Hkv, D] -> [B, T, H, D].
+
+    Segment ids (int [B, T], [B, S]) go to ``fn`` natively if it takes them, else
+    they are folded into ``mask`` (bool, broadcastable to [B, H, T, S]).
+    """
+    options = dict(options or {})
+    if q_segment_ids is not None:
+        if _takes_segment_ids(fn):
+            options.update(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+        else:
+            mask = build_mask(q.shape[1], k.shape[1], mask=mask,
+                              q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+    return fn(q, k, v, causal=causal, mask=mask, scale=scale, **options)
+
+
+class Attention(nnx.Module):
+    """Grouped-query self-attention with RoPE and a pluggable attention variant.
+
+    Args:
+      d_model: model width D_model.
+      num_heads, num_kv_heads: H and Hkv, with H % Hkv == 0.
+      head_dim: D (even, for RoPE).
+      attention: registry name ("softmax", "blockwise", "jax", ...) or a callable
+        ``fn(q, k, v, *, causal, mask, scale, **options)``.
+      attention_options: extra keywords passed to the variant on every call.
+      causal: causal self-attention (decoder) or bidirectional.
+      scale: softmax scale, default 1/sqrt(D).
+      rope_base, rope_layout: RoPE frequency base and layout ("half" | "interleaved");
+        ``use_rope=False`` disables RoPE.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        attention: str | Callable = "softmax",
+        attention_options: Mapping[str, Any] | None = None,
+        causal: bool = True,
+        scale: float | None = None,
+        rope_base: float = 10000.0,
+        rope_layout: str = "half",
+        use_rope: bool = True,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        if num_kv_heads <= 0 or num_heads % num_kv_heads:
+            raise ValueError(
+                f"Attention: num_heads ({num_heads}) must be a positive multiple of "
+                f"num_kv_heads ({num_kv_heads})"
+            )
+        if use_rope and head_dim % 2:
+            raise ValueError(f"Attention: RoPE needs an even head_dim, got {head_dim}")
+        if rope_layout not in ("half", "interleaved"):
+            raise ValueError(
+                f"Attention: rope_layout must be 'half' or 'interleaved', got {rope_layout!r}"
+            )
+        self.attention_fn = get(attention)  # ValueError for an unknown name
+        self.attention_options = FrozenDict(attention_options or {})  # hashable: static
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.causal, self.scale, self.use_rope = causal, scale, use_rope
+        self.rope_base, self.rope_layout = rope_base, rope_layout
+        self.dtype = dtype
+        key = rngs.params
+        in_proj = dense_init(in_axis=0, out_axis=(1, 2))
+        self.q_proj = nnx.Param(in_proj(key(), (d_model, num_heads, head_dim), param_dtype))
+        self.k_proj = nnx.Param(in_proj(key(), (d_model, num_kv_heads, head_dim), param_dtype))
+        self.v_proj = nnx.Param(in_proj(key(), (d_model, num_kv_heads, head_dim), param_dtype))
+        out_proj = dense_init(in_axis=(0, 1), out_axis=2)
+        self.o_proj = nnx.Param(out_proj(key(), (num_heads, head_dim, d_model), param_dtype))
+
+    def init_cache(self, batch: int, max_len: int, *, dtype=None) -> KVCache:
+        """Empty :class:`KVCache` for this layer (dtype defaults to the compute dtype)."""
+        return init_kv_cache(batch, max_len, self.num_kv_heads, self.head_dim,
+                             self.dtype if dtype is None else dtype)
+
+    def __call__(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        *,
+        segment_ids: jax.Array | None = None,
+        mask: jax.Array | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
+        """Self-attention over x, optionally appending to a KV cache.
+
+        Args:
+          x: [B, T, D_model].
+          positions: int [B, T] or [T], RoPE position ids.
+          segment_ids: int [B, T]; tokens attend within their segment, negative = padding.
+          mask: bool broadcastable to [B, H, T, S] (S = T, or S_max with a cache).
+          cache: :class:`KVCache` with buffers [B, S_max, Hkv, D]; the T new tokens are
+            written at ``cache.index`` and queries see filled slots only.
+
+        Returns:
+          (y [B, T, D_model] in the compute dtype, updated cache or None).
+        """
+        dt = self.dtype
+        x = x.astype(dt)
+        q = jnp.einsum("BTD,DNH->BTNH", x, self.q_proj[...].astype(dt))
+        k = jnp.einsum("BTD,DKH->BTKH", x, self.k_proj[...].astype(dt))
+        v = jnp.einsum("BTD,DKH->BTKH", x, self.v_proj[...].astype(dt))
+        if self.use_rope:
+            q = apply_rope(q, positions, base=self.rope_base, layout=self.rope_layout)
+            k = apply_rope(k, positions, base=self.rope_base, layout=self.rope_layout)
+        causal, kv_segment_ids = self.causal, segment_ids
+        if cache is not None:
+            b, t = x.shape[:2]
+            if cache.k.shape[0] != b or cache.k.shape[2:] != k.shape[2:]:
+                raise ValueError(f"Attention: cache k {cache.k.shape} does not fit keys "
+                                 f"{k.shape} ([B, S_max, Hkv, D])")
+            if t > cache.k.shape[1]:
+                raise ValueError(f"Attention: {t} new tokens exceed cache length "
+                                 f"{cache.k.shape[1]}")
+            if segment_ids is None:
+                segment_ids = jnp.zeros((b, t), jnp.int32)
+            step_mask = cache_mask(cache.index, t, cache.k.shape[1], causal=self.causal)
+            mask = step_mask if mask is None else jnp.logical_and(step_mask, mask)
+            cache = update_kv_cache(cache, k, v, segment_ids)
+            k, v, kv_segment_ids, causal = cache.k, cache.v, cache.segment_ids, False
+        o = attend(self.attention_fn, q, k.astype(dt), v.astype(dt), causal=causal, mask=mask,
+                   scale=self.scale, q_segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
+                   options=self.attention_options)
+        y = jnp.einsum("BTNH,NHD->BTD", o.astype(dt), self.o_proj[...].astype(dt))
+        return y, cache

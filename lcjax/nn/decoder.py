@@ -1,0 +1,218 @@
+"""Decoder-only language model (pre-norm Transformer, Llama-style) with KV-cache decoding.
+
+    h_0 = E[tokens]
+    h'  = h_l + Attn(RMSNorm(h_l), positions)          (RoPE, GQA, pluggable variant)
+    h_{l+1} = h' + SwiGLU(RMSNorm(h'))
+    logits = RMSNorm(h_L) E^T   (tied) or RMSNorm(h_L) W_out,   float32 [B, T, V]
+
+Usage::
+
+    model = DecoderLM(DecoderConfig(vocab_size=256), rngs=nnx.Rngs(0))
+    logits = model(tokens)                                  # [B, T] -> [B, T, V]
+    cache = model.init_cache(batch, max_len)
+    logits, cache = model(prompt, cache=cache)              # prefill
+    logits, cache = model(next_tokens[:, None], cache=cache)  # one decoding step
+    out = generate(model, prompt, steps=16)                 # greedy, jitted
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from flax.core import FrozenDict
+from jax import lax
+
+from lcjax.attention import get
+from lcjax.nn.attention import Attention, KVCache
+from lcjax.nn.layers import RMSNorm, SwiGLU, dense_init
+
+__all__ = ["DecoderConfig", "DecoderBlock", "DecoderLM", "DecoderCache", "generate"]
+
+DecoderCache = tuple[KVCache, ...]  # one KVCache per layer
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig:
+    """Hyper-parameters of :class:`DecoderLM` (hashable: usable as a static jit argument).
+
+    ``attention`` is a registry name or a callable under the attention contract;
+    ``attention_options`` are extra keywords for it (stored as a FrozenDict).
+    ``max_len`` is the default KV-cache length; the full forward pass accepts any length.
+    ``dtype`` is the compute dtype, ``param_dtype`` the storage dtype; logits are float32.
+    """
+
+    vocab_size: int = 256
+    d_model: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 4
+    head_dim: int = 64
+    mlp_hidden: int = 1024
+    max_len: int = 2048
+    rope_base: float = 10000.0
+    rope_layout: str = "half"
+    attention: str | Callable = "softmax"
+    attention_options: Mapping[str, Any] = dataclasses.field(default_factory=FrozenDict)
+    norm_eps: float = 1e-6
+    tie_embeddings: bool = True
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    def __post_init__(self):
+        object.__setattr__(self, "attention_options", FrozenDict(self.attention_options))
+        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim", "mlp_hidden", "max_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"DecoderConfig: `{name}` must be a positive int, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"DecoderConfig: num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"DecoderConfig: RoPE needs an even head_dim, got {self.head_dim}")
+        if self.rope_layout not in ("half", "interleaved"):
+            raise ValueError(f"DecoderConfig: rope_layout must be 'half' or 'interleaved', "
+                             f"got {self.rope_layout!r}")
+
+
+class DecoderBlock(nnx.Module):
+    """Pre-norm block: x + Attn(norm(x)), then + SwiGLU(norm(.))."""
+
+    def __init__(self, config: DecoderConfig, *, rngs: nnx.Rngs):
+        c = config
+        self.attn_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype)
+        self.attn = Attention(
+            c.d_model, c.num_heads, c.num_kv_heads, c.head_dim,
+            attention=c.attention, attention_options=c.attention_options, causal=True,
+            rope_base=c.rope_base, rope_layout=c.rope_layout,
+            dtype=c.dtype, param_dtype=c.param_dtype, rngs=rngs,
+        )
+        self.mlp_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype)
+        self.mlp = SwiGLU(c.d_model, c.mlp_hidden, dtype=c.dtype, param_dtype=c.param_dtype,
+                          rngs=rngs)
+
+    def __call__(self, x, positions, *, segment_ids=None, cache: KVCache | None = None):
+        """x [B, T, D] -> ([B, T, D], updated cache or None)."""
+        h, cache = self.attn(self.attn_norm(x), positions, segment_ids=segment_ids, cache=cache)
+        x = x + h
+        return x + self.mlp(self.mlp_norm(x)), cache
+
+
+class DecoderLM(nnx.Module):
+    """Decoder-only LM: ``DecoderLM(config, rngs=nnx.Rngs(0))(tokens) -> logits``."""
+
+    def __init__(self, config: DecoderConfig, *, rngs: nnx.Rngs):
+        c = self.config = config
+        get(c.attention)  # ValueError for an unknown variant, before any parameter is made
+        embed_init = nnx.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
+        self.embed = nnx.Param(embed_init(rngs.params(), (c.vocab_size, c.d_model),
+                                          c.param_dtype))
+        self.blocks = nnx.List([DecoderBlock(c, rngs=rngs) for _ in range(c.num_layers)])
+        self.final_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype)
+        self.lm_head = None if c.tie_embeddings else nnx.Param(
+            dense_init()(rngs.params(), (c.d_model, c.vocab_size), c.param_dtype))
+
+    def init_cache(self, batch: int, max_len: int | None = None, *, dtype=None) -> DecoderCache:
+        """Empty cache, one :class:`KVCache` [batch, max_len, Hkv, D] per layer
+        (max_len defaults to ``config.max_len``, dtype to ``config.dtype``)."""
+        max_len = self.config.max_len if max_len is None else max_len
+        return tuple(b.attn.init_cache(batch, max_len, dtype=dtype) for b in self.blocks)
+
+    def logits(self, x: jax.Array) -> jax.Array:
+        """Final hidden states [B, T, D] (already normed) -> float32 logits [B, T, V]."""
+        dt = self.config.dtype
+        if self.lm_head is None:
+            return jnp.einsum("BTD,VD->BTV", x.astype(dt), self.embed[...].astype(dt),
+                              preferred_element_type=jnp.float32)
+        return jnp.einsum("BTD,DV->BTV", x.astype(dt), self.lm_head[...].astype(dt),
+                          preferred_element_type=jnp.float32)
+
+    def __call__(
+        self,
+        tokens: jax.Array,
+        *,
+        positions: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+        cache: DecoderCache | None = None,
+    ):
+        """Run the model.
+
+        Args:
+          tokens: int [B, T].
+          positions: int [B, T] RoPE positions; default ``arange(T)`` (offset by the
+            cache index when decoding). Pass them for packed or left-padded inputs.
+          segment_ids: int [B, T]; attend within a segment, negative = padding. With a
+            cache, tokens default to segment 0.
+          cache: from :meth:`init_cache`; the T tokens are appended at its index.
+            index + T must not exceed the cache length (checked only outside jit,
+            where the index is concrete; under jit an overflow would clamp the write).
+
+        Returns:
+          float32 logits [B, T, V]; with a cache, ``(logits, new_cache)``.
+        """
+        c = self.config
+        if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+            raise ValueError(f"DecoderLM: `tokens` must be int [batch, len], got "
+                             f"{tokens.dtype} {tokens.shape}")
+        b, t = tokens.shape
+        if cache is not None and len(cache) != c.num_layers:
+            raise ValueError(f"DecoderLM: cache has {len(cache)} layers, model {c.num_layers}")
+        if cache is not None and t > cache[0].k.shape[1]:
+            raise ValueError(f"DecoderLM: {t} new tokens exceed cache length {cache[0].k.shape[1]}")
+        if cache is not None and not isinstance(cache[0].index, jax.core.Tracer):
+            if int(cache[0].index) + t > cache[0].k.shape[1]:
+                raise ValueError(f"DecoderLM: cache index {int(cache[0].index)} + {t} new tokens "
+                                 f"exceed cache length {cache[0].k.shape[1]}")
+        if positions is None:
+            start = 0 if cache is None else cache[0].index
+            positions = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32), (b, t))
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(c.dtype)
+        new_cache = []
+        for i, block in enumerate(self.blocks):
+            x, layer_cache = block(x, positions, segment_ids=segment_ids,
+                                   cache=None if cache is None else cache[i])
+            new_cache.append(layer_cache)
+        logits = self.logits(self.final_norm(x))
+        return logits if cache is None else (logits, tuple(new_cache))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
+def _greedy(graphdef, state, prompt, steps: int, max_len: int):
+    model = nnx.merge(graphdef, state)
+    logits, cache = model(prompt, cache=model.init_cache(prompt.shape[0], max_len))
+    first = jnp.argmax(logits[:, -1], axis=-1).astype(prompt.dtype)
+
+    def step(carry, _):
+        tok, cache = carry
+        logits, cache = model(tok[:, None], cache=cache)
+        return (jnp.argmax(logits[:, -1], axis=-1).astype(tok.dtype), cache), tok
+
+    (last, _), toks = lax.scan(step, (first, cache), None, length=steps - 1)
+    return jnp.concatenate([prompt, toks.T, last[:, None]], axis=1)
+
+
+def generate(model: DecoderLM, prompt: jax.Array, steps: int, *,
+             max_len: int | None = None) -> jax.Array:
+    """Greedy decoding: prefill ``prompt`` (int [B, P], no padding), then ``steps`` tokens
+    one at a time through the KV cache, all under one ``jax.jit``.
+
+    ``max_len`` (cache length) defaults to P + steps. Returns int [B, P + steps].
+    """
+    p = prompt.shape[1]
+    if steps < 0:
+        raise ValueError(f"generate: `steps` must be >= 0, got {steps}")
+    if steps == 0:
+        return prompt
+    max_len = p + steps if max_len is None else max_len
+    if p + steps > max_len:
+        raise ValueError(f"generate: prompt length {p} + steps {steps} exceeds max_len {max_len}")
+    graphdef, state = nnx.split(model)
+    return _greedy(graphdef, state, prompt, steps, max_len)
