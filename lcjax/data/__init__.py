@@ -1,0 +1,41 @@
+"""Data: byte tokenizer, embedded corpora, grain pipelines."""
+
+from lcjax.data.corpus import (
+    Document,
+    load_shakespeare,
+    shakespeare_dir,
+    shakespeare_split,
+    shakespeare_works,
+    split_works,
+    work_id,
+)
+from lcjax.data.pipeline import (
+    gather_windows,
+    make_dataset,
+    make_iterator,
+    num_windows,
+    pack_stream,
+)
+from lcjax.data.tokenizer import BOS, EOS, PAD, VOCAB_SIZE, decode, decode_bytes, encode
+
+__all__ = [
+    "BOS",
+    "EOS",
+    "PAD",
+    "VOCAB_SIZE",
+    "Document",
+    "decode",
+    "decode_bytes",
+    "encode",
+    "gather_windows",
+    "load_shakespeare",
+    "make_dataset",
+    "make_iterator",
+    "num_windows",
+    "pack_stream",
+    "shakespeare_dir",
+    "shakespeare_split",
+    "shakespeare_works",
+    "split_works",
+    "work_id",
+]

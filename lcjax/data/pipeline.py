@@ -1,0 +1,128 @@
+"""grain pipeline: documents -> packed, shuffled, process-sharded batches of next-token pairs.
+
+Packing: every document becomes ``BOS bytes... EOS``; the documents are
+concatenated into one stream ``s`` (padded with PAD at the end) and cut into
+windows of ``T + 1`` tokens with stride ``T``::
+
+    window i = s[i*T : i*T + T + 1],  inputs = window[:-1],  targets = window[1:]
+
+so every token after the first is a target exactly once and concatenating the
+inputs of windows ``0, 1, ...`` gives back the stream. Windows are split across
+processes (``jax.process_index() :: jax.process_count()``) before a seeded global
+shuffle, which grain reseeds each epoch. The pipeline is a ``grain.MapDataset``
+of window indices, so an iterator's state is one integer
+(``it.get_state() == {"next_index": k}``) and ``it.set_state(state)`` resumes
+the exact same batch sequence. Everything runs in-process (no grain workers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grain
+import jax
+import numpy as np
+
+from lcjax.data import tokenizer
+from lcjax.data.corpus import Document
+
+DocLike = str | bytes | np.ndarray | Document
+
+
+def _doc_ids(doc: DocLike) -> np.ndarray:
+    """Token ids ``[L]`` of one document, without BOS/EOS."""
+    if isinstance(doc, Document):
+        doc = doc.text
+    if isinstance(doc, str | bytes):
+        return tokenizer.encode(doc)
+    return np.asarray(doc, dtype=np.int32).reshape(-1)
+
+
+def pack_stream(docs: Sequence[DocLike], seq_len: int) -> np.ndarray:
+    """The packed token stream ``BOS d0 EOS BOS d1 EOS ... PAD...``.
+
+    Args:
+      docs: documents (text, bytes, token ids ``[L]`` or :class:`Document`).
+      seq_len: ``T``; the stream is padded with PAD to length ``n * T + 1``.
+
+    Returns:
+      uint16 stream, shape ``[num_windows(...) * T + 1]``.
+    """
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1; got {seq_len}")
+    parts = []
+    for doc in docs:
+        parts += [np.array([tokenizer.BOS]), _doc_ids(doc), np.array([tokenizer.EOS])]
+    stream = np.concatenate(parts).astype(np.uint16) if parts else np.zeros(0, np.uint16)
+    n = num_windows(len(stream), seq_len)
+    out = np.full(n * seq_len + 1, tokenizer.PAD, np.uint16)
+    out[: len(stream)] = stream
+    return out
+
+
+def num_windows(stream_len: int, seq_len: int) -> int:
+    """Windows of stride ``T`` needed to cover every target of a stream of ``stream_len``."""
+    return max(0, -(-(stream_len - 1) // seq_len))
+
+
+def gather_windows(stream: np.ndarray, idx: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
+    """Windows ``idx`` (``[B]``) of ``stream`` as ``{"inputs", "targets"}``, int32 ``[B, T]``."""
+    w = stream[np.asarray(idx)[:, None] * seq_len + np.arange(seq_len + 1)].astype(np.int32)
+    return {"inputs": w[:, :-1], "targets": w[:, 1:]}
+
+
+def make_dataset(
+    docs: Sequence[DocLike],
+    *,
+    seq_len: int,
+    batch_size: int,
+    seed: int = 0,
+    shuffle: bool = True,
+    num_epochs: int | None = None,
+    drop_remainder: bool = True,
+    shard_index: int | None = None,
+    shard_count: int | None = None,
+) -> grain.MapDataset:
+    """Packed next-token batches of this process's shard, as a ``grain.MapDataset``.
+
+    Args:
+      docs: the documents to pack (see :func:`pack_stream`).
+      seq_len: ``T``, the length of inputs and targets.
+      batch_size: the GLOBAL batch size; each of ``shard_count`` processes gets
+        ``batch_size // shard_count`` rows per batch.
+      seed: shuffle seed (grain reseeds each epoch deterministically from it).
+      shuffle: global shuffle of the windows; False keeps stream order.
+      num_epochs: passes over the data; None repeats forever.
+      drop_remainder: drop a last, smaller batch (only matters for finite epochs).
+      shard_index, shard_count: this process's shard; default
+        ``jax.process_index()`` and ``jax.process_count()``.
+
+    Returns:
+      A ``MapDataset`` whose elements are ``{"inputs", "targets"}``, int32
+      ``[batch_size // shard_count, T]``; targets equal to PAD are not real tokens.
+    """
+    shard_index = jax.process_index() if shard_index is None else shard_index
+    shard_count = jax.process_count() if shard_count is None else shard_count
+    if not 0 <= shard_index < shard_count:
+        raise ValueError(f"need 0 <= shard_index < shard_count; got {shard_index}, {shard_count}")
+    if batch_size % shard_count:
+        raise ValueError(f"batch_size={batch_size} is not divisible by shard_count={shard_count}")
+    stream = pack_stream(docs, seq_len)
+    n = num_windows(len(stream), seq_len)
+    ds = grain.MapDataset.range(n)[shard_index::shard_count]
+    if len(ds) == 0:
+        raise ValueError(f"no windows for shard {shard_index}/{shard_count}: {n} windows in all")
+    if shuffle:
+        ds = ds.shuffle(seed=seed)
+    if num_epochs != 1:
+        ds = ds.repeat(num_epochs)
+    ds = ds.batch(batch_size // shard_count, drop_remainder=drop_remainder)
+    return ds.map(lambda idx: gather_windows(stream, idx, seq_len))
+
+
+def make_iterator(ds: grain.MapDataset, state: dict | None = None) -> grain.DatasetIterator:
+    """In-process iterator over ``ds``; ``state`` from ``it.get_state()`` resumes it."""
+    it = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
+    if state is not None:
+        it.set_state(state)
+    return it

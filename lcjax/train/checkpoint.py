@@ -1,0 +1,131 @@
+"""orbax checkpoints of a training run: parameters, other model state, optimizer
+state, step and the grain iterator state, saved together and atomically.
+
+Layout of ``directory/<step>/`` (an ``ocp.args.Composite``)::
+
+    params     StandardSave   nnx.Param state
+    rest       StandardSave   other nnx state (RNG keys as raw key data), if any
+    opt_state  StandardSave   optax state
+    data       JsonSave       grain iterator state, e.g. {"next_index": 8}
+    meta       JsonSave       step and the configs
+
+orbax writes each step to a temporary folder and renames it when complete, so a
+crash never leaves a half-written latest checkpoint; the manager keeps the last
+``max_to_keep``. Saving is synchronous: the train step donates its buffers.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+
+def checkpoint_manager(
+    directory: str | os.PathLike, *, max_to_keep: int = 3
+) -> ocp.CheckpointManager:
+    """A manager for ``directory`` keeping the last ``max_to_keep`` steps."""
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False
+    )
+    return ocp.CheckpointManager(os.path.abspath(directory), options=options)
+
+
+def _is_key(x: Any) -> bool:
+    return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _keys_to_data(tree: Any) -> Any:
+    """Typed PRNG key arrays -> their uint32 key data (orbax stores plain arrays)."""
+    return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
+
+
+def _data_to_keys(tree: Any, like: Any) -> Any:
+    """Inverse of :func:`_keys_to_data`, taking key implementations from ``like``."""
+    return jax.tree.map(
+        lambda x, l: jax.random.wrap_key_data(x, impl=jax.random.key_impl(l)) if _is_key(l) else x,
+        tree,
+        like,
+    )
+
+
+def _uncommit(tree: Any) -> Any:
+    """Single-process: restored arrays as uncommitted default-device arrays, like freshly
+    initialised ones, so jit reuses the executables it compiled for those."""
+    if jax.process_count() > 1:
+        return tree
+    return jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), tree)
+
+
+def _abstract(tree: Any) -> Any:
+    return jax.tree.map(ocp.utils.to_shape_dtype_struct, _keys_to_data(tree))
+
+
+def save_checkpoint(
+    manager: ocp.CheckpointManager,
+    step: int,
+    *,
+    params: Any,
+    rest: Any,
+    opt_state: Any,
+    data_state: dict,
+    meta: dict | None = None,
+) -> None:
+    """Saves one training state at ``step`` (blocking until it is on disk)."""
+    items = {
+        "params": ocp.args.StandardSave(params),
+        "opt_state": ocp.args.StandardSave(opt_state),
+        "data": ocp.args.JsonSave(data_state),
+        "meta": ocp.args.JsonSave({"step": int(step), **(meta or {})}),
+    }
+    if jax.tree.leaves(rest):
+        items["rest"] = ocp.args.StandardSave(_keys_to_data(rest))
+    manager.save(int(step), args=ocp.args.Composite(**items), force=True)
+    manager.wait_until_finished()
+
+
+def restore_checkpoint(
+    manager: ocp.CheckpointManager,
+    *,
+    params: Any,
+    rest: Any,
+    opt_state: Any,
+    step: int | None = None,
+) -> dict | None:
+    """Restores ``step`` (default: the latest) into the structure of the given trees.
+
+    Args:
+      manager: from :func:`checkpoint_manager`.
+      params, rest, opt_state: trees (or abstract trees) giving structure, shapes
+        and dtypes of what to restore.
+      step: which checkpoint; None = latest.
+
+    Returns:
+      None if there is no checkpoint, else a dict with ``params``, ``rest``,
+      ``opt_state``, ``data_state``, ``meta`` and ``step``.
+    """
+    step = manager.latest_step() if step is None else step
+    if step is None:
+        return None
+    items = {
+        "params": ocp.args.StandardRestore(_abstract(params)),
+        "opt_state": ocp.args.StandardRestore(_abstract(opt_state)),
+        "data": ocp.args.JsonRestore(),
+        "meta": ocp.args.JsonRestore(),
+    }
+    has_rest = bool(jax.tree.leaves(rest))
+    if has_rest:
+        items["rest"] = ocp.args.StandardRestore(_abstract(rest))
+    out = manager.restore(step, args=ocp.args.Composite(**items))
+    return {
+        "params": _uncommit(out["params"]),
+        "rest": _data_to_keys(_uncommit(out["rest"]), rest) if has_rest else rest,
+        "opt_state": _uncommit(out["opt_state"]),
+        "data_state": dict(out["data"]),
+        "meta": dict(out["meta"]),
+        "step": int(step),
+    }

@@ -1,0 +1,113 @@
+"""``lcjax train``: train a byte-level DecoderLM on the Shakespeare split.
+
+    lcjax train --config run.json
+    lcjax train --steps 2000 --batch-size 16 --seq-len 256 --d-model 256 --out runs/a
+    lcjax train --out runs/a --resume
+
+The config file is ``{"model": {DecoderConfig fields}, "train": {TrainConfig
+fields}}``; flags override it. ``model.dtype`` / ``param_dtype`` are dtype names
+("bfloat16"). Writes ``OUT/checkpoints/``, ``OUT/metrics.jsonl`` and ``OUT/config.json``
+and prints the final record as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+
+from lcjax.data.tokenizer import VOCAB_SIZE
+from lcjax.train.loop import TrainConfig, config_dict, train
+
+# flag -> TrainConfig field
+_TRAIN_FLAGS = {
+    "steps": int, "batch_size": int, "seq_len": int, "lr": float, "warmup_steps": int,
+    "min_lr_ratio": float, "weight_decay": float, "grad_clip": float, "seed": int,
+    "data_seed": int, "heldout_fraction": float, "split_seed": int, "eval_every": int,
+    "eval_batches": int, "log_every": int, "ckpt_every": int, "keep_checkpoints": int,
+}
+# flag -> DecoderConfig field
+_MODEL_FLAGS = {
+    "d_model": int, "num_layers": int, "num_heads": int, "num_kv_heads": int,
+    "head_dim": int, "mlp_hidden": int, "max_len": int, "attention": str,
+}
+# a ~1M-parameter byte LM unless the config or flags say otherwise
+DEFAULT_MODEL = {
+    "vocab_size": VOCAB_SIZE, "d_model": 128, "num_layers": 4, "num_heads": 4,
+    "num_kv_heads": 4, "head_dim": 32, "mlp_hidden": 344, "max_len": 1024,
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the ``lcjax train`` flags to ``parser``."""
+    parser.add_argument("--config", help="JSON file: {'model': {...}, 'train': {...}}")
+    parser.add_argument("--out", dest="out_dir", help="run folder (checkpoints, metrics.jsonl)")
+    parser.add_argument("--resume", action="store_true", default=None,
+                        help="continue from the latest checkpoint in --out")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
+                        help="no progress bar")
+    defaults = TrainConfig()
+    for name, typ in _TRAIN_FLAGS.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=typ, dest=name,
+                            metavar=typ.__name__.upper(),
+                            help=f"default {getattr(defaults, name)}"
+                            + (" (-1: all)" if name == "eval_batches" else ""))
+    model = parser.add_argument_group("model (lcjax.nn.DecoderConfig)")
+    for name, typ in _MODEL_FLAGS.items():
+        model.add_argument("--" + name.replace("_", "-"), type=typ, dest="model_" + name,
+                           metavar=typ.__name__.upper(), help=f"default {DEFAULT_MODEL.get(name)}"
+                           if name in DEFAULT_MODEL else None)
+
+
+def _model_config(fields: dict):
+    import jax.numpy as jnp
+
+    from lcjax.nn import DecoderConfig
+
+    fields = dict(fields)
+    for key in ("dtype", "param_dtype"):
+        if isinstance(fields.get(key), str):
+            fields[key] = jnp.dtype(fields[key])
+    return DecoderConfig(**fields)
+
+
+def configs_from_args(args: argparse.Namespace) -> tuple[dict, TrainConfig]:
+    """(model config fields, TrainConfig) from ``--config`` then the flags."""
+    spec = {}
+    if args.config:
+        with open(args.config, encoding="utf-8") as f:
+            spec = json.load(f)
+        unknown = set(spec) - {"model", "train"}
+        if unknown:
+            raise ValueError(f"{args.config}: unknown sections {sorted(unknown)}")
+    model = {**DEFAULT_MODEL, **spec.get("model", {})}
+    model.update({k: v for k in _MODEL_FLAGS if (v := getattr(args, "model_" + k)) is not None})
+    train_fields = dict(spec.get("train", {}))
+    flags = [*_TRAIN_FLAGS, "out_dir", "resume", "progress"]
+    train_fields.update({k: v for k in flags if (v := getattr(args, k)) is not None})
+    if (train_fields.get("eval_batches") or 0) < 0:
+        train_fields["eval_batches"] = None
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    if set(train_fields) - known:
+        raise ValueError(f"unknown train fields {sorted(set(train_fields) - known)}")
+    return model, TrainConfig(**train_fields)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs ``lcjax train``; returns the exit status."""
+    model_fields, cfg = configs_from_args(args)
+    model_cfg = _model_config(model_fields)
+    if cfg.out_dir:
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        with open(os.path.join(cfg.out_dir, "config.json"), "w", encoding="utf-8") as f:
+            json.dump({"model": config_dict(model_cfg), "train": config_dict(cfg)}, f, indent=2)
+    result = train(model_cfg, cfg)
+    tps = result.tokens_per_s
+    final = {"step": result.step, "tokens_per_s": None if tps != tps else round(tps, 1)}
+    if result.history:
+        final["loss"] = result.history[-1]["loss"]
+    if result.evals:
+        final.update(result.evals[-1])
+    print(json.dumps(final))
+    return 0
