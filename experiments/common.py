@@ -1,0 +1,68 @@
+"""What every experiment returns: claims checked (claim, our number, holds or not),
+numbers for the JSON report and figure paths for the markdown report."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One checkable statement: what is claimed, the target, what we measured, verdict."""
+
+    claim: str
+    target: str
+    ours: str
+    holds: bool
+
+
+@dataclass
+class Result:
+    claims: list[Claim] = field(default_factory=list)
+    numbers: dict = field(default_factory=dict)
+    figures: list[Path] = field(default_factory=list)
+    notes: str = ""
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A registered experiment: ``run(quick, out_dir) -> Result``."""
+
+    name: str
+    paper: str
+    summary: str
+    run: Callable[[bool, Path], Result]
+
+
+def machine_info() -> dict:
+    import os
+
+    import jax
+
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+    }
+
+
+def write_json(path: Path, payload) -> None:
+    def default(o):
+        if dataclasses.is_dataclass(o):
+            return dataclasses.asdict(o)
+        if isinstance(o, Path):
+            return str(o)
+        if hasattr(o, "tolist"):
+            return o.tolist()
+        return str(o)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=default))
