@@ -480,38 +480,33 @@ def _blockwise_backward(plan: _BlockPlan, q, k, v, masking, out, lse, d_out, d_l
         ds = p * (dp - delta_b[..., None])
         return qb, kb, dob, p, ds
 
-    def dq_for_block(qi):
-        def step(kj, dq, masked):
-            _, kb, _, _, ds = probs_and_ds(qi, kj, masked)
-            return dq + jnp.einsum("bkgts,bksd->bkgtd", ds, kb,
-                                   preferred_element_type=plan.acc)
+    def dkv_for_block(dq, kj):
+        """Key block ``kj``: its dk, dv, and its contribution added into the full dq."""
 
-        dq = jnp.zeros((b, hk, g, plan.block_q, d), plan.acc)
-        first_masked, end = _kv_range(plan, qi, nk, masking)
-        dq = lax.fori_loop(0, first_masked, functools.partial(step, masked=False), dq)
-        dq = lax.fori_loop(first_masked, end, functools.partial(step, masked=True), dq)
-        return dq * plan.scale
-
-    def dkv_for_block(kj):
         def step(qi, carry, masked):
-            dk, dv = carry
-            qb, _, dob, p, ds = probs_and_ds(qi, kj, masked)
+            dk, dv, dq = carry
+            qb, kb, dob, p, ds = probs_and_ds(qi, kj, masked)
             dk = dk + jnp.einsum("bkgts,bkgtd->bksd", ds, qb, preferred_element_type=plan.acc)
             dv = dv + jnp.einsum("bkgts,bkgtd->bksd", p, dob, preferred_element_type=plan.acc)
-            return dk, dv
+            dq_b = lax.dynamic_slice_in_dim(dq, qi * plan.block_q, plan.block_q, axis=3)
+            dq_b = dq_b + jnp.einsum("bkgts,bksd->bkgtd", ds, kb, preferred_element_type=plan.acc)
+            dq = lax.dynamic_update_slice_in_dim(dq, dq_b, qi * plan.block_q, axis=3)
+            return dk, dv, dq
 
         carry = (
             jnp.zeros((b, hk, plan.block_kv, d), plan.acc),
             jnp.zeros((b, hk, plan.block_kv, v.shape[-1]), plan.acc),
+            dq,
         )
         start, first_clean = _q_range(plan, kj, nq, masking)
         carry = lax.fori_loop(start, first_clean, functools.partial(step, masked=True), carry)
-        dk, dv = lax.fori_loop(first_clean, nq, functools.partial(step, masked=False), carry)
-        return jnp.swapaxes(dk * plan.scale, 1, 2), jnp.swapaxes(dv, 1, 2)
+        dk, dv, dq = lax.fori_loop(first_clean, nq, functools.partial(step, masked=False), carry)
+        return dq, (jnp.swapaxes(dk * plan.scale, 1, 2), jnp.swapaxes(dv, 1, 2))
 
-    dq = lax.map(dq_for_block, jnp.arange(nq))  # [nq, B, Hkv, G, bq, D]
-    dq = jnp.moveaxis(dq, 0, 3).reshape(b, hk, g, tp, d).transpose(0, 3, 1, 2, 4)
-    dk, dv = lax.map(dkv_for_block, jnp.arange(nk))  # [nk, B, bk, Hkv, D]
+    # one pass over key blocks (FlashAttention-2): P is recomputed once per block pair
+    dq = jnp.zeros((b, hk, g, tp, d), plan.acc)
+    dq, (dk, dv) = lax.scan(dkv_for_block, dq, jnp.arange(nk))  # dk: [nk, B, bk, Hkv, D]
+    dq = (dq * plan.scale).transpose(0, 3, 1, 2, 4)
     dk = jnp.moveaxis(dk, 0, 1).reshape(b, sp, hk, d)
     dv = jnp.moveaxis(dv, 0, 1).reshape(b, sp, hk, v.shape[-1])
     return dq, dk, dv
