@@ -10,6 +10,7 @@ were quoted at about 3.7, 3.0 and 2.6 bits/byte.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +76,7 @@ def run(quick: bool, out_dir: Path) -> Result:
           "| last 10%:", {k: round(v, 3) for k, v in base_tail.items()}, flush=True)
 
     steps = STEPS[quick]
+    shutil.rmtree(out_dir / "run", ignore_errors=True)  # a fresh run, not a resume
     model_cfg = DecoderConfig(vocab_size=VOCAB_SIZE, **MODEL)
     cfg = TrainConfig(steps=steps, batch_size=8, seq_len=128, lr=3e-3, warmup_steps=100,
                       eval_every=steps // 4, eval_batches=None, log_every=50,
