@@ -44,6 +44,8 @@ __all__ = [
     "build_mask",
     "default_scale",
     "stat_dtype",
+    "varying_axes",
+    "match_varying",
     "group_queries",
     "ungroup",
     "dot_product_attention",
@@ -117,6 +119,35 @@ def validate_qkv(q, k, v, *, mask=None, name: str = "attention") -> AttentionSha
 def stat_dtype(*arrays) -> jnp.dtype:
     """Dtype of softmax statistics: float32 for 16/32-bit inputs, float64 for float64."""
     return jnp.promote_types(jnp.result_type(*arrays), jnp.float32)
+
+
+def varying_axes(*arrays) -> tuple[str, ...]:
+    """Mesh axes along which any of ``arrays`` varies inside ``jax.shard_map`` (empty
+    outside it). Reads the aval's varying-manual-axes set (``vma`` in newer JAX,
+    ``manual_axis_type.varying`` in 0.10)."""
+    axes: set[str] = set()
+    for x in jax.tree.leaves(arrays):
+        aval = jax.typeof(x)
+        vma = getattr(aval, "vma", None)
+        if vma is None:
+            vma = getattr(getattr(aval, "manual_axis_type", None), "varying", ())
+        axes.update(vma)
+    return tuple(sorted(axes))
+
+
+def match_varying(tree, *refs):
+    """Mark loop-carry initial values built from constants as varying over the same
+    mesh axes as ``refs``, so ``lax.fori_loop``/``scan`` type-check under
+    ``jax.shard_map`` (a no-op outside it)."""
+    axes = set(varying_axes(*refs))
+    if not axes:
+        return tree
+
+    def cast(x):
+        missing = tuple(sorted(axes - set(varying_axes(x))))
+        return lax.pcast(x, missing, to="varying") if missing else x
+
+    return jax.tree.map(cast, tree)
 
 
 def default_scale(head_dim: int, scale: float | None) -> float:
@@ -437,6 +468,7 @@ def _blockwise_forward(plan: _BlockPlan, q, k, v, masking):
             jnp.zeros((b, hk, g, plan.block_q), plan.acc),
             jnp.zeros((b, hk, g, plan.block_q, dv), plan.acc),
         )
+        carry = match_varying(carry, q, k, v, masking)
         first_masked, end = _kv_range(plan, qi, nk, masking)
         carry = lax.fori_loop(0, first_masked, functools.partial(step, masked=False), carry)
         m, l, acc = lax.fori_loop(first_masked, end, functools.partial(step, masked=True), carry)
@@ -498,13 +530,14 @@ def _blockwise_backward(plan: _BlockPlan, q, k, v, masking, out, lse, d_out, d_l
             jnp.zeros((b, hk, plan.block_kv, v.shape[-1]), plan.acc),
             dq,
         )
+        carry = match_varying(carry, q, k, v, masking, d_out, lse)
         start, first_clean = _q_range(plan, kj, nq, masking)
         carry = lax.fori_loop(start, first_clean, functools.partial(step, masked=True), carry)
         dk, dv, dq = lax.fori_loop(first_clean, nq, functools.partial(step, masked=False), carry)
         return dq, (jnp.swapaxes(dk * plan.scale, 1, 2), jnp.swapaxes(dv, 1, 2))
 
     # one pass over key blocks (FlashAttention-2): P is recomputed once per block pair
-    dq = jnp.zeros((b, hk, g, tp, d), plan.acc)
+    dq = match_varying(jnp.zeros((b, hk, g, tp, d), plan.acc), q, k, v, masking, d_out, lse)
     dq, (dk, dv) = lax.scan(dkv_for_block, dq, jnp.arange(nk))  # dk: [nk, B, bk, Hkv, D]
     dq = (dq * plan.scale).transpose(0, 3, 1, 2, 4)
     dk = jnp.moveaxis(dk, 0, 1).reshape(b, sp, hk, d)
