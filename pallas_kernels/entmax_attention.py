@@ -1,0 +1,862 @@
+r"""α-entmax attention as Pallas kernels (AdaSplash-2), forward and backward.
+
+AdaSplash: Gonçalves, Treviso & Martins, "AdaSplash: Adaptive Sparse Flash Attention"
+(ICML 2025), and its v2 ("AdaSplash-2", histogram-initialised threshold); reference code
+deep-spin/adasplash (``adasplash_v2.py``, ``triton_entmax_v2.py``) — read for the
+algorithm, not copied. For each query row, with scores x = scale·q·kᵀ,
+
+    z = (α-1)·x,   p_j = [z_j - τ]₊^{1/(α-1)},   τ such that Σ_j p_j = 1,
+
+and out = p·V. The [T, S] score matrix is never stored: every phase below is a pass over
+key blocks that recomputes the tile q·kᵀ. Notation and the solver follow
+``lcjax/entmax.py`` (its docstring has the maths); z is shifted by the row max, so
+max z = 0, τ ∈ [-1, 0], and z is floored at -2 (masked scores land there and never count).
+
+Forward (``_fwd_kernel``; grid (batch, head, query block), a ``lax.fori_loop`` over key
+blocks inside each phase; key blocks above the causal diagonal or beyond the valid length
+``kv_lengths[b]`` are never visited):
+
+1. row max of z, and on the way the count n' and mean m' of a top set A' (the scores
+   above the running max - 1): by Jensen, f(τ) ≥ n'(m' - τ)^{1/(α-1)} - 1 for any subset,
+   so t₀ = max(max z - 1, m' - n'^{1-α}) ≤ τ* — the origin of ``lcjax.entmax`` (AdaSplash-2
+   uses max z - 1; the tighter origin keeps the bins informative on flat rows), here with
+   no extra pass;
+2. histogram (α ∈ {1.5, 2}): per bin b of y = z - t₀ ∈ [0, -t₀], ``bins`` bins of width
+   w = -t₀/bins, the count, Σd and Σd² of the in-bin offsets d = y - b·w — ``bins``
+   masked row sums, no scatter. From them, exactly and without cancellation, K, S, Q
+   (count, Σ(y-e), Σ(y-e)²) of {y ≥ e} at every edge e_j = j·w, hence f and f' at every
+   edge, in one pass. The last edge with f ≥ 0 and the next one bracket τ*; closed forms
+   raise the lower end (α = 2: (S-1)/K over the top sets; α = 1.5: the root of
+   Σ_A (y-t)² = 1 over the set A above the upper edge, all in the support); the first
+   iterate is the root of the cubic Hermite interpolant through f, f' at both edges
+   (``lcjax.entmax._hermite_root``);
+3. up to ``n_iter`` solver passes, each evaluating K, S, Q (or Σp for other α) at τ and
+   taking the safeguarded step of ``lcjax.entmax._step`` (α = 1.5: root of the local
+   quadratic, Halley where it has none; α = 2: Newton; other α > 1: bisection on
+   [t₀, 0]), stopping early once every row of the block has |Σp - 1| < ``tol``. On
+   random scores at temperatures 0.1-20 (S = 1024, ``bins=4``) τ reaches float32
+   rounding after 1 step for α = 1.5 and 2 steps for α = 2 (``test_one_or_two_steps``);
+4. live-tile mask: the last solver pass also records, per key block j, the gap
+   g_j = max over the tile of (z - τ_build) at the τ it was run with; after the final step
+   a tile is live iff g_j > min_rows (τ_final - τ_build). A weight z > τ_final then always
+   lies in a live tile — this is the rule "τ_mask = min(τ used to build the mask, final
+   τ)", and it fixes the case where a step lowers τ after the mask was built (a weight in
+   (τ_final, τ_build] would otherwise be dropped);
+5. output: p·V and Σp accumulated over live tiles only (dead ones skipped with
+   ``lax.cond``), out = (Σ p v) / Σp — exact renormalisation at the final τ, as
+   ``lcjax.entmax`` does.
+
+Saved per row: the row max (z units), τ (shifted units; 1e30 on a row with nothing to
+attend to) and Σp; per (query block, key block): the live flag.
+
+Backward (``jax.custom_vjp``): with p̂ = p/Σp recomputed from τ, s = p̂^{2-α} on the
+support and dp = dO·Vᵀ, dx = s⊙(dp - δ), δ = Σ s·dp / Σ s (the (α-1) of z cancels the
+exponent's 1/(α-1)); dq = scale·dx·K, dk = scale·dxᵀ·Q, dv = p̂ᵀ·dO.
+``_dq_kernel`` (grid over query blocks) makes two passes over the live key blocks: the row
+sums Σs, Σ s·dp, then dq; ``_dkv_kernel`` (grid over key blocks of each kv head) loops over
+the query heads of its group and over the live query blocks. Backward block sizes may
+differ from the forward ones: the live mask is carried over to their tiles by overlap.
+
+Layout: our q [B, T, H, D], k/v [B, S, Hkv, D(v)] are transposed to [B, H, T, D] and
+padded (T, S to the blocks, D to a power of two ≥ 16) in the wrapper, so every block's last
+two dims are either a multiple of (8, 128) or the array's own (TPU) and every loaded tile
+has a power-of-two size (Triton); per-row vectors are [block_q, 1] refs. Query head h reads
+kv head h // (H/Hkv) through the index_map (grouped-query attention).
+
+Targets: the same kernel bodies lower through Mosaic (TPU) and, with
+``jax.experimental.pallas.triton.CompilerParams``, through Triton (GPU); the choice is
+made per lowering platform with ``lax.platform_dependent``. Inside kernels there is no
+sort, cumsum, scatter, 1-D ref or masked load: masks are ``jnp.where`` on iotas, the
+per-tile flag is read as a vector reduction. On CPU use ``interpret=True``.
+The whole K and V of one head stay resident per program (as in JAX's GPU flash attention):
+on TPU, long sequences need a larger VMEM limit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import numbers
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as plgpu
+
+from lcjax.attention.core import causal_mask, default_scale, validate_qkv
+from lcjax.entmax import _hermite_root, _step
+from lcjax.entmax import entmax as _entmax
+
+__all__ = ["BlockSizes", "entmax_attention_pallas", "entmax_attention_reference"]
+
+_NAME = "entmax_attention_pallas"
+NEG = -1e30  # a masked score (finite, so no inf - inf inside the kernels)
+BIG = 1e30  # τ of a row with nothing to attend to: every z - τ is -1e30, p = 0
+_TINY = 1e-30
+_F32 = jnp.float32
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BlockSizes:
+    """Tile sizes: powers of two ≥ 16, clamped to the (power-of-two rounded) lengths.
+
+    Attributes:
+      block_q: query rows per program of the forward kernel.
+      block_k: keys per tile of the forward kernel — the granularity of the live-tile mask.
+      block_q_dq, block_k_dq: tiles of the dq kernel (default: the forward ones).
+      block_q_dkv, block_k_dkv: tiles of the dk/dv kernel (default: the forward ones).
+    """
+
+    block_q: int
+    block_k: int
+    block_q_dq: int | None = None
+    block_k_dq: int | None = None
+    block_q_dkv: int | None = None
+    block_k_dkv: int | None = None
+
+    @classmethod
+    def get_default(cls) -> BlockSizes:
+        return cls(block_q=128, block_k=128)
+
+
+class _Config(NamedTuple):
+    alpha: float
+    causal: bool
+    scale: float
+    n_iter: int
+    bins: int
+    tol: float
+    q_len: int  # true T (rows beyond it are padding)
+    groups: int  # H // Hkv
+    bq: int
+    bk: int
+    bq_dq: int
+    bk_dq: int
+    bq_dkv: int
+    bk_dkv: int
+    interpret: bool
+
+
+# ----------------------------------------------------------------------------
+# Small in-kernel helpers (2-D only: they lower through Mosaic and Triton alike)
+# ----------------------------------------------------------------------------
+def _nt(a, b):  # a [m, d] · b [n, d]ᵀ
+    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=_F32)
+
+
+def _nn(a, b):  # a [m, d] · b [d, n]
+    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=_F32)
+
+
+def _tn(a, b):  # a [d, m]ᵀ · b [d, n]
+    return lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=_F32)
+
+
+def _rowsum(x):
+    return jnp.sum(x, axis=1, keepdims=True)
+
+
+def _rowmax(x):
+    return jnp.max(x, axis=1, keepdims=True)
+
+
+def _iota(shape, dim):
+    return lax.broadcasted_iota(jnp.int32, shape, dim)
+
+
+def _pick(vec, idx):
+    """vec[0, idx] of an int32 [1, n] vector as a scalar (a masked reduction: no dynamic
+    lane indexing, which TPU vector registers do not have)."""
+    return jnp.max(jnp.where(_iota(vec.shape, 1) == idx, vec, 0))
+
+
+def _cdiv(a, b: int):
+    return lax.div(a + (b - 1), b)
+
+
+def _n_key_blocks(L, qi, bq: int, bk: int, n_blocks: int, causal: bool):
+    """Key blocks a query block must visit: below the valid length and the causal diagonal."""
+    n = jnp.minimum(_cdiv(jnp.maximum(L, 0), bk), n_blocks)
+    if causal:
+        n = jnp.minimum(n, _cdiv((qi + 1) * bq, bk))
+    return n
+
+
+def _key_slice(j, bk: int):
+    return pl.ds(pl.multiple_of(j * bk, bk), bk)
+
+
+def _scores(q, k, c: float, qpos0, kpos0, L, causal: bool):
+    """c·q·kᵀ with masked entries at NEG ([bq, bk], float32)."""
+    x = _nt(q, k) * c
+    kpos = kpos0 + _iota((1, x.shape[1]), 1)
+    valid = kpos < L
+    if causal:
+        valid = valid & (kpos <= qpos0 + _iota((x.shape[0], 1), 0))
+    return jnp.where(valid, x, NEG)
+
+
+def _shifted(x, mz):
+    """z - max z, floored at -2 (masked and dead entries end there, below every τ)."""
+    return jnp.maximum(x - mz, -2.0)
+
+
+def _weights(u, alpha: float):
+    """[u]₊^{1/(α-1)} for u ≥ 0 (the unnormalised entmax weight)."""
+    if alpha == 1.5:
+        return u * u
+    if alpha == 2.0:
+        return u
+    pos = u > 0
+    return jnp.where(pos, jnp.exp(jnp.log(jnp.maximum(u, _TINY)) / (alpha - 1.0)), 0.0)
+
+
+def _sens(u, alpha: float):
+    """u^{(2-α)/(α-1)} on the support: s = p^{2-α} up to a per-row factor."""
+    if alpha == 1.5:
+        return u
+    if alpha == 2.0:
+        return (u > 0).astype(_F32)
+    pos = u > 0
+    e = (2.0 - alpha) / (alpha - 1.0)
+    return jnp.where(pos, jnp.exp(e * jnp.log(jnp.maximum(u, _TINY))), 0.0)
+
+
+def _sens_scale(l, alpha: float):
+    """The per-row factor (Σp)^{α-2} that turns _sens(u) into p̂^{2-α}, p̂ = p/Σp."""
+    pos = l > 0
+    if alpha == 2.0:
+        return jnp.ones_like(l)
+    if alpha == 1.5:
+        return jnp.where(pos, lax.rsqrt(jnp.where(pos, l, 1.0)), 0.0)
+    return jnp.where(pos, jnp.exp((alpha - 2.0) * jnp.log(jnp.where(pos, l, 1.0))), 0.0)
+
+
+def _inv(l):
+    pos = l > 0
+    return jnp.where(pos, 1.0 / jnp.where(pos, l, 1.0), 0.0)
+
+
+# ----------------------------------------------------------------------------
+# Threshold initialisation from the histogram (elementwise on [bq, 1] statistics)
+# ----------------------------------------------------------------------------
+def _histogram_init(stats, alpha: float, bins: int, t0, w):
+    """Bracket (lo, hi) ∋ τ* and first iterate τ₀ (z units) from per-bin statistics.
+
+    The bins split [t0, 0] (t0 ≤ τ*) into ``bins`` bins of width w; ``stats`` holds, per
+    bin b, (count, Σd, Σd²) of the offsets d = y - b·w of the scores y = z - t0 that fall
+    in [b·w, (b+1)·w) (the top bin also holds y = -t0, the row max)."""
+    zero = jnp.zeros_like(t0)
+    K, S, Q = [zero] * (bins + 1), [zero] * (bins + 1), [zero] * (bins + 1)
+    for j in range(bins):  # top-down sums about edge e_j = t0 + j·w: every term is ≥ 0
+        kj, sj, qj = zero, zero, zero
+        for b in range(j, bins):
+            cnt, sd, sd2 = stats[b]
+            off = (b - j) * w
+            kj = kj + cnt
+            sj = sj + sd + cnt * off
+            qj = qj + sd2 + 2.0 * off * sd + cnt * (off * off)
+        K[j], S[j], Q[j] = kj, sj, qj
+    G = Q if alpha == 1.5 else S  # f(e_j) + 1
+    f = [g - 1.0 for g in G]  # f[bins] = -1: nothing above max z
+    n_pos = sum((f[j] >= 0).astype(_F32) for j in range(bins))
+    jstar = jnp.clip(n_pos - 1.0, 0.0, bins - 1.0)
+
+    def select(vals, shift):
+        out = vals[shift]
+        for j in range(1, bins):
+            out = jnp.where(jstar == j, vals[j + shift], out)
+        return out
+
+    fa, fb = select(f, 0), select(f, 1)
+    ka, kb = select(K, 0), select(K, 1)
+    sa, sb = select(S, 0), select(S, 1)
+    a = t0 + jstar * w
+    b = jnp.where(jstar == bins - 1, 0.0, a + w)
+    eps = 1e-6
+    if alpha == 1.5:
+        da, db = -2.0 * sa, -2.0 * sb
+        # Σ_A (y - t)² = 1 over A = {y ≥ b} (all in the support at τ* ≤ b): a lower bound
+        disc = jnp.maximum(sb * sb - kb * fb, 0.0)
+        den = sb + jnp.sqrt(disc)
+        t_a = jnp.where(den > 0, b + fb / jnp.where(den > 0, den, 1.0), a)
+        lo = jnp.clip(t_a - eps, a, b)
+    else:
+        da, db = -ka, -kb
+        # (S - 1)/K over a top set is a lower bound of τ* (τ* is their maximum)
+        t_a = a + fa / jnp.where(ka > 0, ka, 1.0)
+        t_b = jnp.where(kb > 0, b + fb / jnp.where(kb > 0, kb, 1.0), a)
+        lo = jnp.clip(jnp.maximum(t_a, t_b) - eps, a, b)
+    hi = b
+    tau0 = jnp.clip(a + (b - a) * _hermite_root(fa, fb, da, db, b - a), lo, hi)
+    return lo, hi, tau0
+
+
+# ----------------------------------------------------------------------------
+# Forward kernel
+# ----------------------------------------------------------------------------
+def _fwd_kernel(len_ref, q_ref, k_ref, v_ref,
+                o_ref, mz_ref, tau_ref, l_ref, live_ref, taub_ref, *, cfg: _Config):
+    alpha, bq, bk, bins = cfg.alpha, cfg.bq, cfg.bk, cfg.bins
+    c = cfg.scale * (alpha - 1.0)
+    qi = pl.program_id(2)
+    L = jnp.max(len_ref[...])
+    n_blocks = k_ref.shape[0] // bk
+    nkb = _n_key_blocks(L, qi, bq, bk, n_blocks, cfg.causal)
+    qpos0 = qi * bq
+    q = q_ref[...]
+    live_shape = live_ref.shape  # (1, NKP)
+    kiota = _iota(live_shape, 1)
+
+    def x_tile(j):
+        return _scores(q, k_ref[_key_slice(j, bk), :], c, qpos0, j * bk, L, cfg.causal)
+
+    # 1. row max (z units), with the count and Σ(z - max) of a top set A' (the scores
+    # above the running max - 1) for the origin t0 = mean_A' - |A'|^{1-α} ≤ τ* (Jensen:
+    # f(τ) ≥ |A'|(mean_A' - τ)^{1/(α-1)} - 1 for any subset A')
+    def max_body(j, carry):
+        m, cnt, s = carry
+        x = x_tile(j)
+        m_new = jnp.maximum(m, _rowmax(x))
+        sel = (x > m_new - 1.0) & (x > 0.5 * NEG)
+        s = s + cnt * (m - m_new) + _rowsum(jnp.where(sel, x - m_new, 0.0))
+        return m_new, cnt + _rowsum(sel.astype(_F32)), s
+
+    zeros = jnp.zeros((bq, 1), _F32)
+    xmax, cnt, ssum = lax.fori_loop(0, nkb, max_body, (jnp.full((bq, 1), NEG, _F32), zeros, zeros))
+    rows = qpos0 + _iota((bq, 1), 0)
+    dead = (xmax < 0.5 * NEG) | (rows >= cfg.q_len)
+    mz = jnp.where(dead, 0.0, xmax)
+    n_a = jnp.maximum(cnt, 1.0)
+    if alpha == 1.5:
+        power = lax.rsqrt(n_a)
+    elif alpha == 2.0:
+        power = 1.0 / n_a
+    else:
+        power = jnp.exp((1.0 - alpha) * jnp.log(n_a))
+    t0 = jnp.clip(ssum / n_a - power - 1e-6, -1.0, -power)
+
+    def z_tile(j):
+        return _shifted(x_tile(j), mz)
+
+    # 2. histogram of z on [t0, 0] -> bracket and first iterate
+    if alpha in (1.5, 2.0):
+        w = -t0 / bins
+        inv_w = 1.0 / w
+
+        def hist_body(j, acc):
+            y = z_tile(j) - t0
+            idx = jnp.minimum(jnp.floor(y * inv_w), bins - 1.0)  # y < 0: no bin
+            d = y - idx * w
+            out = []
+            for b in range(bins):
+                sel = (idx == b).astype(_F32)
+                sd = sel * d
+                out += [acc[3 * b] + _rowsum(sel), acc[3 * b + 1] + _rowsum(sd),
+                        acc[3 * b + 2] + (_rowsum(sd * d) if alpha == 1.5 else 0.0)]
+            return tuple(out)
+
+        acc = lax.fori_loop(0, nkb, hist_body, (zeros,) * (3 * bins))
+        stats = [acc[3 * b:3 * b + 3] for b in range(bins)]
+        lo, hi, tau0 = _histogram_init(stats, alpha, bins, t0, w)
+        kind = "quadratic" if alpha == 1.5 else "newton"
+    else:
+        lo = t0
+        hi = jnp.zeros((bq, 1), _F32)
+        tau0 = 0.5 * (lo + hi)
+        kind = "bisect"
+    tau0 = jnp.where(dead, BIG, tau0)
+
+    # 3./4. solver passes; the last one also measures the per-tile gaps for the mask
+    def stats_body(tau):
+        def body(j, carry):
+            kk, ss, qq, gaps = carry
+            z = z_tile(j)
+            u = jnp.maximum(z - tau, 0.0)
+            gaps = jnp.where(kiota == j, jnp.max(z - tau), gaps)
+            if alpha in (1.5, 2.0):
+                kk = kk + _rowsum((u > 0).astype(_F32))
+                ss = ss + _rowsum(u)
+                if alpha == 1.5:
+                    qq = qq + _rowsum(u * u)
+            else:
+                qq = qq + _rowsum(_weights(u, alpha))
+            return kk, ss, qq, gaps
+        return body
+
+    def solve_cond(state):
+        it, _, _, _, done, _, _ = state
+        return (it < cfg.n_iter) & (jnp.min(done) < 0.5)
+
+    def solve_body(state):
+        it, tau, lo, hi, done, _, _ = state
+        zeros = jnp.zeros((bq, 1), _F32)
+        gaps0 = jnp.full(live_shape, NEG, _F32)
+        kk, ss, qq, gaps = lax.fori_loop(0, nkb, stats_body(tau), (zeros, zeros, zeros, gaps0))
+        f = (ss if alpha == 2.0 else qq) - 1.0
+        new_tau, lo, hi = _step(kind, tau, f, (kk, ss, qq), lo, hi)
+        stop = (done > 0.5) | (jnp.abs(f) < cfg.tol)
+        tau_next = jnp.where(stop, tau, new_tau)
+        return it + 1, tau_next, lo, hi, stop.astype(_F32), gaps, tau
+
+    state = (jnp.int32(0), tau0, lo, hi, dead.astype(_F32),
+             jnp.full(live_shape, NEG, _F32), tau0)
+    _, tau, _, _, _, gaps, tau_build = lax.while_loop(solve_cond, solve_body, state)
+    live = (gaps > jnp.min(tau - tau_build)).astype(jnp.int32)
+
+    # 5. output over live tiles
+    def out_body(j, carry):
+        def on(carry):
+            acc, l = carry
+            p = _weights(jnp.maximum(z_tile(j) - tau, 0.0), alpha)
+            v = v_ref[_key_slice(j, bk), :]
+            return acc + _nn(p.astype(v.dtype), v), l + _rowsum(p)
+
+        return lax.cond(_pick(live, j) > 0, on, lambda carry: carry, carry)
+
+    acc0 = jnp.zeros((bq, v_ref.shape[1]), _F32)
+    acc, l = lax.fori_loop(0, nkb, out_body, (acc0, jnp.zeros((bq, 1), _F32)))
+    o_ref[...] = (acc * _inv(l)).astype(o_ref.dtype)
+    mz_ref[...] = mz
+    tau_ref[...] = tau
+    l_ref[...] = l
+    live_ref[...] = live
+    taub_ref[...] = tau_build
+
+
+# ----------------------------------------------------------------------------
+# Backward kernels
+# ----------------------------------------------------------------------------
+def _dq_kernel(len_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref, l_ref, live_ref,
+               dq_ref, delta_ref, *, cfg: _Config):
+    alpha, bq, bk = cfg.alpha, cfg.bq_dq, cfg.bk_dq
+    c = cfg.scale * (alpha - 1.0)
+    qi = pl.program_id(2)
+    L = jnp.max(len_ref[...])
+    nkb = _n_key_blocks(L, qi, bq, bk, k_ref.shape[0] // bk, cfg.causal)
+    qpos0 = qi * bq
+    q, do = q_ref[...], do_ref[...]
+    mz, tau = mz_ref[...], tau_ref[...]
+    live = live_ref[...]
+    kappa = _sens_scale(l_ref[...], alpha)
+
+    def tile(j):
+        k = k_ref[_key_slice(j, bk), :]
+        v = v_ref[_key_slice(j, bk), :]
+        z = _shifted(_scores(q, k, c, qpos0, j * bk, L, cfg.causal), mz)
+        r = _sens(jnp.maximum(z - tau, 0.0), alpha)
+        return k, r, _nt(do, v)
+
+    def sums_body(j, carry):
+        def on(carry):
+            sr, srdp = carry
+            _, r, dp = tile(j)
+            return sr + _rowsum(r), srdp + _rowsum(r * dp)
+
+        return lax.cond(_pick(live, j) > 0, on, lambda carry: carry, carry)
+
+    zeros = jnp.zeros((bq, 1), _F32)
+    sr, srdp = lax.fori_loop(0, nkb, sums_body, (zeros, zeros))
+    delta = srdp * _inv(sr)
+
+    def dq_body(j, dq):
+        def on(dq):
+            k, r, dp = tile(j)
+            ds = kappa * r * (dp - delta)
+            return dq + _nn(ds.astype(k.dtype), k)
+
+        return lax.cond(_pick(live, j) > 0, on, lambda dq: dq, dq)
+
+    dq = lax.fori_loop(0, nkb, dq_body, jnp.zeros(q.shape, _F32))
+    dq_ref[...] = (dq * cfg.scale).astype(dq_ref.dtype)
+    delta_ref[...] = delta
+
+
+def _dkv_kernel(len_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref, l_ref, delta_ref,
+                live_ref, dk_ref, dv_ref, *, cfg: _Config):
+    alpha, bq, bk = cfg.alpha, cfg.bq_dkv, cfg.bk_dkv
+    c = cfg.scale * (alpha - 1.0)
+    kj = pl.program_id(2)
+    L = jnp.max(len_ref[...])
+    n_qblocks = q_ref.shape[1] // bq
+    kpos0 = kj * bk
+    q_lo = lax.div(kpos0, bq) if cfg.causal else 0  # first query block that sees this block
+    q_hi = jnp.where(kpos0 < L, n_qblocks, q_lo)  # a block past the length: nothing to do
+    k, v = k_ref[...], v_ref[...]
+
+    def head_body(g, carry):
+        live = live_ref[g]
+
+        def q_body(i, carry):
+            def on(carry):
+                dk, dv = carry
+                rows = pl.ds(pl.multiple_of(i * bq, bq), bq)
+                q, do = q_ref[g, rows, :], do_ref[g, rows, :]
+                mz, tau = mz_ref[g, rows, :], tau_ref[g, rows, :]
+                l, delta = l_ref[g, rows, :], delta_ref[g, rows, :]
+                z = _shifted(_scores(q, k, c, i * bq, kpos0, L, cfg.causal), mz)
+                u = jnp.maximum(z - tau, 0.0)
+                p = _weights(u, alpha) * _inv(l)
+                dp = _nt(do, v)
+                ds = _sens_scale(l, alpha) * _sens(u, alpha) * (dp - delta)
+                dv = dv + _tn(p.astype(do.dtype), do)
+                dk = dk + _tn(ds.astype(q.dtype), q)
+                return dk, dv
+
+            return lax.cond(_pick(live, i) > 0, on, lambda carry: carry, carry)
+
+        return lax.fori_loop(q_lo, q_hi, q_body, carry)
+
+    init = (jnp.zeros(k.shape, _F32), jnp.zeros(v.shape, _F32))
+    dk, dv = lax.fori_loop(0, q_ref.shape[0], head_body, init)
+    dk_ref[...] = (dk * cfg.scale).astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+# ----------------------------------------------------------------------------
+# pallas_call plumbing
+# ----------------------------------------------------------------------------
+def _call(kernel, *, grid, in_specs, out_specs, out_shape, interpret: bool, name: str):
+    """A pallas_call for every target: interpret mode, or per lowering platform Mosaic TPU
+    (all grid axes parallel) / Triton on GPU (``plgpu.CompilerParams``)."""
+
+    def build(params, interp=False):
+        return pl.pallas_call(
+            kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+            compiler_params=params, interpret=interp, name=name,
+        )
+
+    if interpret:
+        return build(None, True)
+    tpu = pltpu.CompilerParams(dimension_semantics=("parallel",) * len(grid))
+    gpu = plgpu.CompilerParams(num_warps=4, num_stages=2)
+
+    def run(*args):
+        return lax.platform_dependent(
+            *args,
+            tpu=lambda *a: build(tpu)(*a),
+            cuda=lambda *a: build(gpu)(*a),
+            rocm=lambda *a: build(gpu)(*a),
+            default=lambda *a: build(None)(*a),  # CPU: JAX says to use interpret mode
+        )
+
+    return run
+
+
+def _row_spec(bq):
+    return pl.BlockSpec((None, None, bq, 1), lambda b, h, i: (b, h, i, 0))
+
+
+def _len_spec():
+    return pl.BlockSpec((None, 1, 1), lambda b, h, i: (b, 0, 0))
+
+
+def _forward(q, k, v, lens, cfg: _Config):
+    B, H, Tp, Dp = q.shape
+    Sp, Dvp = k.shape[2], v.shape[3]
+    G, bq, bk = cfg.groups, cfg.bq, cfg.bk
+    nq, nk = Tp // bq, Sp // bk
+    nkp = pl.next_power_of_2(nk)
+    row = jax.ShapeDtypeStruct((B, H, Tp, 1), _F32)
+    outs = _call(
+        functools.partial(_fwd_kernel, cfg=cfg),
+        grid=(B, H, nq),
+        in_specs=[
+            _len_spec(),
+            pl.BlockSpec((None, None, bq, Dp), lambda b, h, i: (b, h, i, 0)),
+            pl.BlockSpec((None, None, Sp, Dp), lambda b, h, i: (b, lax.div(h, G), 0, 0)),
+            pl.BlockSpec((None, None, Sp, Dvp), lambda b, h, i: (b, lax.div(h, G), 0, 0)),
+        ],
+        out_specs=[
+            pl.BlockSpec((None, None, bq, Dvp), lambda b, h, i: (b, h, i, 0)),
+            _row_spec(bq), _row_spec(bq), _row_spec(bq),
+            pl.BlockSpec((None, None, None, 1, nkp), lambda b, h, i: (b, h, i, 0, 0)),
+            _row_spec(bq),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct((B, H, Tp, Dvp), q.dtype), row, row, row,
+            jax.ShapeDtypeStruct((B, H, nq, 1, nkp), jnp.int32), row,
+        ],
+        interpret=cfg.interpret,
+        name="entmax_attention_fwd",
+    )(lens, q, k, v)
+    out, mz, tau, l, live, taub = outs
+    return out, mz, tau, l, live[:, :, :, 0, :nk], taub
+
+
+def _regrid(live, bq_f: int, bk_f: int, bq: int, bk: int, Tp: int, Sp: int):
+    """Live flags of the forward tiles -> flags of (bq, bk) tiles: live if any overlapping
+    forward tile is (a plain-XLA product of small 0/1 matrices, outside the kernels)."""
+    if (bq, bk) == (bq_f, bk_f):
+        return live
+
+    def overlap(n: int, b_new: int, b_old: int):
+        new = np.arange(n // b_new)[:, None]
+        old = np.arange(n // b_old)[None, :]
+        ok = (old * b_old < (new + 1) * b_new) & ((old + 1) * b_old > new * b_new)
+        return jnp.asarray(ok, _F32)
+
+    oq, ok = overlap(Tp, bq, bq_f), overlap(Sp, bk, bk_f)
+    hits = jnp.einsum("ij,bhjk,lk->bhil", oq, live.astype(_F32), ok)
+    return (hits > 0).astype(jnp.int32)
+
+
+def _backward(q, k, v, lens, mz, tau, l, live, d_out, cfg: _Config):
+    B, H, Tp, Dp = q.shape
+    Hkv, Sp, Dvp = k.shape[1], k.shape[2], v.shape[3]
+    G = cfg.groups
+    # dq (+ δ) over query blocks
+    bq, bk = cfg.bq_dq, cfg.bk_dq
+    live_q = _regrid(live, cfg.bq, cfg.bk, bq, bk, Tp, Sp)
+    nq, nk = Tp // bq, Sp // bk
+    nkp = pl.next_power_of_2(nk)
+    live_q = jnp.pad(live_q, ((0, 0), (0, 0), (0, 0), (0, nkp - nk)))[:, :, :, None, :]
+    dq, delta = _call(
+        functools.partial(_dq_kernel, cfg=cfg),
+        grid=(B, H, nq),
+        in_specs=[
+            _len_spec(),
+            pl.BlockSpec((None, None, bq, Dp), lambda b, h, i: (b, h, i, 0)),
+            pl.BlockSpec((None, None, Sp, Dp), lambda b, h, i: (b, lax.div(h, G), 0, 0)),
+            pl.BlockSpec((None, None, Sp, Dvp), lambda b, h, i: (b, lax.div(h, G), 0, 0)),
+            pl.BlockSpec((None, None, bq, Dvp), lambda b, h, i: (b, h, i, 0)),
+            _row_spec(bq), _row_spec(bq), _row_spec(bq),
+            pl.BlockSpec((None, None, None, 1, nkp), lambda b, h, i: (b, h, i, 0, 0)),
+        ],
+        out_specs=[
+            pl.BlockSpec((None, None, bq, Dp), lambda b, h, i: (b, h, i, 0)),
+            _row_spec(bq),
+        ],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                   jax.ShapeDtypeStruct((B, H, Tp, 1), _F32)],
+        interpret=cfg.interpret,
+        name="entmax_attention_dq",
+    )(lens, q, k, v, d_out, mz, tau, l, live_q)
+    # dk, dv over key blocks of each kv head (looping over its G query heads)
+    bq, bk = cfg.bq_dkv, cfg.bk_dkv
+    live_k = _regrid(live, cfg.bq, cfg.bk, bq, bk, Tp, Sp)
+    nq, nk = Tp // bq, Sp // bk
+    nqp = pl.next_power_of_2(nq)
+    live_k = jnp.pad(jnp.swapaxes(live_k, 2, 3), ((0, 0), (0, 0), (0, 0), (0, nqp - nq)))
+    live_k = live_k[:, :, :, None, :]  # [B, H, nk, 1, nqp]
+    group_rows = pl.BlockSpec((None, G, Tp, 1), lambda b, g, j: (b, g, 0, 0))
+    dk, dv = _call(
+        functools.partial(_dkv_kernel, cfg=cfg),
+        grid=(B, Hkv, nk),
+        in_specs=[
+            _len_spec(),
+            pl.BlockSpec((None, G, Tp, Dp), lambda b, g, j: (b, g, 0, 0)),
+            pl.BlockSpec((None, None, bk, Dp), lambda b, g, j: (b, g, j, 0)),
+            pl.BlockSpec((None, None, bk, Dvp), lambda b, g, j: (b, g, j, 0)),
+            pl.BlockSpec((None, G, Tp, Dvp), lambda b, g, j: (b, g, 0, 0)),
+            group_rows, group_rows, group_rows, group_rows,
+            pl.BlockSpec((None, G, None, 1, nqp), lambda b, g, j: (b, g, j, 0, 0)),
+        ],
+        out_specs=[
+            pl.BlockSpec((None, None, bk, Dp), lambda b, g, j: (b, g, j, 0)),
+            pl.BlockSpec((None, None, bk, Dvp), lambda b, g, j: (b, g, j, 0)),
+        ],
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
+                   jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        interpret=cfg.interpret,
+        name="entmax_attention_dkv",
+    )(lens, q, k, v, d_out, mz, tau, l, delta, live_k)
+    return dq, dk, dv
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _core(q, k, v, lens, cfg: _Config):
+    return _forward(q, k, v, lens, cfg)
+
+
+def _core_fwd(q, k, v, lens, cfg):
+    outs = _forward(q, k, v, lens, cfg)
+    _, mz, tau, l, live, _ = outs
+    return outs, (q, k, v, lens, mz, tau, l, live)
+
+
+def _core_bwd(cfg, res, cts):
+    q, k, v, lens, mz, tau, l, live = res
+    dq, dk, dv = _backward(q, k, v, lens, mz, tau, l, live, cts[0].astype(q.dtype), cfg)
+    return dq, dk, dv, np.zeros(lens.shape, jax.dtypes.float0)
+
+
+_core.defvjp(_core_fwd, _core_bwd)
+
+
+# ----------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------
+def _parse_alpha(alpha) -> float:
+    if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool):
+        raise ValueError(
+            f"{_NAME}: `alpha` must be a Python number > 1 (the kernel is specialised on "
+            f"it), got {alpha!r} of type {type(alpha).__name__}"
+        )
+    a = float(alpha)
+    if not a > 1.0:
+        raise ValueError(
+            f"{_NAME}: `alpha` must be > 1 (alpha = 1 is softmax attention; alpha < 1 is "
+            f"not a sparse mapping), got {alpha}"
+        )
+    return a
+
+
+def _block(value, name: str, length: int) -> int:
+    # powers of two (Triton tiles), at least 16 (Triton's dot), at most the padded length
+    if not isinstance(value, numbers.Integral) or value < 16 or value & (value - 1):
+        raise ValueError(f"{_NAME}: block_sizes.{name} must be a power of two >= 16, got {value}")
+    return int(min(value, max(16, pl.next_power_of_2(length))))
+
+
+def _pad_to(x, axis: int, size: int):
+    if x.shape[axis] == size:
+        return x
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, pad)
+
+
+def _cdiv_int(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _round_up(n: int, m: int) -> int:
+    return _cdiv_int(n, m) * m
+
+
+def entmax_attention_pallas(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    alpha: float = 1.5,
+    causal: bool = False,
+    scale: float | None = None,
+    kv_lengths: jax.Array | None = None,
+    n_iter: int | None = None,
+    bins: int = 4,
+    tol: float = 1e-6,
+    block_sizes: BlockSizes | None = None,
+    interpret: bool = False,
+    return_aux: bool = False,
+):
+    """α-entmax attention (AdaSplash-2) with Pallas kernels; differentiable in q, k, v.
+
+    Args:
+      q: [B, T, H, D]; k: [B, S, Hkv, D]; v: [B, S, Hkv, Dv]; H % Hkv == 0.
+      alpha: a Python number > 1. α = 1.5 and α = 2 use the histogram initialisation and
+        Halley/Newton steps; any other α uses ``n_iter`` bisection steps on [-1, 0].
+      causal: query t attends to keys s ≤ t (top-left alignment, as
+        ``lcjax.attention.core.causal_mask``).
+      scale: score scale (default 1/sqrt(D)).
+      kv_lengths: optional int [B]: keys s ≥ kv_lengths[b] are masked (a length 0 row
+        returns zeros).
+      n_iter: cap on solver passes over the keys (default 4 for α ∈ {1.5, 2}, 30 for
+        bisection); each pass is one q·kᵀ sweep. Must be ≥ 1.
+      bins: histogram bins per unit of z, 2, 4 or 8.
+      tol: a row stops once |Σp - 1| < tol (the output is renormalised by Σp anyway).
+      block_sizes: ``BlockSizes`` (default ``BlockSizes.get_default()``).
+      interpret: run the kernels in the Pallas interpreter (required on CPU).
+      return_aux: also return a dict with ``tau`` [B, T, H] (threshold in the convention
+        p = [(α-1)·x - τ]₊^{1/(α-1)} on x = scale·q·kᵀ, +inf on empty rows), ``tau_build``
+        (the τ the live mask was measured at) and ``live`` [B, H, nq, nk] (bool live tiles
+        of the forward grid of ``block_q`` x ``block_k`` tiles).
+
+    Returns: [B, T, H, Dv] in q's dtype (and the aux dict when ``return_aux``).
+    """
+    shapes = validate_qkv(q, k, v, name=_NAME)
+    a = _parse_alpha(alpha)
+    if bins not in (2, 4, 8):
+        raise ValueError(f"{_NAME}: `bins` must be 2, 4 or 8, got {bins}")
+    if n_iter is None:
+        n_iter = 4 if a in (1.5, 2.0) else 30
+    if not isinstance(n_iter, numbers.Integral) or n_iter < 1:
+        raise ValueError(f"{_NAME}: `n_iter` must be an integer >= 1, got {n_iter}")
+    if not tol > 0:
+        raise ValueError(f"{_NAME}: `tol` must be > 0, got {tol}")
+    bs = BlockSizes.get_default() if block_sizes is None else block_sizes
+    if not isinstance(bs, BlockSizes):
+        raise ValueError(f"{_NAME}: `block_sizes` must be a BlockSizes, got {type(bs).__name__}")
+    B, T, H, D = shapes.batch, shapes.q_len, shapes.heads, shapes.head_dim
+    S, Hkv, Dv = shapes.kv_len, shapes.kv_heads, shapes.value_dim
+    if T == 0 or S == 0:
+        raise ValueError(f"{_NAME}: empty sequence: q {q.shape}, k {k.shape}")
+    bq = _block(bs.block_q, "block_q", T)
+    bk = _block(bs.block_k, "block_k", S)
+    bq_dq = _block(bs.block_q_dq or bs.block_q, "block_q_dq", T)
+    bk_dq = _block(bs.block_k_dq or bs.block_k, "block_k_dq", S)
+    bq_dkv = _block(bs.block_q_dkv or bs.block_q, "block_q_dkv", T)
+    bk_dkv = _block(bs.block_k_dkv or bs.block_k, "block_k_dkv", S)
+    if kv_lengths is None:
+        lens = jnp.full((B,), S, jnp.int32)
+    else:
+        kv_lengths = jnp.asarray(kv_lengths)
+        if kv_lengths.shape != (B,) or not jnp.issubdtype(kv_lengths.dtype, jnp.integer):
+            raise ValueError(
+                f"{_NAME}: `kv_lengths` must be integer of shape [batch] = ({B},), got "
+                f"{kv_lengths.dtype}{list(kv_lengths.shape)}"
+            )
+        lens = jnp.clip(kv_lengths, 0, S).astype(jnp.int32)
+    cfg = _Config(
+        alpha=a, causal=bool(causal), scale=default_scale(D, scale), n_iter=int(n_iter),
+        bins=int(bins), tol=float(tol), q_len=T, groups=H // Hkv, bq=bq, bk=bk,
+        bq_dq=bq_dq, bk_dq=bk_dq, bq_dkv=bq_dkv, bk_dkv=bk_dkv, interpret=bool(interpret),
+    )
+    Tp = _round_up(T, max(bq, bq_dq, bq_dkv))
+    Sp = _round_up(S, max(bk, bk_dq, bk_dkv))
+    Dp, Dvp = max(16, pl.next_power_of_2(D)), max(16, pl.next_power_of_2(Dv))
+
+    def prep(x, n, d):  # [B, N, h, d] -> [B, h, N_padded, d_padded]
+        return _pad_to(_pad_to(jnp.swapaxes(x, 1, 2), 2, n), 3, d)
+
+    out, mz, tau, _, live, taub = _core(
+        prep(q, Tp, Dp), prep(k, Sp, Dp), prep(v, Sp, Dvp), lens[:, None, None], cfg
+    )
+    out = jnp.swapaxes(out[:, :, :T, :Dv], 1, 2)
+    if not return_aux:
+        return out
+
+    def conv(t):  # shifted z units -> entmax convention on x, [B, T, H]
+        t = lax.stop_gradient(jnp.where(tau[..., 0] >= 0.5 * BIG, jnp.inf, t[..., 0] + mz[..., 0]))
+        return jnp.swapaxes(t[:, :, :T], 1, 2)
+
+    nq, nk = _cdiv_int(T, bq), _cdiv_int(S, bk)
+    aux = {"tau": conv(tau), "tau_build": conv(taub),
+           "live": lax.stop_gradient(live[:, :, :nq, :nk] > 0)}
+    return out, aux
+
+
+def entmax_attention_reference(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    alpha: float = 1.5,
+    causal: bool = False,
+    scale: float | None = None,
+    kv_lengths: jax.Array | None = None,
+) -> jax.Array:
+    """Dense α-entmax attention in plain XLA: the [B, H, T, S] scores, the exact
+    (sort-based, α ∈ {1.5, 2}; bisection otherwise) ``lcjax.entmax.entmax`` and p·V."""
+    shapes = validate_qkv(q, k, v, name="entmax_attention_reference")
+    a = _parse_alpha(alpha)
+    B, T, H, D = q.shape
+    S, G = k.shape[1], shapes.groups
+    scale = default_scale(D, scale)
+    kr = jnp.repeat(k, G, axis=2).astype(_F32)
+    vr = jnp.repeat(v, G, axis=2)
+    x = jnp.einsum("bthd,bshd->bhts", q.astype(_F32), kr) * scale
+    mask = jnp.ones((1, 1, T, S), bool)
+    if causal:
+        mask = mask & causal_mask(T, S)[None, None]
+    if kv_lengths is not None:
+        mask = mask & (jnp.arange(S)[None, :] < jnp.asarray(kv_lengths)[:, None])[:, None, None]
+    x = jnp.where(mask, x, -jnp.inf)
+    method = "sort" if a in (1.5, 2.0) else "bisect"
+    p = _entmax(x, a, axis=-1, method=method)
+    return jnp.einsum("bhts,bshd->bthd", p, vr.astype(_F32)).astype(q.dtype)

@@ -1,0 +1,290 @@
+"""α-entmax attention Pallas kernels (pallas_kernels.entmax_attention): forward, τ and
+gradients against the dense sort-based reference; the live-tile mask; empty rows; argument
+errors; lowering of forward and backward for TPU (Mosaic) and GPU (Triton) from this CPU.
+
+The kernel tests live in a base class; ``TestEntmaxAttentionInterpret`` runs them in
+interpret mode (CPU), ``TestEntmaxAttentionDevice`` compiled on a GPU/TPU backend.
+Shapes are tiny and few (one compile each): interpret mode is slow.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lcjax.entmax import entmax_threshold
+from pallas_kernels.entmax_attention import (
+    BlockSizes,
+    entmax_attention_pallas,
+    entmax_attention_reference,
+)
+
+# B, T, S, H, Hkv, D: T and S are not multiples of the blocks; GQA with 2 groups
+B, T, S, H, HKV, D = 2, 40, 56, 4, 2, 16
+BLOCKS = BlockSizes(block_q=16, block_k=16)
+# the dq / dk-dv kernels on other tiles than the forward (the live mask is regridded)
+BLOCKS_BWD = BlockSizes(block_q=32, block_k=32, block_q_dq=16, block_k_dq=64,
+                        block_q_dkv=64, block_k_dkv=16)
+LENGTHS = np.array([45, 0], np.int32)  # ragged; batch 1 has nothing to attend to
+
+
+def _inputs(seed=0, temp=2.0):
+    ks = jax.random.split(jax.random.key(seed), 4)
+    q = jax.random.normal(ks[0], (B, T, H, D)) * temp
+    k = jax.random.normal(ks[1], (B, S, HKV, D)) * temp
+    v = jax.random.normal(ks[2], (B, S, HKV, D))
+    w = jax.random.normal(ks[3], (B, T, H, D))  # cotangent of the output
+    return q, k, v, w
+
+
+def _dense_scores(q, k, *, causal, lengths, scale=None):
+    """[B, H, T, S] scores x = scale·q·kᵀ with -inf where masked."""
+    g = q.shape[2] // k.shape[2]
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+    x = jnp.einsum("bthd,bshd->bhts", q, jnp.repeat(k, g, axis=2)) * scale
+    t, s = q.shape[1], k.shape[1]
+    mask = np.ones((q.shape[0], 1, t, s), bool)
+    if causal:
+        mask &= np.tril(np.ones((t, s), bool))
+    if lengths is not None:
+        mask &= (np.arange(s)[None, :] < np.asarray(lengths)[:, None])[:, None, None, :]
+    return jnp.where(mask, x, -jnp.inf)
+
+
+class _EntmaxAttentionTests:
+    INTERPRET = False
+
+    def _kernel(self, **kw):
+        return functools.partial(entmax_attention_pallas, interpret=self.INTERPRET, **kw)
+
+    @pytest.mark.parametrize("alpha", [1.5, 2.0])
+    @pytest.mark.parametrize("causal", [False, True])
+    def test_forward_and_tau(self, alpha, causal):
+        q, k, v, _ = _inputs()
+        f = jax.jit(self._kernel(alpha=alpha, causal=causal, kv_lengths=LENGTHS,
+                                 block_sizes=BLOCKS, return_aux=True))
+        out, aux = f(q, k, v)
+        ref = entmax_attention_reference(q, k, v, alpha=alpha, causal=causal,
+                                         kv_lengths=LENGTHS)
+        assert out.shape == (B, T, H, D)
+        np.testing.assert_allclose(out, ref, atol=1e-5, rtol=0)
+        # τ against the exact sort-based threshold (entmax convention on x = scale·q·kᵀ)
+        x = _dense_scores(q, k, causal=causal, lengths=LENGTHS)
+        tau_ref, _ = entmax_threshold(x, alpha, axis=-1, method="sort")
+        tau_ref = jnp.swapaxes(tau_ref[..., 0], 1, 2)  # [B, T, H]
+        np.testing.assert_allclose(aux["tau"][0], tau_ref[0], atol=1e-5, rtol=0)
+        # the empty batch row: zeros, τ = +inf, no NaN, no live tile
+        assert np.all(np.asarray(out[1]) == 0.0)
+        assert np.all(np.isinf(aux["tau"][1])) and np.all(np.isinf(tau_ref[1]))
+        assert not np.any(aux["live"][1])
+        # sparsity: some tiles are skipped (beyond the length, above the diagonal, or dead)
+        assert aux["live"].shape == (B, H, 3, 4)
+        assert 0 < np.mean(aux["live"][0]) < 1
+
+    @pytest.mark.parametrize(
+        "alpha,causal,blocks",
+        [(1.5, True, BLOCKS), (2.0, False, BLOCKS_BWD), (1.5, False, BLOCKS_BWD),
+         (2.0, True, BLOCKS)],
+    )
+    def test_gradients(self, alpha, causal, blocks):
+        q, k, v, w = _inputs(seed=1)
+
+        def loss(fn):
+            return lambda q, k, v: jnp.sum(fn(q, k, v) * w)
+
+        fk = self._kernel(alpha=alpha, causal=causal, kv_lengths=LENGTHS, block_sizes=blocks)
+        fr = functools.partial(entmax_attention_reference, alpha=alpha, causal=causal,
+                               kv_lengths=LENGTHS)
+        val, grads = jax.jit(jax.value_and_grad(loss(fk), argnums=(0, 1, 2)))(q, k, v)
+        val_r, grads_r = jax.jit(jax.value_and_grad(loss(fr), argnums=(0, 1, 2)))(q, k, v)
+        np.testing.assert_allclose(val, val_r, atol=1e-4, rtol=1e-6)
+        for name, g, gr in zip("qkv", grads, grads_r):
+            assert np.all(np.isfinite(g)), name
+            assert float(jnp.max(jnp.abs(gr))) > 1.0, name  # a non-trivial gradient
+            np.testing.assert_allclose(g, gr, atol=1e-5, rtol=1e-5, err_msg=f"d{name}")
+        # the empty batch row receives and passes no gradient
+        assert np.all(np.asarray(grads[0][1]) == 0.0)
+        assert np.all(np.asarray(grads[1][1]) == 0.0) and np.all(np.asarray(grads[2][1]) == 0.0)
+
+    def test_other_alpha_bisection(self):
+        q, k, v, _ = _inputs(seed=2)
+        f = jax.jit(self._kernel(alpha=1.3, causal=True, kv_lengths=LENGTHS,
+                                 block_sizes=BLOCKS))
+        ref = entmax_attention_reference(q, k, v, alpha=1.3, causal=True, kv_lengths=LENGTHS)
+        np.testing.assert_allclose(f(q, k, v), ref, atol=1e-4, rtol=0)
+
+    @pytest.mark.parametrize("alpha,steps", [(1.5, 1), (2.0, 2)])
+    def test_one_or_two_steps(self, alpha, steps):
+        """After the histogram initialisation, 1 (α = 1.5) or 2 (α = 2) solver steps give
+        τ to float32 rounding, on flat to peaked rows (one query block, 8 key tiles)."""
+        n_t, n_s = 16, 1024
+        ks = jax.random.split(jax.random.key(3), 3)
+        q0 = jax.random.normal(ks[0], (1, n_t, 1, D))
+        k = jax.random.normal(ks[1], (1, n_s, 1, D))
+        v = jax.random.normal(ks[2], (1, n_s, 1, D))
+        f = jax.jit(self._kernel(alpha=alpha, n_iter=steps, return_aux=True,
+                                 block_sizes=BlockSizes(16, 128)))
+        for temp in (0.1, 1.0, 20.0):
+            q = q0 * temp
+            _, aux = f(q, k, v)
+            tau_ref, _ = entmax_threshold(_dense_scores(q, k, causal=False, lengths=None),
+                                          alpha, axis=-1, method="sort")
+            np.testing.assert_allclose(aux["tau"], jnp.swapaxes(tau_ref[..., 0], 1, 2),
+                                       atol=2e-6, rtol=0, err_msg=f"temperature {temp}")
+
+    def test_live_mask_keeps_weights_a_step_uncovers(self):
+        """One Newton step (α = 2) from a histogram iterate above τ*: the final τ is lower
+        than the τ the mask was measured at, and the only key of tile 3 (score -0.541) lies
+        between them. A mask built at the measuring τ would drop that key's weight; the
+        kernel's mask (threshold min(τ_build, τ_final)) keeps it."""
+        n_t, n_s, bk = 8, 64, 16
+        x = np.full(n_s, -10.0, np.float32)
+        x[:3] = [0.0, -0.877, -0.697]  # tile 0
+        x[16], x[32], x[48] = -0.091, -0.603, -0.541  # one key in each other tile
+        q = jnp.zeros((1, n_t, 1, D)).at[..., 0].set(1.0)
+        k = jnp.zeros((1, n_s, 1, D)).at[0, :, 0, 0].set(x)
+        v = jnp.eye(n_s)[None, :, None, :]  # out = p itself
+        f = jax.jit(self._kernel(alpha=2.0, scale=1.0, n_iter=1, return_aux=True,
+                                 block_sizes=BlockSizes(16, bk)))
+        out, aux = f(q, k, v)
+        tau_b, tau_f = float(aux["tau_build"][0, 0, 0]), float(aux["tau"][0, 0, 0])
+        tau_star = float(entmax_threshold(jnp.asarray(x), 2.0, method="sort")[0][0])
+        assert tau_f < tau_star < x[48] <= tau_b - 1e-3  # the step lowered τ past the key
+        naive_live = [bool(np.any(x[j * bk:(j + 1) * bk] > tau_b)) for j in range(4)]
+        assert naive_live[3] is False
+        assert bool(aux["live"][0, 0, 0, 3])
+        p_dense = np.maximum(x - tau_f, 0.0)
+        p_dense /= p_dense.sum()
+        assert p_dense[48] > 1e-3 and float(out[0, 0, 0, 48]) > 1e-3
+        np.testing.assert_allclose(out[0, :, 0], np.broadcast_to(p_dense, (n_t, n_s)),
+                                   atol=1e-6, rtol=0)
+        # every key with a nonzero weight lies in a live tile; the dead tile 2 is skipped
+        nz_tiles = {j // bk for j in np.flatnonzero(p_dense > 0)}
+        assert all(bool(aux["live"][0, 0, 0, j]) for j in nz_tiles)
+        assert not bool(aux["live"][0, 0, 0, 2])
+
+
+class TestEntmaxAttentionInterpret(_EntmaxAttentionTests):
+    INTERPRET = True
+
+
+@pytest.mark.skipif(jax.default_backend() not in ("gpu", "tpu"), reason="needs a GPU or TPU")
+class TestEntmaxAttentionDevice(_EntmaxAttentionTests):
+    INTERPRET = False
+
+
+class TestArguments:
+    def test_errors(self):
+        q = jnp.zeros((1, 8, 4, 16))
+        k = jnp.zeros((1, 8, 2, 16))
+        f = entmax_attention_pallas
+        for alpha in (1.0, 0.5, True, jnp.array(1.5)):
+            with pytest.raises(ValueError, match="alpha"):
+                f(q, k, k, alpha=alpha, interpret=True)
+        with pytest.raises(ValueError, match="heads"):
+            f(q, jnp.zeros((1, 8, 3, 16)), jnp.zeros((1, 8, 3, 16)), interpret=True)
+        with pytest.raises(ValueError, match="head_dim"):
+            f(q, jnp.zeros((1, 8, 2, 8)), jnp.zeros((1, 8, 2, 8)), interpret=True)
+        with pytest.raises(ValueError, match="rank 4"):
+            f(q[0], k, k, interpret=True)
+        with pytest.raises(ValueError, match="bins"):
+            f(q, k, k, bins=3, interpret=True)
+        with pytest.raises(ValueError, match="n_iter"):
+            f(q, k, k, n_iter=0, interpret=True)
+        with pytest.raises(ValueError, match="kv_lengths"):
+            f(q, k, k, kv_lengths=jnp.array([4, 4]), interpret=True)
+        with pytest.raises(ValueError, match="block_q"):
+            f(q, k, k, block_sizes=BlockSizes(24, 16), interpret=True)
+        with pytest.raises(ValueError, match="block_k_dq"):
+            f(q, k, k, block_sizes=BlockSizes(16, 16, block_k_dq=8), interpret=True)
+        assert BlockSizes.get_default() == BlockSizes(128, 128)
+
+
+# ----------------------------------------------------------------------------
+# Lowering for real targets, from this CPU machine
+# ----------------------------------------------------------------------------
+LB, LT, LS, LH, LHKV, LD = 1, 256, 384, 4, 2, 128  # TPU-friendly: D = 128, 128-blocks
+FORBIDDEN = {"sort", "cumsum", "cumlogsumexp", "cummax", "cummin", "cumprod",
+             "scatter", "scatter-add", "scatter_add", "gather"}
+
+
+def _lowering_fns(alpha):
+    kw = dict(alpha=alpha, causal=True, kv_lengths=np.array([300], np.int32),
+              block_sizes=BlockSizes(128, 128))
+
+    def fwd(q, k, v):
+        return entmax_attention_pallas(q, k, v, **kw)
+
+    def grad(q, k, v):
+        return jax.grad(lambda q, k, v: jnp.sum(fwd(q, k, v).astype(jnp.float32)),
+                        argnums=(0, 1, 2))(q, k, v)
+
+    q = jnp.zeros((LB, LT, LH, LD), jnp.bfloat16)
+    k = jnp.zeros((LB, LS, LHKV, LD), jnp.bfloat16)
+    return fwd, grad, (q, k, k)
+
+
+def _kernel_primitives(jaxpr):
+    """Names of the primitives inside every pallas_call of a (closed) jaxpr."""
+    found, kernels = set(), []
+
+    def sub_jaxprs(eqn):
+        for val in eqn.params.values():
+            for item in val if isinstance(val, (tuple, list)) else (val,):
+                if hasattr(item, "eqns"):
+                    yield item
+                elif hasattr(item, "jaxpr") and hasattr(item.jaxpr, "eqns"):
+                    yield item.jaxpr
+
+    def walk(jx, inside):
+        for eqn in jx.eqns:
+            is_kernel = eqn.primitive.name == "pallas_call"
+            if is_kernel:
+                kernels.append(eqn)
+            if inside:
+                found.add(eqn.primitive.name)
+            for sub in sub_jaxprs(eqn):
+                walk(sub, inside or is_kernel)
+
+    walk(jaxpr.jaxpr, False)
+    return found, len(kernels)
+
+
+class TestLowering:
+    @pytest.mark.parametrize("alpha", [1.5, 2.0])
+    @pytest.mark.parametrize("platform", ["tpu", "cuda"])
+    def test_forward_and_backward_lower(self, alpha, platform):
+        fwd, grad, args = _lowering_fns(alpha)
+        for fn, n_kernels in ((fwd, 1), (grad, 3)):
+            text = jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+            marker = "@tpu_custom_call(" if platform == "tpu" else "@__gpu$xla.gpu.triton("
+            # one Mosaic / Triton custom call per kernel: forward; forward, dq, dk-dv
+            assert text.count(f"stablehlo.custom_call {marker}") == n_kernels, text[:2000]
+
+    @pytest.mark.parametrize("alpha", [1.5, 2.0])
+    def test_no_sort_cumsum_scatter_in_kernels(self, alpha):
+        fwd, grad, args = _lowering_fns(alpha)
+        for fn in (fwd, grad):
+            prims, n = _kernel_primitives(jax.make_jaxpr(fn)(*args))
+            assert n > 0 and "dot_general" in prims and "while" in prims
+            assert not prims & FORBIDDEN, prims & FORBIDDEN
+
+    def test_lowering_check_rejects_sort(self):
+        """Negative control: a kernel with a sort does not lower for either target, so the
+        lowering test above would catch one."""
+        from jax.experimental import pallas as pl
+        from jax.experimental.pallas import tpu as pltpu
+        from jax.experimental.pallas import triton as plgpu
+
+        def kernel(x_ref, o_ref):
+            o_ref[...] = jnp.sort(x_ref[...], axis=1)
+
+        x = jnp.zeros((8, 128), jnp.float32)
+        for platform, params in (("tpu", pltpu.CompilerParams()),
+                                 ("cuda", plgpu.CompilerParams(num_warps=4))):
+            call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                  compiler_params=params)
+            with pytest.raises(Exception):  # noqa: B017 — each backend raises its own type
+                jax.jit(call).trace(x).lower(lowering_platforms=(platform,))
