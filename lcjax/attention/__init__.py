@@ -16,6 +16,7 @@ from lcjax.attention.core import (
     segment_mask,
     validate_qkv,
 )
+from lcjax.attention.entmax import entmax_attention, sparsemax_attention
 from lcjax.attention.registry import available, get, register
 
 
@@ -34,6 +35,8 @@ def jax_dot_product_attention(q, k, v, *, causal=False, mask=None, scale=None):
 register("softmax", dot_product_attention)
 register("blockwise", blockwise_attention)
 register("jax", jax_dot_product_attention)
+register("entmax", entmax_attention)  # α = 1.5 by default; alpha= per call or per head
+register("sparsemax", sparsemax_attention)  # α = 2
 
 __all__ = [
     "available",
@@ -41,11 +44,13 @@ __all__ = [
     "build_mask",
     "causal_mask",
     "dot_product_attention",
+    "entmax_attention",
     "get",
     "jax_dot_product_attention",
     "lengths_to_segment_ids",
     "merge_attention",
     "register",
     "segment_mask",
+    "sparsemax_attention",
     "validate_qkv",
 ]

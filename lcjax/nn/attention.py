@@ -29,6 +29,7 @@ from flax.core import FrozenDict
 from jax import lax
 
 from lcjax.attention import build_mask, causal_mask, get
+from lcjax.entmax import alpha_from_param
 from lcjax.nn.layers import dense_init
 from lcjax.rope import apply_rope
 
@@ -138,6 +139,10 @@ class Attention(nnx.Module):
       scale: softmax scale, default 1/sqrt(D).
       rope_base, rope_layout: RoPE frequency base and layout ("half" | "interleaved");
         ``use_rope=False`` disables RoPE.
+      learn_alpha: for a variant with an ``alpha`` keyword ("entmax"): hold a raw
+        ``nnx.Param`` [num_heads] and pass ``alpha = lcjax.entmax.alpha_from_param(raw)``
+        (α ∈ [1.01, 2] per head) on every call; ``attention_options["alpha"]`` (a number
+        in [1.01, 2), default 1.5) is then the initial α.
     """
 
     def __init__(
@@ -156,6 +161,7 @@ class Attention(nnx.Module):
         use_rope: bool = True,
         dtype=jnp.float32,
         param_dtype=jnp.float32,
+        learn_alpha: bool = False,
         rngs: nnx.Rngs,
     ):
         if num_kv_heads <= 0 or num_heads % num_kv_heads:
@@ -170,7 +176,24 @@ class Attention(nnx.Module):
                 f"Attention: rope_layout must be 'half' or 'interleaved', got {rope_layout!r}"
             )
         self.attention_fn = get(attention)  # ValueError for an unknown name
-        self.attention_options = FrozenDict(attention_options or {})  # hashable: static
+        options = dict(attention_options or {})
+        alpha_raw = None
+        if learn_alpha:
+            try:
+                takes_alpha = "alpha" in inspect.signature(self.attention_fn).parameters
+            except (TypeError, ValueError):
+                takes_alpha = False
+            alpha0 = float(options.pop("alpha", 1.5))
+            if not takes_alpha or not 1.01 <= alpha0 < 2.0:
+                raise ValueError(
+                    f"Attention: learn_alpha needs a variant with an `alpha` keyword (e.g. "
+                    f"'entmax') and an initial alpha in [1.01, 2), got {attention!r}, "
+                    f"alpha={alpha0}"
+                )
+            raw0 = jnp.log(alpha0 - 1.0) - jnp.log(2.0 - alpha0)  # alpha_from_param⁻¹
+            alpha_raw = nnx.Param(jnp.full((num_heads,), raw0, param_dtype))
+        self.alpha_raw = alpha_raw
+        self.attention_options = FrozenDict(options)  # hashable: static
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.causal, self.scale, self.use_rope = causal, scale, use_rope
         self.rope_base, self.rope_layout = rope_base, rope_layout
@@ -233,8 +256,11 @@ class Attention(nnx.Module):
             mask = step_mask if mask is None else jnp.logical_and(step_mask, mask)
             cache = update_kv_cache(cache, k, v, segment_ids)
             k, v, kv_segment_ids, causal = cache.k, cache.v, cache.segment_ids, False
+        options = self.attention_options
+        if self.alpha_raw is not None:
+            options = {**options, "alpha": alpha_from_param(self.alpha_raw[...])}
         o = attend(self.attention_fn, q, k.astype(dt), v.astype(dt), causal=causal, mask=mask,
                    scale=self.scale, q_segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
-                   options=self.attention_options)
+                   options=options)
         y = jnp.einsum("BTNH,NHD->BTD", o.astype(dt), self.o_proj[...].astype(dt))
         return y, cache
