@@ -422,6 +422,28 @@ def _q_range(plan: _BlockPlan, kj, num_q_blocks: int, masking):
     return start, jnp.where(padded, num_q_blocks, first)
 
 
+def pad_masking(mask, q_segment_ids, kv_segment_ids, q_len, kv_len, tp, sp, *,
+                name="attention"):
+    """Blockwise masking inputs padded to block multiples ``tp`` x ``sp``:
+    (mask [b, h|1, Tp|1, Sp|1] or None, q segment ids [B, Tp] or None, kv segment ids
+    [B, Sp] or None), padding marked as not attendable (False / segment -1)."""
+    full_mask = build_mask(q_len, kv_len, mask=mask)
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        raise ValueError(f"{name}: pass both `q_segment_ids` and `kv_segment_ids`, or neither")
+    if q_segment_ids is not None:
+        q_segment_ids = _pad_axis(jnp.asarray(q_segment_ids, jnp.int32), 1, tp, -1)
+        kv_segment_ids = _pad_axis(jnp.asarray(kv_segment_ids, jnp.int32), 1, sp, -1)
+    if full_mask is not None:
+        t_dim = q_len if full_mask.shape[2] != 1 else 1
+        s_dim = kv_len if full_mask.shape[3] != 1 else 1
+        full_mask = jnp.broadcast_to(full_mask, tuple(full_mask.shape[:2]) + (t_dim, s_dim))
+        if t_dim != 1:
+            full_mask = _pad_axis(full_mask, 2, tp, False)
+        if s_dim != 1:
+            full_mask = _pad_axis(full_mask, 3, sp, False)
+    return full_mask, q_segment_ids, kv_segment_ids
+
+
 def _slice_mask(mask, qi, kj, plan: _BlockPlan):
     """Dynamic [bq, bk] slice of a padded 4-D mask (size-1 dims stay size 1)."""
     starts = [0, 0, 0, 0]
@@ -612,26 +634,12 @@ def blockwise_attention(
     )
     tp = -(-shapes.q_len // block_q) * block_q
     sp = -(-shapes.kv_len // block_kv) * block_kv
-    full_mask = build_mask(shapes.q_len, shapes.kv_len, mask=mask)
-    if (q_segment_ids is None) != (kv_segment_ids is None):
-        raise ValueError("pass both `q_segment_ids` and `kv_segment_ids`, or neither")
-    if q_segment_ids is not None:
-        q_segment_ids = _pad_axis(jnp.asarray(q_segment_ids, jnp.int32), 1, tp, -1)
-        kv_segment_ids = _pad_axis(jnp.asarray(kv_segment_ids, jnp.int32), 1, sp, -1)
-    if full_mask is not None:
-        full_mask = jnp.broadcast_to(
-            full_mask,
-            tuple(full_mask.shape[:2]) + (shapes.q_len if full_mask.shape[2] != 1 else 1,
-                                          shapes.kv_len if full_mask.shape[3] != 1 else 1),
-        )
-        if full_mask.shape[2] != 1:
-            full_mask = _pad_axis(full_mask, 2, tp, False)
-        if full_mask.shape[3] != 1:
-            full_mask = _pad_axis(full_mask, 3, sp, False)
+    masking = pad_masking(mask, q_segment_ids, kv_segment_ids, shapes.q_len, shapes.kv_len,
+                          tp, sp, name="blockwise_attention")
     qh = _pad_axis(group_queries(q, shapes.kv_heads), 1, tp)
     kh = _pad_axis(k, 1, sp)
     vh = _pad_axis(v, 1, sp)
-    out, lse = _blockwise_core(plan, qh, kh, vh, (full_mask, q_segment_ids, kv_segment_ids))
+    out, lse = _blockwise_core(plan, qh, kh, vh, masking)
     out = ungroup(out[:, : shapes.q_len]).astype(q.dtype)
     if not return_lse:
         return out

@@ -97,9 +97,9 @@ from lcjax.attention.core import (
     _kv_range,
     _pad_axis,
     _q_range,
-    build_mask,
     default_scale,
     group_queries,
+    pad_masking,
     stat_dtype,
     ungroup,
     validate_qkv,
@@ -562,26 +562,6 @@ def _parse_alpha(alpha, heads: int):
     return None, jnp.broadcast_to(arr, (heads,))
 
 
-def _pad_masking(mask, q_segment_ids, kv_segment_ids, q_len, kv_len, tp, sp):
-    """(mask padded to [b, h|1, Tp|1, Sp|1] or None, segment ids padded with -1 or None),
-    the layout ``core._block_scores`` reads (as in ``core.blockwise_attention``)."""
-    full_mask = build_mask(q_len, kv_len, mask=mask)
-    if (q_segment_ids is None) != (kv_segment_ids is None):
-        raise ValueError(f"{_NAME}: pass both `q_segment_ids` and `kv_segment_ids`, or neither")
-    if q_segment_ids is not None:
-        q_segment_ids = _pad_axis(jnp.asarray(q_segment_ids, jnp.int32), 1, tp, -1)
-        kv_segment_ids = _pad_axis(jnp.asarray(kv_segment_ids, jnp.int32), 1, sp, -1)
-    if full_mask is not None:
-        t_dim = q_len if full_mask.shape[2] != 1 else 1
-        s_dim = kv_len if full_mask.shape[3] != 1 else 1
-        full_mask = jnp.broadcast_to(full_mask, tuple(full_mask.shape[:2]) + (t_dim, s_dim))
-        if t_dim != 1:
-            full_mask = _pad_axis(full_mask, 2, tp, False)
-        if s_dim != 1:
-            full_mask = _pad_axis(full_mask, 3, sp, False)
-    return full_mask, q_segment_ids, kv_segment_ids
-
-
 def _pick_implementation(implementation, a_static, mask, q_segment_ids):
     """"xla" or "pallas"; None picks the kernel on GPU/TPU when it is installed and supports
     the call (a Python-number α, no mask or segment ids)."""
@@ -741,8 +721,8 @@ def entmax_attention(
     cfg = _Cfg(plan, a_static, kind, init, int(n_iter), int(bins), float(tol))
     tp = -(-shapes.q_len // block_q) * block_q
     sp = -(-shapes.kv_len // block_kv) * block_kv
-    masking = _pad_masking(mask, q_segment_ids, kv_segment_ids, shapes.q_len, shapes.kv_len,
-                           tp, sp)
+    masking = pad_masking(mask, q_segment_ids, kv_segment_ids, shapes.q_len, shapes.kv_len,
+                          tp, sp, name=_NAME)
     hk, g = shapes.kv_heads, shapes.groups
     if a_arr is None:
         alpha_hg = jnp.zeros((hk, g), acc)  # unused placeholder
