@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test reproduce reproduce-full bench lint clean venv
+.PHONY: test reproduce reproduce-full bench bench-entmax lint clean venv
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,12 @@ reproduce-full: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/lcjax bench attention
+
+# α-entmax benchmark, with the PyPI entmax package (PyTorch, CPU build) as the peer;
+# extra flags in ARGS, e.g. `make bench-entmax ARGS=--quick`
+bench-entmax: $(STAMP)
+	$(PY) -m pip install --quiet -e ".[peer]"
+	$(VENV)/bin/lcjax bench entmax $(ARGS)
 
 clean:
 	rm -rf $(VENV) reports/*.json

@@ -1,15 +1,18 @@
-"""``lcjax bench ...``: benchmark subcommands (``attention``).
+"""``lcjax bench ...``: benchmark subcommands (``attention``, ``entmax``).
 
     lcjax bench attention [--variants softmax,blockwise,jax] [--seq-lens 512,1024,...]
         [--batch 1 --heads 8 --head-dim 64] [--causal/--no-causal] [--dtype float32]
         [--repeats 5] [--warmup 1] [--backward/--no-backward]
         [--option blockwise:block_q=256] [--max-len jax=8192] [--out DIR] [--quick]
+    lcjax bench entmax [--quick] [--parts iterations,attention,sparsity,peer] [--out DIR]
+        (see ``lcjax bench entmax --help`` and ``lcjax.bench.entmax``)
 """
 
 from __future__ import annotations
 
 import argparse
 
+from lcjax.bench import entmax as entmax_bench
 from lcjax.bench.attention import (
     DEFAULT_MAX_LEN,
     DEFAULT_SEQ_LENS,
@@ -65,6 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="reports/bench/attention", help="'none' writes no files")
     p.add_argument("--quick", action="store_true",
                    help=f"T in {QUICK_SEQ_LENS}, {QUICK_REPEATS} repeats (unless given)")
+    entmax_bench.add_arguments(sub)
 
 
 def _parse_max_len(specs) -> dict[str, int]:
@@ -94,6 +98,8 @@ def config_from_args(args: argparse.Namespace) -> AttentionBenchConfig:
 
 def run(args: argparse.Namespace) -> int:
     """Run the chosen benchmark, print its table and headline; 0 on completion."""
+    if args.bench == "entmax":
+        return entmax_bench.run_cli(args)
     if args.bench != "attention":
         raise ValueError(f"unknown benchmark {args.bench!r}")
     result = run_attention_benchmark(config_from_args(args))
