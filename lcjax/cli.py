@@ -13,7 +13,7 @@ import sys
 # subcommand -> (module, help)
 SUBCOMMANDS = {
     "train": ("lcjax.train.cli", "train a language model (config file or flags)"),
-    "bench": ("lcjax.bench.cli", "benchmarks: `lcjax bench attention`, ..."),
+    "bench": ("lcjax.bench.cli", "benchmarks: `lcjax bench attention`, `lcjax bench entmax`"),
 }
 
 
