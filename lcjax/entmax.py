@@ -147,14 +147,18 @@ def _normalize_axis(axis: int, ndim: int, name: str) -> int:
     return axis % ndim
 
 
-def _parse_alpha(alpha, shape, axis: int, name: str):
-    """Return (static α or None, array α with x's rank and size 1 along axis, or None)."""
-    if isinstance(alpha, numbers.Real):
+def split_alpha(alpha, name: str):
+    """(static α, None) for a Python number, else (None, floating array α).
+
+    A number or NumPy array α ≤ 1 raises ``ValueError`` (α = 1 is softmax, α < 1 is not
+    a sparse mapping); a JAX array (possibly traced) is left for the caller to clamp.
+    """
+    if isinstance(alpha, numbers.Real) and not isinstance(alpha, bool):
         a = float(alpha)
         if not a > 1.0:
             raise ValueError(
-                f"{name}: `alpha` must be > 1 (alpha = 1 is softmax: use jax.nn.softmax; "
-                f"alpha < 1 is not a sparse mapping), got {alpha}"
+                f"{name}: `alpha` must be > 1 (alpha = 1 is softmax; alpha < 1 is not a "
+                f"sparse mapping), got {alpha}"
             )
         return a, None
     if isinstance(alpha, np.ndarray) and not np.all(alpha > 1.0):
@@ -162,6 +166,14 @@ def _parse_alpha(alpha, shape, axis: int, name: str):
     arr = jnp.asarray(alpha)
     if not jnp.issubdtype(arr.dtype, jnp.floating):
         arr = arr.astype(jnp.float32)
+    return None, arr
+
+
+def _parse_alpha(alpha, shape, axis: int, name: str):
+    """Return (static α or None, array α with x's rank and size 1 along axis, or None)."""
+    a_static, arr = split_alpha(alpha, name)
+    if arr is None:
+        return a_static, None
     ndim = len(shape)
     if arr.ndim > ndim:
         raise ValueError(

@@ -83,7 +83,6 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
-import numbers
 from typing import NamedTuple
 
 import jax
@@ -112,6 +111,7 @@ from lcjax.entmax import (
     _row_sums,
     _scores,
     _step,
+    split_alpha,
 )
 
 __all__ = ["entmax_attention", "sparsemax_attention"]
@@ -541,19 +541,9 @@ _entmax_core.defvjp(_entmax_core_fwd, _entmax_core_bwd)
 # ----------------------------------------------------------------------------
 def _parse_alpha(alpha, heads: int):
     """(static α or None, array α [H] or None); ValueError for α ≤ 1 or a bad shape."""
-    if isinstance(alpha, numbers.Real) and not isinstance(alpha, bool):
-        a = float(alpha)
-        if not a > 1.0:
-            raise ValueError(
-                f"{_NAME}: `alpha` must be > 1 (alpha = 1 is softmax attention: use "
-                f"dot_product_attention; alpha < 1 is not a sparse mapping), got {alpha}"
-            )
-        return a, None
-    if isinstance(alpha, np.ndarray) and not np.all(alpha > 1.0):
-        raise ValueError(f"{_NAME}: every `alpha` must be > 1, got min {np.min(alpha)}")
-    arr = jnp.asarray(alpha)
-    if not jnp.issubdtype(arr.dtype, jnp.floating):
-        arr = arr.astype(jnp.float32)
+    a_static, arr = split_alpha(alpha, _NAME)
+    if arr is None:
+        return a_static, None
     if arr.shape not in ((), (heads,)):
         raise ValueError(
             f"{_NAME}: `alpha` must be a number or an array of shape [heads] = ({heads},), "
