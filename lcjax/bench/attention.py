@@ -180,7 +180,7 @@ def _max_len(config: AttentionBenchConfig, variant: _Variant) -> int | None:
 # ----------------------------------------------------------------------------
 # Functions under test and the reference
 # ----------------------------------------------------------------------------
-def _make_inputs(config: AttentionBenchConfig, seq_len: int):
+def make_inputs(config: AttentionBenchConfig, seq_len: int):
     """Random q, k, v and output cotangent for one T (same for every variant)."""
     dtype = jnp.dtype(config.dtype)
     kq, kk, kv, kc = jax.random.split(jax.random.fold_in(jax.random.key(config.seed), seq_len), 4)
@@ -258,7 +258,7 @@ def _bench_variant(config: AttentionBenchConfig, variant: _Variant, inputs, ref)
 
 def _bench_length(config, variants, seq_len: int, log: Callable) -> list[dict]:
     """All variants at one T; a variant that raises is recorded as an error."""
-    inputs = _make_inputs(config, seq_len)
+    inputs = make_inputs(config, seq_len)
     ref = _reference(config, *inputs)
     records = []
     for variant in variants:
@@ -282,11 +282,11 @@ def _progress_line(record: dict) -> str:
     if record["status"] != "ok":
         return f"{head} {record['status']}: {record.get('reason') or record.get('error')}"
     fwd = record["forward"]
-    line = (f"{head} fwd {_ms(fwd['median_s'])} ms (compile {fwd['compile_s']:.1f} s, "
-            f"temp {_mib(fwd['temp_bytes'])} MiB)")
+    line = (f"{head} fwd {ms(fwd['median_s'])} ms (compile {fwd['compile_s']:.1f} s, "
+            f"temp {mib(fwd['temp_bytes'])} MiB)")
     if "fwd_bwd" in record:
         bwd = record["fwd_bwd"]
-        line += f" | fwd+bwd {_ms(bwd['median_s'])} ms (temp {_mib(bwd['temp_bytes'])} MiB)"
+        line += f" | fwd+bwd {ms(bwd['median_s'])} ms (temp {mib(bwd['temp_bytes'])} MiB)"
     return line + f" | err {record['max_abs_err']:.1e}"
 
 
@@ -384,7 +384,7 @@ def headline(result: dict) -> dict | None:
     return out
 
 
-def _verdict(passed: bool | None) -> str:
+def verdict(passed: bool | None) -> str:
     return {True: "PASS", False: "FAIL", None: "n/a"}[passed]
 
 
@@ -407,12 +407,12 @@ def format_headline(head: dict | None) -> str:
         f"{head['floor_s'] * 1e3:.1f} ms",
         f"  speedup ({anchor} / {cand} fwd time): {head['anchor_s'] * 1e3:.1f} / "
         f"{head['candidate_s'] * 1e3:.1f} ms = {sp['value']:.2f}x   target >= "
-        f"{sp['target']:g}x   {_verdict(sp['pass'])}",
-        f"  temp memory ({cand} / {anchor}): {_mib(head['candidate_temp_bytes'])} / "
-        f"{_mib(head['anchor_temp_bytes'])} MiB = {mem_text}   target <= 1/"
-        f"{1 / mem['target']:g}   {_verdict(mem['pass'])}",
+        f"{sp['target']:g}x   {verdict(sp['pass'])}",
+        f"  temp memory ({cand} / {anchor}): {mib(head['candidate_temp_bytes'])} / "
+        f"{mib(head['anchor_temp_bytes'])} MiB = {mem_text}   target <= 1/"
+        f"{1 / mem['target']:g}   {verdict(mem['pass'])}",
         f"  {cand} time / floor: {fl['value']:.2f}x   target <= {fl['target']:g}x   "
-        f"{_verdict(fl['pass'])}",
+        f"{verdict(fl['pass'])}",
     ]
     if "fwd_bwd_speedup" in head:
         lines.append(f"  (fwd+bwd speedup, no target: {head['fwd_bwd_speedup']:.2f}x)")
@@ -422,11 +422,11 @@ def format_headline(head: dict | None) -> str:
 # ----------------------------------------------------------------------------
 # Reports: JSON, markdown, PNG
 # ----------------------------------------------------------------------------
-def _ms(seconds: float | None) -> str:
+def ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.1f}"
 
 
-def _mib(nbytes: int | None) -> str:
+def mib(nbytes: int | None) -> str:
     return "-" if nbytes is None else f"{nbytes / MiB:.1f}"
 
 
@@ -450,9 +450,9 @@ def format_table(result: dict) -> str:
         if bwd:
             compile_s += f", {bwd['compile_s']:.1f}"
         rows.append(
-            f"| {r['variant']} | {r['seq_len']} | {_ms(fwd['median_s'])} "
-            f"| {r['fwd_over_floor']:.2f} | {_ms(bwd.get('median_s'))} | {compile_s} "
-            f"| {_mib(fwd['temp_bytes'])} | {_mib(bwd.get('temp_bytes'))} "
+            f"| {r['variant']} | {r['seq_len']} | {ms(fwd['median_s'])} "
+            f"| {r['fwd_over_floor']:.2f} | {ms(bwd.get('median_s'))} | {compile_s} "
+            f"| {mib(fwd['temp_bytes'])} | {mib(bwd.get('temp_bytes'))} "
             f"| {_err(r['max_abs_err'])} | {_err(r.get('grad_max_abs_err'))} |"
         )
     return "\n".join(rows)
@@ -468,7 +468,7 @@ def _markdown(result: dict) -> str:
         "",
         f"Machine: {m['platform']}, {m['usable_cpus']} usable CPUs ({m['cpu_count']} total), "
         f"backend {m['backend']} ({m['device_kind']}), jax {m['jax']}, "
-        f"commit {m['git_commit']}{_modified(m)}, {m['date']}.",
+        f"commit {m['git_commit']}{modified_files(m)}, {m['date']}.",
         "",
         f"Shapes: B={cfg['batch']} H={cfg['heads']} Hkv={cfg['kv_heads'] or cfg['heads']} "
         f"D={cfg['head_dim']}, {'causal' if cfg['causal'] else 'non-causal'}, {cfg['dtype']}; "
@@ -493,7 +493,7 @@ def _markdown(result: dict) -> str:
     ])
 
 
-def _modified(machine: dict) -> str:
+def modified_files(machine: dict) -> str:
     files = machine.get("git_modified")
     return f" with local changes to {', '.join(files)}" if files else ""
 
@@ -552,14 +552,14 @@ def write_reports(result: dict, out_dir: str) -> dict[str, str]:
     os.makedirs(out_dir, exist_ok=True)
     files = {ext: os.path.join(out_dir, f"attention.{ext}") for ext in ("json", "md", "png")}
     with open(files["json"], "w") as f:
-        json.dump({**result, "files": files}, f, indent=2, default=_json_default)
+        json.dump({**result, "files": files}, f, indent=2, default=json_default)
     with open(files["md"], "w") as f:
         f.write(_markdown(result))
     _plot(result, files["png"])
     return files
 
 
-def _json_default(obj):
+def json_default(obj):
     if hasattr(obj, "item"):  # numpy / jax scalars
         return obj.item()
     return str(obj)

@@ -73,13 +73,13 @@ import numpy as np
 from lcjax import attention as attn
 from lcjax.bench.attention import (
     AttentionBenchConfig,
-    _json_default,
-    _make_inputs,
-    _mib,
-    _modified,
-    _ms,
-    _verdict,
+    json_default,
+    make_inputs,
+    mib,
+    modified_files,
+    ms,
     run_attention_benchmark,
+    verdict,
 )
 from lcjax.bench.timing import compile_fn, machine_info, temp_bytes, time_compiled
 from lcjax.entmax import entmax, entmax15, entmax_bisect, entmax_threshold, sparsemax
@@ -513,7 +513,7 @@ def _run_sparsity(config: EntmaxBenchConfig, model, log: Callable) -> dict:
     for tile in config.sparsity_tiles:
         aux_fn = _aux_fn(config.causal, tile)
         for t in config.seq_lens:
-            q, k, v, _ = _make_inputs(acfg, t)
+            q, k, v, _ = make_inputs(acfg, t)
             rec = {"seq_len": t, "tile": tile,
                    **_sparsity_record(jax.device_get(aux_fn(q, k, v)), config.within)}
             out["random"].append(rec)
@@ -601,7 +601,7 @@ def _run_peer(config: EntmaxBenchConfig, log: Callable) -> dict:
                      "ours_over_jax_softmax_min": ours["min_s"] / soft_min,
                      "max_abs_diff": diff,
                      "ours_times_s": ours["times_s"], "peer_times_s": theirs["times_s"]})
-        log(f"  {label:<20} ours {_ms(ours['median_s'])} ms  peer {_ms(theirs['median_s'])} ms"
+        log(f"  {label:<20} ours {ms(ours['median_s'])} ms  peer {ms(theirs['median_s'])} ms"
             f"  ours/peer {ours['median_s'] / theirs['median_s']:.3f}  max|diff| {diff:.1e}")
     return {"n": n, "entmax_version": getattr(peer, "__version__", None),
             "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
@@ -716,7 +716,7 @@ def format_mapping_times(part: dict) -> str:
     lines = ["| rows | function | median ms | / jax.nn.softmax |", "|---|---|---|---|"]
     for t in part["timing"].values():
         for name, s in t["stats"].items():
-            lines.append(f"| {t['rows']} {tuple(t['shape'])} | {name} | {_ms(s['median_s'])} "
+            lines.append(f"| {t['rows']} {tuple(t['shape'])} | {name} | {ms(s['median_s'])} "
                          f"| {s['over_softmax']:.2f} |")
     return "\n".join(lines)
 
@@ -734,11 +734,11 @@ def format_attention(part: dict) -> str:
 
         cells = [str(r["seq_len"])]
         for key in ("forward", "fwd_bwd"):
-            cells += [_ms(get(r, v, key)) for v in ("softmax", "blockwise", "entmax")]
+            cells += [ms(get(r, v, key)) for v in ("softmax", "blockwise", "entmax")]
             cells += [_ratio(r[f"{key}_entmax_over_blockwise"]),
                       _ratio(r[f"{key}_entmax_over_softmax"])]
         for key in ("forward", "fwd_bwd"):
-            cells.append(" / ".join(_mib(get(r, v, key, "temp_bytes"))
+            cells.append(" / ".join(mib(get(r, v, key, "temp_bytes"))
                                     for v in ("softmax", "blockwise", "entmax")))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -768,7 +768,7 @@ def format_peer(part: dict) -> str:
              "| ours / jax.nn.softmax | same two ratios of the fastest calls | max abs diff |",
              "|---|---|---|---|---|---|---|"]
     for r in part["rows"]:
-        lines.append(f"| {r['function']} | {_ms(r['ours_s'])} | {_ms(r['peer_s'])} "
+        lines.append(f"| {r['function']} | {ms(r['ours_s'])} | {ms(r['peer_s'])} "
                      f"| {r['ours_over_peer']:.3f} | {r['ours_over_jax_softmax']:.2f} "
                      f"| {r['ours_over_peer_min']:.3f}, {r['ours_over_jax_softmax_min']:.2f} "
                      f"| {r['max_abs_diff']:.1e} |")
@@ -782,7 +782,7 @@ def format_checks(items: list[dict]) -> str:
     for c in items:
         value = "n/a" if c["value"] is None else f"{c['value']:.4g}"
         lines.append(f"  {c['label']}: {value}   target {c['op']} {c['target']:g}   "
-                     f"{_verdict(c['pass'])}")
+                     f"{verdict(c['pass'])}")
     return "\n".join(lines)
 
 
@@ -825,7 +825,7 @@ def _markdown(result: dict) -> str:
         "",
         f"Machine: {m['platform']}, {m['usable_cpus']} usable CPUs ({m['cpu_count']} total), "
         f"backend {m['backend']} ({m['device_kind']}), jax {m['jax']}, "
-        f"commit {m['git_commit']}{_modified(m)}, {m['date']} to {m.get('finished')}.",
+        f"commit {m['git_commit']}{modified_files(m)}, {m['date']} to {m.get('finished')}.",
         "",
         f"Timing: median of {cfg['repeats']} after {cfg['warmup']} warm-up, compile "
         "excluded; in (a) and (d) the functions compared are interleaved round by round."
@@ -951,7 +951,7 @@ def write_entmax_reports(result: dict, out_dir: str) -> dict[str, str]:
     with open(files["md"], "w") as f:
         f.write(_markdown(result))
     with open(files["json"], "w") as f:
-        json.dump({**result, "files": files}, f, indent=2, default=_json_default)
+        json.dump({**result, "files": files}, f, indent=2, default=json_default)
     return files
 
 
