@@ -87,8 +87,14 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as plgpu
 
-from lcjax.attention.core import causal_mask, default_scale, validate_qkv
-from lcjax.entmax import _hermite_root, _step
+from lcjax.attention.core import (
+    _pad_axis,
+    build_mask,
+    default_scale,
+    lengths_to_segment_ids,
+    validate_qkv,
+)
+from lcjax.entmax import _hermite_root, _step, split_alpha
 from lcjax.entmax import entmax as _entmax
 
 __all__ = ["BlockSizes", "entmax_attention_pallas", "entmax_attention_reference"]
@@ -692,18 +698,13 @@ _core.defvjp(_core_fwd, _core_bwd)
 # Public API
 # ----------------------------------------------------------------------------
 def _parse_alpha(alpha) -> float:
+    """A static α > 1 (the kernel is specialised on it); the check is lcjax.entmax's."""
     if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool):
         raise ValueError(
             f"{_NAME}: `alpha` must be a Python number > 1 (the kernel is specialised on "
             f"it), got {alpha!r} of type {type(alpha).__name__}"
         )
-    a = float(alpha)
-    if not a > 1.0:
-        raise ValueError(
-            f"{_NAME}: `alpha` must be > 1 (alpha = 1 is softmax attention; alpha < 1 is "
-            f"not a sparse mapping), got {alpha}"
-        )
-    return a
+    return split_alpha(alpha, _NAME)[0]
 
 
 def _block(value, name: str, length: int) -> int:
@@ -711,14 +712,6 @@ def _block(value, name: str, length: int) -> int:
     if not isinstance(value, numbers.Integral) or value < 16 or value & (value - 1):
         raise ValueError(f"{_NAME}: block_sizes.{name} must be a power of two >= 16, got {value}")
     return int(min(value, max(16, pl.next_power_of_2(length))))
-
-
-def _pad_to(x, axis: int, size: int):
-    if x.shape[axis] == size:
-        return x
-    pad = [(0, 0)] * x.ndim
-    pad[axis] = (0, size - x.shape[axis])
-    return jnp.pad(x, pad)
 
 
 def _cdiv_int(a: int, b: int) -> int:
@@ -812,7 +805,7 @@ def entmax_attention_pallas(
     Dp, Dvp = max(16, pl.next_power_of_2(D)), max(16, pl.next_power_of_2(Dv))
 
     def prep(x, n, d):  # [B, N, h, d] -> [B, h, N_padded, d_padded]
-        return _pad_to(_pad_to(jnp.swapaxes(x, 1, 2), 2, n), 3, d)
+        return _pad_axis(_pad_axis(jnp.swapaxes(x, 1, 2), 2, n), 3, d)
 
     out, mz, tau, _, live, taub = _core(
         prep(q, Tp, Dp), prep(k, Sp, Dp), prep(v, Sp, Dvp), lens[:, None, None], cfg
@@ -851,12 +844,13 @@ def entmax_attention_reference(
     kr = jnp.repeat(k, G, axis=2).astype(_F32)
     vr = jnp.repeat(v, G, axis=2)
     x = jnp.einsum("bthd,bshd->bhts", q.astype(_F32), kr) * scale
-    mask = jnp.ones((1, 1, T, S), bool)
-    if causal:
-        mask = mask & causal_mask(T, S)[None, None]
+    segments = {}
     if kv_lengths is not None:
-        mask = mask & (jnp.arange(S)[None, :] < jnp.asarray(kv_lengths)[:, None])[:, None, None]
-    x = jnp.where(mask, x, -jnp.inf)
+        segments = dict(q_segment_ids=jnp.zeros((q.shape[0], T), jnp.int32),
+                        kv_segment_ids=lengths_to_segment_ids(jnp.asarray(kv_lengths), S))
+    mask = build_mask(T, S, causal=causal, **segments)
+    if mask is not None:
+        x = jnp.where(mask, x, -jnp.inf)
     method = "sort" if a in (1.5, 2.0) else "bisect"
     p = _entmax(x, a, axis=-1, method=method)
     return jnp.einsum("bhts,bshd->bthd", p, vr.astype(_F32)).astype(q.dtype)
