@@ -3,12 +3,12 @@ numbers for the JSON report and figure paths for the markdown report."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import platform
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from lcjax.bench.timing import json_default, machine_info  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)
@@ -39,30 +39,6 @@ class Experiment:
     run: Callable[[bool, Path], Result]
 
 
-def machine_info() -> dict:
-    import os
-
-    import jax
-
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "backend": jax.default_backend(),
-    }
-
-
 def write_json(path: Path, payload) -> None:
-    def default(o):
-        if dataclasses.is_dataclass(o):
-            return dataclasses.asdict(o)
-        if isinstance(o, Path):
-            return str(o)
-        if hasattr(o, "tolist"):
-            return o.tolist()
-        return str(o)
-
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2, default=default))
+    path.write_text(json.dumps(payload, indent=2, default=json_default))

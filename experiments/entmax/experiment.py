@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.common import Claim, Experiment, Result
+from lcjax.data.tokenizer import PAD
 
 TRAIN_LEN = 128  # L, bytes (= tokens) per training sequence
 EVAL_MULTS = (1, 2, 4)
@@ -68,7 +69,7 @@ def _batch(samples):
 
     b = ruler.make_batch(samples)
     b["weights"] = np.where(b["loss_mask"], 1.0,
-                            np.where(b["targets"] != 258, OTHER_WEIGHT, 0.0)).astype(np.float32)
+                            np.where(b["targets"] != PAD, OTHER_WEIGHT, 0.0)).astype(np.float32)
     return b
 
 
@@ -88,8 +89,7 @@ def _steps(graphdef, steps: int):
     def loss_fn(params, rest, batch):
         logits = nnx.merge(graphdef, params, rest)(batch["inputs"])
         logp = jax.nn.log_softmax(logits, axis=-1)
-        tgt = jnp.where(batch["targets"] < logits.shape[-1], batch["targets"], 0)
-        nll = -jnp.take_along_axis(logp, tgt[..., None], axis=-1)[..., 0]
+        nll = -jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1)[..., 0]
         w = batch["weights"]
         mask = batch["loss_mask"]
         answer_nll = (nll * mask).sum() / jnp.maximum(mask.sum(), 1)

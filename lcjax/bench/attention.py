@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from lcjax import attention as attn
-from lcjax.bench.timing import machine_info, matmul_throughput, measure
+from lcjax.bench.timing import json_default, machine_info, matmul_throughput, measure
 
 __all__ = [
     "AttentionBenchConfig",
@@ -557,12 +557,6 @@ def write_reports(result: dict, out_dir: str) -> dict[str, str]:
         f.write(_markdown(result))
     _plot(result, files["png"])
     return files
-
-
-def json_default(obj):
-    if hasattr(obj, "item"):  # numpy / jax scalars
-        return obj.item()
-    return str(obj)
 
 
 # ----------------------------------------------------------------------------

@@ -73,7 +73,6 @@ import numpy as np
 from lcjax import attention as attn
 from lcjax.bench.attention import (
     AttentionBenchConfig,
-    json_default,
     make_inputs,
     mib,
     modified_files,
@@ -81,7 +80,13 @@ from lcjax.bench.attention import (
     run_attention_benchmark,
     verdict,
 )
-from lcjax.bench.timing import compile_fn, machine_info, temp_bytes, time_compiled
+from lcjax.bench.timing import (
+    compile_fn,
+    json_default,
+    machine_info,
+    temp_bytes,
+    time_compiled,
+)
 from lcjax.entmax import entmax, entmax15, entmax_bisect, entmax_threshold, sparsemax
 
 __all__ = [

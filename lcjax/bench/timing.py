@@ -9,6 +9,7 @@ size, ``jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes``
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import platform
@@ -120,6 +121,17 @@ def _git_state() -> dict:
     status = _git("status", "--porcelain", "--untracked-files=no")
     modified = None if status is None else [line[3:] for line in status.splitlines()]
     return {"git_commit": _git("rev-parse", "HEAD") or None, "git_modified": modified}
+
+
+def json_default(obj):
+    """``json.dump`` fallback for reports: dataclasses, arrays, numpy/jax scalars, paths."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    if getattr(obj, "ndim", 0) > 0 and hasattr(obj, "tolist"):
+        return obj.tolist()
+    if hasattr(obj, "item"):  # numpy / jax scalars
+        return obj.item()
+    return str(obj)
 
 
 def machine_info() -> dict:
