@@ -600,8 +600,8 @@ def _call_kernel(q, k, v, *, alpha, causal, scale, n_iter, bins, tol, tiles, ret
     live = kaux["live"]  # [B, H, nq, nk]
     nq, nk = live.shape[-2:]
 
-    def tile(b, n):  # the kernel's clamp of a tile size
-        return min(b, max(8, 1 << (n - 1).bit_length()))
+    def tile(b, n):  # the kernel's clamp of a tile size (pallas_kernels._block: >= 16)
+        return min(b, max(16, 1 << (n - 1).bit_length()))
 
     bq, bk = tile(sizes.block_q, q.shape[1]), tile(sizes.block_k, k.shape[1])
     in_range = np.ones((nq, nk), bool)
