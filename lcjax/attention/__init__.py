@@ -17,7 +17,8 @@ from lcjax.attention.core import (
     validate_qkv,
 )
 from lcjax.attention.entmax import entmax_attention, sparsemax_attention
-from lcjax.attention.registry import available, get, register
+from lcjax.attention.registry import available, get, register, spec, specs, unregister
+from lcjax.attention.spec import AttentionSpec, Features, Implementation
 
 
 def jax_dot_product_attention(q, k, v, *, causal=False, mask=None, scale=None):
@@ -32,13 +33,58 @@ def jax_dot_product_attention(q, k, v, *, causal=False, mask=None, scale=None):
     )
 
 
-register("softmax", dot_product_attention)
-register("blockwise", blockwise_attention)
-register("jax", jax_dot_product_attention)
-register("entmax", entmax_attention)  # α = 1.5 by default; alpha= per call or per head
-register("sparsemax", sparsemax_attention)  # α = 2
+def _no_aux(fn):
+    """Adapter for a function without an aux dict: ``return_aux=True`` gives ``{}``."""
+
+    def impl(q, k, v, *, return_aux=False, **kw):
+        out = fn(q, k, v, **kw)
+        return (out, {}) if return_aux else out
+
+    return impl
+
+
+_jax_impl = _no_aux(jax_dot_product_attention)
+
+
+def _jax_impl_fn(q, k, v, *, mask=None, q_segment_ids=None, kv_segment_ids=None, **kw):
+    if q_segment_ids is not None:  # folded into a dense mask
+        mask = build_mask(q.shape[1], k.shape[1], mask=mask, q_segment_ids=q_segment_ids,
+                          kv_segment_ids=kv_segment_ids)
+    return _jax_impl(q, k, v, mask=mask, **kw)
+
+
+register(AttentionSpec(
+    "softmax", reference=dot_product_attention,
+    implementations=(Implementation("xla", _no_aux(dot_product_attention)),),
+    features=Features(lse=True), description="exact softmax attention (the reference)"))
+register(AttentionSpec(
+    "blockwise", reference=dot_product_attention,
+    implementations=(Implementation("xla", _no_aux(blockwise_attention)),),
+    features=Features(lse=True), test_options={"block_q": 8, "block_kv": 8},
+    description="online-softmax (FlashAttention) attention in XLA"))
+register(AttentionSpec(
+    "jax", reference=dot_product_attention,
+    implementations=(Implementation("xla", _jax_impl_fn),),
+    description="jax.nn.dot_product_attention (XLA), the anchor we time against"))
+_ENTMAX_AUX = {"tau": "[B, T, H] float32", "iterations": "[B, T, H] int32",
+               "block_sparsity": "[] float32"}
+register(AttentionSpec(
+    "entmax", reference=entmax_attention, implementations=(
+        Implementation("xla", entmax_attention),), aux=_ENTMAX_AUX,
+    test_options={"block_q": 8, "block_kv": 8},
+    description="alpha-entmax sparse attention (AdaSplash-2)"))
+register(AttentionSpec(
+    "sparsemax", reference=sparsemax_attention, implementations=(
+        Implementation("xla", sparsemax_attention),), aux=_ENTMAX_AUX,
+    test_options={"block_q": 8, "block_kv": 8}, description="alpha = 2 entmax attention"))
 
 __all__ = [
+    "AttentionSpec",
+    "Features",
+    "Implementation",
+    "spec",
+    "specs",
+    "unregister",
     "available",
     "blockwise_attention",
     "build_mask",

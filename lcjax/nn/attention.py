@@ -180,7 +180,9 @@ class Attention(nnx.Module):
         alpha_raw = None
         if learn_alpha:
             try:
-                takes_alpha = "alpha" in inspect.signature(self.attention_fn).parameters
+                fn = getattr(self.attention_fn, "implementations", None)
+                fn = fn[-1].fn if fn else self.attention_fn
+                takes_alpha = "alpha" in inspect.signature(fn).parameters
             except (TypeError, ValueError):
                 takes_alpha = False
             alpha0 = float(options.pop("alpha", 1.5))
