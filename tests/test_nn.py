@@ -23,7 +23,6 @@ from lcjax.nn import (
     DecoderLM,
     RMSNorm,
     SwiGLU,
-    generate,
 )
 
 V = 37
@@ -129,17 +128,19 @@ def test_kv_cache_decoding_equals_full_forward(attention, options):
     assert_close(np.concatenate(pieces, axis=1), full)
 
 
-def test_generate_is_greedy_argmax_of_full_forward():
-    model = make(tiny(), seed=3)
-    prompt = random_tokens(4, (B, 4))
-    out = np.asarray(generate(model, prompt, steps=T - 4))
-    assert out.shape == (B, T)
-    np.testing.assert_array_equal(out[:, :4], prompt)
-    logits = forward(model, jnp.asarray(out))
-    # each generated token is the argmax of the full-forward logits one step earlier
-    np.testing.assert_array_equal(out[:, 4:], np.argmax(logits[:, 3:-1], axis=-1))
-    with pytest.raises(ValueError, match="max_len"):
-        generate(model, prompt, steps=5, max_len=8)
+def test_empty_cache_slots_are_segment_minus_one_and_masked_by_segments_alone():
+    # bidirectional layer: no causal mask, only the segment ids (-1 = empty) hide slots 5..7
+    attn = Attention(32, 4, 2, 8, causal=False, rngs=nnx.Rngs(0))
+    cache = attn.init_cache(2, 8)
+    np.testing.assert_array_equal(cache.segment_ids, -1)
+    x = jnp.asarray(np.random.default_rng(16).standard_normal((2, 5, 32)), jnp.float32)
+    run = jax.jit(lambda m, x, pos, c: m(x, pos, cache=c))
+    full, _ = run(attn, x, jnp.arange(5), None)  # all 5 tokens see each other
+    _, cache = run(attn, x[:, :3], jnp.arange(3), cache)
+    y, cache = run(attn, x[:, 3:], jnp.arange(3, 5), cache)
+    assert_close(y, full[:, 3:])  # the empty (zero-key) slots got no weight
+    np.testing.assert_array_equal(cache.segment_ids[:, :5], 0)
+    np.testing.assert_array_equal(cache.segment_ids[:, 5:], -1)
 
 
 def test_left_padded_prefill_then_decode_matches_unpadded():

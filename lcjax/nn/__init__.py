@@ -2,6 +2,7 @@
 
     model = DecoderLM(DecoderConfig(vocab_size=256), rngs=nnx.Rngs(0))
     logits = model(tokens)  # int [B, T] -> float32 [B, T, V]
+    out = generate(model, prompts, 16, temperature=0.7, rng=jax.random.key(0))
 """
 
 from lcjax.nn.attention import (
@@ -12,8 +13,9 @@ from lcjax.nn.attention import (
     init_kv_cache,
     update_kv_cache,
 )
-from lcjax.nn.decoder import DecoderBlock, DecoderCache, DecoderConfig, DecoderLM, generate
+from lcjax.nn.decoder import DecoderBlock, DecoderCache, DecoderConfig, DecoderLM
 from lcjax.nn.layers import RMSNorm, SwiGLU, rms_norm
+from lcjax.nn.sampling import GenerateResult, generate, sample_logits, sampling_candidates
 
 __all__ = [
     "Attention",
@@ -21,6 +23,7 @@ __all__ = [
     "DecoderCache",
     "DecoderConfig",
     "DecoderLM",
+    "GenerateResult",
     "KVCache",
     "RMSNorm",
     "SwiGLU",
@@ -29,5 +32,7 @@ __all__ = [
     "generate",
     "init_kv_cache",
     "rms_norm",
+    "sample_logits",
+    "sampling_candidates",
     "update_kv_cache",
 ]

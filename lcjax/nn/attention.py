@@ -12,8 +12,10 @@ are handed to the variant natively when its signature takes ``q_segment_ids`` /
 folded into ``mask`` otherwise.
 
 The KV cache is a pytree (:class:`KVCache`) passed in and returned, so decoding works
-under ``jax.jit``. New keys/values are written at ``cache.index`` and queries attend
-only to filled slots, through an explicit mask built from the index (a traced value).
+under ``jax.jit``. New keys/values are written at ``cache.index``. Empty slots carry
+segment id -1, so the segment mask alone hides them (and any padding written into the
+cache); a causal layer adds only the causal mask of the new queries' slots, built from
+the index (a traced value).
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ class KVCache(NamedTuple):
     """Per-layer decoding cache.
 
     k, v: [B, S_max, Hkv, D] rotated keys and values; segment_ids: int32 [B, S_max]
-    (negative = padding); index: int32 scalar, the number of filled slots.
+    (negative = padding or an empty slot: never attended); index: int32 scalar, the
+    next slot to write (slots >= index are empty, segment id -1).
     """
 
     k: jax.Array
@@ -51,12 +54,13 @@ class KVCache(NamedTuple):
 
 def init_kv_cache(batch: int, max_len: int, kv_heads: int, head_dim: int,
                   dtype=jnp.float32) -> KVCache:
-    """Empty cache: zero buffers [batch, max_len, kv_heads, head_dim], index 0."""
+    """Empty cache: zero buffers [batch, max_len, kv_heads, head_dim], every slot's
+    segment id -1 (masked by ``lcjax.attention.segment_mask``), index 0."""
     shape = (batch, max_len, kv_heads, head_dim)
     return KVCache(
         k=jnp.zeros(shape, dtype),
         v=jnp.zeros(shape, dtype),
-        segment_ids=jnp.zeros((batch, max_len), jnp.int32),
+        segment_ids=jnp.full((batch, max_len), -1, jnp.int32),
         index=jnp.zeros((), jnp.int32),
     )
 
@@ -75,17 +79,16 @@ def update_kv_cache(cache: KVCache, k: jax.Array, v: jax.Array,
     )
 
 
-def cache_mask(index: jax.Array, q_len: int, kv_len: int, *, causal: bool) -> jax.Array:
-    """[1, 1, q_len, kv_len] mask for q_len new queries written at slot ``index``.
+def cache_mask(index: jax.Array, q_len: int, kv_len: int, *,
+               causal: bool) -> jax.Array | None:
+    """Mask [1, 1, q_len, kv_len] for q_len new queries written at slot ``index``.
 
-    Causal: query t (slot index + t) sees slots <= index + t. Otherwise every filled
-    slot (< index + q_len) is visible.
+    Causal: query t (slot index + t) sees slots <= index + t. Not causal: ``None``
+    (nothing beyond the segment mask: empty slots have segment id -1).
     """
-    if causal:
-        m = causal_mask(q_len, kv_len, q_offset=index)
-    else:
-        m = jnp.broadcast_to(jnp.arange(kv_len)[None, :] < index + q_len, (q_len, kv_len))
-    return m[None, None]
+    if not causal:
+        return None
+    return causal_mask(q_len, kv_len, q_offset=index)[None, None]
 
 
 def _takes_segment_ids(fn: Callable) -> bool:
@@ -230,7 +233,8 @@ class Attention(nnx.Module):
           segment_ids: int [B, T]; tokens attend within their segment, negative = padding.
           mask: bool broadcastable to [B, H, T, S] (S = T, or S_max with a cache).
           cache: :class:`KVCache` with buffers [B, S_max, Hkv, D]; the T new tokens are
-            written at ``cache.index`` and queries see filled slots only.
+            written at ``cache.index`` (segment 0 unless ``segment_ids`` says otherwise)
+            and queries see the cache's non-negative segments only (causally, if causal).
 
         Returns:
           (y [B, T, D_model] in the compute dtype, updated cache or None).
@@ -255,7 +259,8 @@ class Attention(nnx.Module):
             if segment_ids is None:
                 segment_ids = jnp.zeros((b, t), jnp.int32)
             step_mask = cache_mask(cache.index, t, cache.k.shape[1], causal=self.causal)
-            mask = step_mask if mask is None else jnp.logical_and(step_mask, mask)
+            if step_mask is not None:
+                mask = step_mask if mask is None else jnp.logical_and(step_mask, mask)
             cache = update_kv_cache(cache, k, v, segment_ids)
             k, v, kv_segment_ids, causal = cache.k, cache.v, cache.segment_ids, False
         options = self.attention_options

@@ -12,13 +12,14 @@ Usage::
     cache = model.init_cache(batch, max_len)
     logits, cache = model(prompt, cache=cache)              # prefill
     logits, cache = model(next_tokens[:, None], cache=cache)  # one decoding step
-    out = generate(model, prompt, steps=16)                 # greedy, jitted
+
+Sampling (greedy, temperature, top-k/top-p, ragged batches) is ``lcjax.nn.generate``
+(:mod:`lcjax.nn.sampling`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -26,13 +27,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from flax.core import FrozenDict
-from jax import lax
 
 from lcjax.attention import get
 from lcjax.nn.attention import Attention, KVCache
 from lcjax.nn.layers import RMSNorm, SwiGLU, dense_init
 
-__all__ = ["DecoderConfig", "DecoderBlock", "DecoderLM", "DecoderCache", "generate"]
+__all__ = ["DecoderConfig", "DecoderBlock", "DecoderLM", "DecoderCache"]
 
 DecoderCache = tuple[KVCache, ...]  # one KVCache per layer
 
@@ -182,37 +182,3 @@ class DecoderLM(nnx.Module):
             new_cache.append(layer_cache)
         logits = self.logits(self.final_norm(x))
         return logits if cache is None else (logits, tuple(new_cache))
-
-
-@functools.partial(jax.jit, static_argnums=(0, 3, 4))
-def _greedy(graphdef, state, prompt, steps: int, max_len: int):
-    model = nnx.merge(graphdef, state)
-    logits, cache = model(prompt, cache=model.init_cache(prompt.shape[0], max_len))
-    first = jnp.argmax(logits[:, -1], axis=-1).astype(prompt.dtype)
-
-    def step(carry, _):
-        tok, cache = carry
-        logits, cache = model(tok[:, None], cache=cache)
-        return (jnp.argmax(logits[:, -1], axis=-1).astype(tok.dtype), cache), tok
-
-    (last, _), toks = lax.scan(step, (first, cache), None, length=steps - 1)
-    return jnp.concatenate([prompt, toks.T, last[:, None]], axis=1)
-
-
-def generate(model: DecoderLM, prompt: jax.Array, steps: int, *,
-             max_len: int | None = None) -> jax.Array:
-    """Greedy decoding: prefill ``prompt`` (int [B, P], no padding), then ``steps`` tokens
-    one at a time through the KV cache, all under one ``jax.jit``.
-
-    ``max_len`` (cache length) defaults to P + steps. Returns int [B, P + steps].
-    """
-    p = prompt.shape[1]
-    if steps < 0:
-        raise ValueError(f"generate: `steps` must be >= 0, got {steps}")
-    if steps == 0:
-        return prompt
-    max_len = p + steps if max_len is None else max_len
-    if p + steps > max_len:
-        raise ValueError(f"generate: prompt length {p} + steps {steps} exceeds max_len {max_len}")
-    graphdef, state = nnx.split(model)
-    return _greedy(graphdef, state, prompt, steps, max_len)

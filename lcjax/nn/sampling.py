@@ -1,0 +1,285 @@
+"""Batched sampling from a :class:`~lcjax.nn.DecoderLM` through its KV cache.
+
+One step draws, for each row b, a token from the model's next-token logits z_b [V]:
+
+    greedy (T = 0):  y_b = argmax_v z_b,v
+    otherwise:       y_b ~ softmax(filter(z_b / T))
+
+where ``filter`` keeps the ``top_k`` largest scores, then the smallest prefix of those
+(sorted, descending) whose probability mass reaches ``top_p`` (nucleus sampling,
+Holtzman et al., 2020), and sets the rest to -inf (the order of Hugging Face's
+``TopKLogitsWarper`` then ``TopPLogitsWarper``).
+
+:func:`generate` prefills a right-padded batch of prompts [B, P] (segment id 0 for real
+tokens, -1 for padding, so the padded slots stay masked in the cache), then decodes
+``max_new_tokens`` tokens, every row writing its step-i token at cache slot P + i with RoPE
+position ``prompt_lengths[b] + i``: row b sees exactly its own prompt and its own
+generated tokens, at the positions it would have alone. All under one ``jax.jit``,
+with a ``lax.while_loop`` that stops early once every row has emitted a stop token.
+
+Row b's random stream is ``fold_in(fold_in(rng, b), step)``: rows are independent and a
+row's samples do not depend on the batch size, the padding or the other rows.
+
+Usage::
+
+    out = generate(model, prompts, 32, temperature=0.8, top_p=0.95, rng=jax.random.key(0),
+                   prompt_lengths=lengths, stop_tokens=(eos,), return_logprobs=True)
+    out.tokens     # int [B, P + 32]: prompt[:len_b] ++ generated ++ pad_id
+    out.lengths    # int [B]: prompt + generated tokens, up to and including a stop token
+    out.logprobs   # float32 [B, 32]: log p(generated token i | prefix), 0 after the end
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax import lax
+
+from lcjax.attention import lengths_to_segment_ids
+
+if TYPE_CHECKING:
+    from lcjax.nn.decoder import DecoderLM
+
+__all__ = ["GenerateResult", "generate", "row_keys", "sample_logits", "sampling_candidates"]
+
+
+class GenerateResult(NamedTuple):
+    """Output of :func:`generate` (N = ``max_new_tokens``).
+
+    tokens: int [B, P + N]; row b is ``prompt[b, :prompt_lengths[b]]``, then its generated
+      tokens (up to and including the first stop token), then ``pad_id``.
+    lengths: int32 [B], prompt length + number of generated tokens (a stop token counts);
+      ``tokens[b, lengths[b]:] == pad_id``.
+    logprobs: float32 [B, N] or None (without ``return_logprobs``); ``logprobs[b, i]`` is
+      log p_model(tokens[b, prompt_lengths[b] + i] | tokens[b, :prompt_lengths[b] + i]),
+      the model's own log-softmax (temperature 1, no top-k/top-p filtering: what a full
+      forward pass over ``tokens`` gives), and 0 for i >= lengths[b] - prompt_lengths[b].
+    """
+
+    tokens: jax.Array
+    lengths: jax.Array
+    logprobs: jax.Array | None
+
+
+def sampling_candidates(logits: jax.Array, temperature, *, top_k: int | None = None,
+                        top_p: float | jax.Array | None = None):
+    """Scores of the tokens that may be sampled.
+
+    Args:
+      logits: float [B, V].
+      temperature: positive scalar T (may be traced).
+      top_k: keep the k largest scores (static int >= 1, clipped to V), or None.
+      top_p: keep the smallest prefix of the sorted candidates with probability mass
+        >= top_p (scalar in (0, 1], may be traced), or None.
+
+    Returns:
+      ``(scores, ids)``: scores float32 [B, K] = z / T for the candidates, -inf for the
+      ones removed by top-p; ids int32 [B, K] their token ids, or None when no filter is
+      asked for (then K = V and the candidates are the vocabulary in order). The
+      sampling distribution is softmax(scores) over ids.
+    """
+    z = logits.astype(jnp.float32) / temperature
+    if top_k is None and top_p is None:
+        return z, None
+    k = z.shape[-1] if top_k is None else min(top_k, z.shape[-1])
+    scores, ids = lax.top_k(z, k)  # sorted descending
+    if top_p is not None:
+        probs = jax.nn.softmax(scores, axis=-1)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs  # mass of strictly better tokens
+        keep = (mass_before < top_p).at[:, 0].set(True)
+        scores = jnp.where(keep, scores, -jnp.inf)
+    return scores, ids.astype(jnp.int32)
+
+
+def sample_logits(logits: jax.Array, keys: jax.Array | None, temperature=0.0, *,
+                  top_k: int | None = None, top_p: float | jax.Array | None = None,
+                  greedy: bool | None = None) -> jax.Array:
+    """One token per row: int32 [B] from logits [B, V].
+
+    ``keys`` holds one PRNG key per row ([B] typed keys or uint32 [B, 2]); rows sample
+    independently. Greedy (argmax, ``keys`` unused) when ``greedy`` is True, or when it
+    is None and ``temperature`` is 0 (then ``temperature`` must be a Python number).
+    """
+    if greedy is None:
+        greedy = temperature == 0
+    if greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    scores, ids = sampling_candidates(logits, temperature, top_k=top_k, top_p=top_p)
+    choice = jax.vmap(jax.random.categorical)(keys, scores).astype(jnp.int32)
+    if ids is None:
+        return choice
+    return jnp.take_along_axis(ids, choice[:, None], axis=-1)[:, 0]
+
+
+def row_keys(rng: jax.Array, batch: int, step) -> jax.Array:
+    """Key of row b at decoding step ``step``: ``fold_in(fold_in(rng, b), step)``, [batch]."""
+    rows = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(rng, jnp.arange(batch))
+    return jax.vmap(jax.random.fold_in, in_axes=(0, None))(rows, step)
+
+
+def _token_logprob(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+    """log softmax(logits [B, V]) at tokens [B] -> float32 [B]."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+
+
+def _assemble(prompts, prompt_lengths, generated, num_generated, pad_id):
+    """Row b = prompts[b, :len_b] ++ generated[b, :num_generated_b] ++ pad: [B, P + N]."""
+    b, p = prompts.shape
+    n = generated.shape[1]
+    j = jnp.arange(p + n)[None, :]
+    start = prompt_lengths[:, None]
+    from_prompt = jnp.take_along_axis(prompts, jnp.minimum(j, p - 1).repeat(b, 0), axis=1)
+    gen_idx = jnp.clip(j - start, 0, max(n - 1, 0))
+    from_gen = (jnp.take_along_axis(generated, gen_idx, axis=1) if n
+                else jnp.zeros((b, p), prompts.dtype))
+    end = start + num_generated[:, None]
+    return jnp.where(j < start, from_prompt,
+                     jnp.where(j < end, from_gen, jnp.asarray(pad_id, prompts.dtype)))
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "graphdef", "max_new_tokens", "top_k", "greedy", "use_top_p", "return_logprobs", "pad_id"))
+def _generate(state, prompts, prompt_lengths, rng, temperature, top_p, stop_tokens, *,
+              graphdef, max_new_tokens: int, top_k, greedy: bool, use_top_p: bool,
+              return_logprobs: bool, pad_id: int) -> GenerateResult:
+    model = nnx.merge(graphdef, state)
+    b, p = prompts.shape
+    n = max_new_tokens
+    dtype = prompts.dtype
+
+    def choose(logits, step):
+        keys = None if greedy else row_keys(rng, b, step)
+        tok = sample_logits(logits, keys, temperature, top_k=top_k,
+                            top_p=top_p if use_top_p else None, greedy=greedy)
+        return tok.astype(dtype)
+
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    cache = model.init_cache(b, p + n - 1)
+    logits, cache = model(prompts, positions=positions, cache=cache,
+                          segment_ids=lengths_to_segment_ids(prompt_lengths, p))
+    last = jnp.take_along_axis(logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
+    tok = choose(last, 0)
+    out_tokens = jnp.full((b, n), pad_id, dtype).at[:, 0].set(tok)
+    out_logprobs = jnp.zeros((b, n), jnp.float32).at[:, 0].set(_token_logprob(last, tok))
+    done = jnp.isin(tok, stop_tokens)
+    count = jnp.ones((b,), jnp.int32)
+
+    def cond(carry):
+        i, _, _, done, *_ = carry
+        return (i < n) & ~jnp.all(done)
+
+    def body(carry):
+        # feed token i - 1 (slot p + i - 1, position len_b + i - 1), draw token i
+        i, tok, cache, done, out_tokens, out_logprobs, count = carry
+        logits, cache = model(tok[:, None], cache=cache,
+                              positions=(prompt_lengths + i - 1)[:, None])
+        new = jnp.where(done, jnp.asarray(pad_id, dtype), choose(logits[:, 0], i))
+        logprob = jnp.where(done, 0.0, _token_logprob(logits[:, 0], new))
+        out_tokens = lax.dynamic_update_slice_in_dim(out_tokens, new[:, None], i, axis=1)
+        out_logprobs = lax.dynamic_update_slice_in_dim(out_logprobs, logprob[:, None], i, 1)
+        count = count + (~done).astype(jnp.int32)
+        done = done | jnp.isin(new, stop_tokens)
+        return i + 1, new, cache, done, out_tokens, out_logprobs, count
+
+    carry = (jnp.int32(1), tok, cache, done, out_tokens, out_logprobs, count)
+    *_, out_tokens, out_logprobs, count = lax.while_loop(cond, body, carry)
+    tokens = _assemble(prompts, prompt_lengths, out_tokens, count, pad_id)
+    return GenerateResult(tokens, prompt_lengths + count,
+                          out_logprobs if return_logprobs else None)
+
+
+def _check_prompt_lengths(prompt_lengths, b: int, p: int) -> jax.Array:
+    if prompt_lengths is None:
+        return jnp.full((b,), p, jnp.int32)
+    lengths = jnp.asarray(prompt_lengths)
+    if lengths.shape != (b,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
+        raise ValueError(f"generate: `prompt_lengths` must be int [batch={b}], got "
+                         f"{lengths.dtype} {lengths.shape}")
+    if not isinstance(lengths, jax.core.Tracer):
+        lo, hi = int(np.min(lengths)), int(np.max(lengths))
+        if lo < 1 or hi > p:
+            raise ValueError(f"generate: `prompt_lengths` must lie in [1, P={p}], got "
+                             f"min {lo}, max {hi}")
+    return lengths.astype(jnp.int32)
+
+
+def generate(
+    model: DecoderLM,
+    prompts: jax.Array,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop_tokens=(),
+    rng: jax.Array | None = None,
+    prompt_lengths: jax.Array | None = None,
+    return_logprobs: bool = False,
+    pad_id: int = 0,
+) -> GenerateResult:
+    """Sample ``max_new_tokens`` tokens after each prompt of a ragged batch (one ``jax.jit``).
+
+    Args:
+      model: a :class:`~lcjax.nn.DecoderLM` (any attention variant that takes segment ids
+        or masks).
+      prompts: int [B, P], right-padded: row b's prompt is ``prompts[b, :prompt_lengths[b]]``
+        (what follows is ignored).
+      max_new_tokens: N >= 0, the number of tokens to generate per row (fewer when a row
+        emits a stop token).
+      temperature: T >= 0; 0 is greedy decoding (argmax; ``rng`` may be None, top-k/top-p
+        are moot). Otherwise tokens are drawn from softmax(z / T) after filtering.
+      top_k: int >= 1 or None: sample among the k most likely tokens only.
+      top_p: float in (0, 1] or None: nucleus sampling (applied after top-k); 1 = off.
+      stop_tokens: token ids that end a row; the stop token is kept and counted in
+        ``lengths``, everything after it is ``pad_id``.
+      rng: a JAX PRNG key (``jax.random.key`` or ``PRNGKey``), required when T > 0.
+      prompt_lengths: int [B] in [1, P]; default: every row has length P.
+      return_logprobs: also return the generated tokens' log-probabilities under the model.
+      pad_id: token written after each row's end (default 0).
+
+    Returns:
+      :class:`GenerateResult` ``(tokens [B, P + N], lengths [B], logprobs [B, N] | None)``.
+
+    The KV cache holds P + N - 1 slots (the last token is never fed back). Greedy decoding
+    of a row is the same whatever the other rows and the padding; so is sampling with a
+    given ``rng``, since row b uses the keys ``fold_in(fold_in(rng, b), step)``.
+    """
+    prompts = jnp.asarray(prompts)
+    if prompts.ndim != 2 or not jnp.issubdtype(prompts.dtype, jnp.integer) or not prompts.size:
+        raise ValueError(f"generate: `prompts` must be a non-empty int [batch, len] array, got "
+                         f"{prompts.dtype} {prompts.shape}")
+    b, p = prompts.shape
+    if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
+        raise ValueError(f"generate: `max_new_tokens` must be an int >= 0, got "
+                         f"{max_new_tokens!r}")
+    if not temperature >= 0:
+        raise ValueError(f"generate: `temperature` must be >= 0, got {temperature}")
+    if top_k is not None and (not isinstance(top_k, (int, np.integer)) or top_k < 1):
+        raise ValueError(f"generate: `top_k` must be an int >= 1 or None, got {top_k!r}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"generate: `top_p` must lie in (0, 1] or be None, got {top_p}")
+    greedy = temperature == 0
+    if not greedy and rng is None:
+        raise ValueError(f"generate: `rng` (a PRNG key) is required when temperature > 0, "
+                         f"got temperature={temperature} and rng=None")
+    stops = jnp.asarray(stop_tokens, jnp.int32).reshape(-1)
+    lengths = _check_prompt_lengths(prompt_lengths, b, p)
+    if max_new_tokens == 0:
+        empty = jnp.zeros((b, 0), prompts.dtype)
+        return GenerateResult(_assemble(prompts, lengths, empty, jnp.zeros_like(lengths), pad_id),
+                              lengths, jnp.zeros((b, 0), jnp.float32) if return_logprobs else None)
+    graphdef, state = nnx.split(model)
+    return _generate(
+        state, prompts, lengths, None if greedy else rng, jnp.float32(temperature),
+        jnp.float32(1.0 if top_p is None else top_p), stops,
+        graphdef=graphdef, max_new_tokens=int(max_new_tokens),
+        top_k=None if top_k is None else int(top_k), greedy=greedy,
+        use_top_p=top_p is not None and top_p < 1, return_logprobs=return_logprobs,
+        pad_id=int(pad_id),
+    )
