@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test reproduce reproduce-full bench bench-entmax lint clean venv
+.PHONY: test test-tfds reproduce reproduce-full gpu-check bench bench-entmax lint clean venv
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,11 +25,24 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest tests --nbmake notebooks
 
+# tensorflow-datasets is an optional extra (~200 MB); tests/test_tfds.py tests the adapter
+# on a stand-in without it, and on a tiny dataset it prepares itself with it
+test-tfds: $(STAMP)
+	$(PY) -m pip install --quiet -e ".[tfds]"
+	$(PY) -m pytest tests/test_tfds.py
+
+# every experiment's quick run (each prints its wall time against its quick budget;
+# 25 minutes in all on 2 CPUs); extra flags in ARGS, e.g. ARGS="--only lm_demo" or ARGS=--list
 reproduce: $(STAMP)
-	$(PY) experiments/reproduce.py --quick
+	$(PY) experiments/reproduce.py --quick $(ARGS)
 
 reproduce-full: $(STAMP)
-	$(PY) experiments/reproduce.py
+	$(PY) experiments/reproduce.py $(ARGS)
+
+# on a GPU/TPU machine: every Pallas kernel against its XLA path, timed, in one ~8-minute
+# command; writes reports/gpu/<date>-<device>.{json,md}. ARGS=--cpu-smoke on a laptop.
+gpu-check: $(STAMP)
+	$(PY) experiments/gpu_check.py $(ARGS)
 
 bench: $(STAMP)
 	$(VENV)/bin/lcjax bench attention

@@ -29,14 +29,30 @@ class Result:
     notes: str = ""
 
 
+# `make reproduce` (every experiment's quick run) must stay within this many seconds on the
+# development machine (2 CPUs); the experiments' quick budgets add up to at most this.
+TOTAL_QUICK_BUDGET_S = 25 * 60
+
+
 @dataclass(frozen=True)
 class Experiment:
-    """A registered experiment: ``run(quick, out_dir) -> Result``."""
+    """A registered experiment: ``run(quick, out_dir) -> Result``.
+
+    ``quick_budget_s``: the wall-clock seconds its quick run (``make reproduce``) may take on
+    the development machine; ``reproduce.py`` prints the measured time against it, and the
+    budgets of all experiments add up to at most :data:`TOTAL_QUICK_BUDGET_S`.
+    """
 
     name: str
     paper: str
     summary: str
     run: Callable[[bool, Path], Result]
+    quick_budget_s: float | None = None
+
+    def __post_init__(self):
+        if self.quick_budget_s is not None and not self.quick_budget_s > 0:
+            raise ValueError(f"Experiment {self.name!r}: `quick_budget_s` must be > 0 seconds, "
+                             f"got {self.quick_budget_s!r}")
 
 
 def write_json(path: Path, payload) -> None:

@@ -1,10 +1,18 @@
-"""Run every registered experiment and write ``reports/index.md`` (+ JSON and PNGs).
+"""Run the registered experiments and write ``reports/index.md`` (+ JSON and PNGs).
 
 Each folder ``experiments/<name>/`` with an ``experiment.py`` that defines
-``EXPERIMENT`` (an :class:`experiments.common.Experiment`) is one entry.
+``EXPERIMENT`` (an :class:`experiments.common.Experiment`) is one entry; nothing else
+lists them. In quick mode each experiment has a wall-clock budget (``quick_budget_s``,
+declared beside it); the runner prints every experiment's wall time against it, and the
+budgets add up to at most ``TOTAL_QUICK_BUDGET_S`` (25 minutes on the 2-CPU machine).
 
-    python experiments/reproduce.py --quick            # `make reproduce`
-    python experiments/reproduce.py --only lm_demo     # one experiment
+Every run writes ``reports/<name>/results.json``; ``index.md`` is rebuilt from all of
+them, so ``--only`` refreshes one experiment's section and keeps the others'.
+
+    python experiments/reproduce.py --quick                # `make reproduce`
+    python experiments/reproduce.py                        # the full runs
+    python experiments/reproduce.py --quick --only lm_demo,entmax
+    python experiments/reproduce.py --list
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import importlib
+import json
 import sys
 import time
 import traceback
@@ -21,78 +30,208 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from experiments.common import Claim, Experiment, Result, machine_info, write_json  # noqa: E402
+from experiments.common import (  # noqa: E402
+    TOTAL_QUICK_BUDGET_S,
+    Claim,
+    Experiment,
+    Result,
+    machine_info,
+    write_json,
+)
 
 
-def discover() -> list[Experiment]:
+def discover(folder: Path = ROOT / "experiments", package: str = "experiments"
+             ) -> list[Experiment]:
+    """The ``EXPERIMENT`` of every ``<folder>/<name>/experiment.py``, sorted by folder name."""
     found = []
-    for folder in sorted((ROOT / "experiments").iterdir()):
-        if (folder / "experiment.py").exists():
-            module = importlib.import_module(f"experiments.{folder.name}.experiment")
-            found.append(module.EXPERIMENT)
+    for sub in sorted(p for p in folder.iterdir() if (p / "experiment.py").exists()):
+        module = importlib.import_module(f"{package}.{sub.name}.experiment")
+        exp = getattr(module, "EXPERIMENT", None)
+        if not isinstance(exp, Experiment):
+            raise TypeError(f"{package}.{sub.name}.experiment must define EXPERIMENT, an "
+                            f"experiments.common.Experiment; got {type(exp).__name__}")
+        found.append(exp)
+    names = [e.name for e in found]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two experiments share a name: {names}")
     return found
 
 
-def _claims_table(rows: list[tuple[str, Claim]]) -> list[str]:
+def select(experiments: list[Experiment], only: list[str] | None) -> list[Experiment]:
+    """The experiments named in ``only`` (all when None); ValueError naming unknown ones."""
+    if not only:
+        return list(experiments)
+    known = [e.name for e in experiments]
+    unknown = [n for n in only if n not in known]
+    if unknown:
+        raise ValueError(f"--only: unknown experiment(s) {unknown}; known: {known}")
+    return [e for e in experiments if e.name in only]
+
+
+def budget_problems(experiments: list[Experiment]) -> list[str]:
+    """What is wrong with the quick budgets: missing ones, a total over the limit."""
+    problems = [f"{e.name} declares no quick_budget_s" for e in experiments
+                if e.quick_budget_s is None]
+    total = sum(e.quick_budget_s or 0 for e in experiments)
+    if total > TOTAL_QUICK_BUDGET_S:
+        problems.append(f"quick budgets add up to {total:.0f} s > {TOTAL_QUICK_BUDGET_S} s")
+    return problems
+
+
+def budget_verdict(seconds: float, budget: float | None, quick: bool) -> str:
+    """``within`` / ``OVER`` the quick budget, or why there is none to compare with."""
+    if not quick:
+        return "full run (no budget)"
+    if budget is None:
+        return "no quick budget declared"
+    return f"{'within' if seconds <= budget else 'OVER'} its {budget:.0f} s quick budget"
+
+
+def list_lines(experiments: list[Experiment]) -> list[str]:
+    """``--list``: name, quick budget, paper and summary of each experiment."""
+    lines = [f"{'name':<16} {'quick budget':>12}  paper — summary"]
+    for e in experiments:
+        budget = "-" if e.quick_budget_s is None else f"{e.quick_budget_s:.0f} s"
+        lines.append(f"{e.name:<16} {budget:>12}  {e.paper} — {e.summary}")
+    total = sum(e.quick_budget_s or 0 for e in experiments)
+    lines.append(f"{len(experiments)} experiments; quick budgets total {total:.0f} s "
+                 f"(limit {TOTAL_QUICK_BUDGET_S} s)")
+    return lines + [f"warning: {p}" for p in budget_problems(experiments)]
+
+
+def run_one(exp: Experiment, quick: bool, out: Path, command: str) -> tuple[dict, bool]:
+    """Run one experiment, write ``out/<name>/results.json``; returns (record, crashed)."""
+    print(f"== {exp.name}: {exp.summary}", flush=True)
+    start, crashed = time.perf_counter(), False
+    try:
+        res = exp.run(quick, out / exp.name)
+    except Exception:  # report and go on; the exit code says it failed
+        traceback.print_exc()
+        crashed = True
+        res = Result(claims=[Claim("experiment ran", "no exception", "crashed", False)])
+    seconds = time.perf_counter() - start
+    for c in res.claims:
+        print(f"   [{'HOLDS' if c.holds else 'FAILS'}] {c.claim}: ours {c.ours} "
+              f"(target {c.target})", flush=True)
+    verdict = budget_verdict(seconds, exp.quick_budget_s, quick)
+    print(f"   wall time {seconds:.0f} s ({verdict})", flush=True)
+    record = {
+        "name": exp.name, "paper": exp.paper, "summary": exp.summary,
+        "claims": res.claims, "numbers": res.numbers, "notes": res.notes,
+        "figures": [_relative(f, out) for f in res.figures], "seconds": seconds,
+        "quick": quick, "quick_budget_s": exp.quick_budget_s,
+        "within_budget": None if not quick or exp.quick_budget_s is None
+        else seconds <= exp.quick_budget_s,
+        "crashed": crashed, "command": command, "machine": machine_info(),
+    }
+    write_json(out / exp.name / "results.json", record)
+    return record, crashed
+
+
+def _relative(path: Path, out: Path) -> str:
+    path = Path(path)
+    try:
+        return path.resolve().relative_to(out.resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def load_records(out: Path, experiments: list[Experiment]) -> dict[str, dict | None]:
+    """Each experiment's last ``results.json`` under ``out`` (None when it has none)."""
+    records = {}
+    for exp in experiments:
+        path = out / exp.name / "results.json"
+        records[exp.name] = json.loads(path.read_text()) if path.exists() else None
+    return records
+
+
+def _claims_table(records: dict[str, dict | None]) -> list[str]:
     lines = ["| experiment | claim | target | ours | holds |", "|---|---|---|---|---|"]
-    for name, c in rows:
-        lines.append(f"| {name} | {c.claim} | {c.target} | {c.ours} | "
-                     f"{'yes' if c.holds else '**no**'} |")
+    for name, rec in records.items():
+        for c in (rec or {}).get("claims", []):
+            lines.append(f"| {name} | {c['claim']} | {c['target']} | {c['ours']} | "
+                         f"{'yes' if c['holds'] else '**no**'} |")
     return lines
 
 
-def write_index(out: Path, results: dict[str, tuple[Experiment, Result, float]], quick: bool):
-    info = machine_info()
-    lines = [
-        "# lcjax — reproduced claims",
-        "",
-        f"Generated {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M UTC} by "
-        f"`python experiments/reproduce.py{' --quick' if quick else ''}` on "
-        f"{info['platform']} ({info['cpu_count']} CPUs, jax {info['jax']}, "
-        f"backend {info['backend']}).",
-        "",
-    ]
-    rows = [(name, c) for name, (_, r, _) in results.items() for c in r.claims]
-    lines += _claims_table(rows) + [""]
-    for name, (exp, res, seconds) in results.items():
-        lines += [f"## {name} — {exp.paper}", "", exp.summary, "",
-                  f"Wall time: {seconds:.0f} s.", ""]
-        if res.notes:
-            lines += [res.notes, ""]
-        for fig in res.figures:
-            lines += [f"![{fig.stem}]({fig.relative_to(out).as_posix()})", ""]
-    (out / "index.md").write_text("\n".join(lines))
+def _section(exp: Experiment, rec: dict | None, out: Path) -> list[str]:
+    lines = [f"## {exp.name} — {exp.paper}", "", exp.summary, ""]
+    if rec is None:
+        return lines + ["Not run yet: `python experiments/reproduce.py --quick --only "
+                        f"{exp.name}`.", ""]
+    m = rec.get("machine", {})
+    verdict = budget_verdict(rec["seconds"], rec.get("quick_budget_s"), rec["quick"])
+    lines += [f"Wall time: {rec['seconds']:.0f} s ({verdict}); `{rec.get('command', '?')}` "
+              f"on {m.get('date', '?')}, {m.get('platform', '?')} "
+              f"({m.get('cpu_count', '?')} CPUs, jax {m.get('jax', '?')}, "
+              f"backend {m.get('backend', '?')}).", ""]
+    if rec.get("notes"):
+        lines += [rec["notes"], ""]
+    figures = rec.get("figures")
+    if figures is None:  # a results.json from before figures were recorded
+        figures = [p.relative_to(out).as_posix() for p in sorted((out / exp.name).glob("*.png"))]
+    for fig in figures:
+        lines += [f"![{Path(fig).stem}]({fig})", ""]
+    return lines
 
 
-def main(argv=None) -> int:
+def write_index(out: Path, experiments: list[Experiment]) -> Path:
+    """``out/index.md`` from every experiment's last results (each says how it was run)."""
+    records = load_records(out, experiments)
+    lines = ["# lcjax — reproduced claims", "",
+             f"Index rebuilt {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M UTC} from "
+             "`reports/<experiment>/results.json`; each section names the command, machine "
+             "and date of its numbers.", ""]
+    lines += _claims_table(records) + [""]
+    for exp in experiments:
+        lines += _section(exp, records[exp.name], out)
+    path = out / "index.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the quick set (make reproduce)")
-    parser.add_argument("--only", nargs="*", help="names of experiments to run")
+    parser.add_argument("--only", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
+                        help="comma-separated names of the experiments to run (see --list)")
+    parser.add_argument("--list", action="store_true",
+                        help="list the experiments and their quick budgets, run nothing")
     parser.add_argument("--out", type=Path, default=ROOT / "reports")
-    args = parser.parse_args(argv)
+    return parser, parser.parse_args(argv)
+
+
+def main(argv=None, experiments: list[Experiment] | None = None) -> int:
+    """The command line; ``experiments`` replaces discovery (tests pass fake ones)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser, args = parse_args(argv)
+    every = discover() if experiments is None else list(experiments)
+    if args.list:
+        print("\n".join(list_lines(every)))
+        return 0
+    try:
+        chosen = select(every, args.only)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.quick:
+        for problem in budget_problems(every):
+            print(f"warning: {problem}", flush=True)
+    command = "python experiments/reproduce.py " + " ".join(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    results, failed = {}, []
-    for exp in discover():
-        if args.only and exp.name not in args.only:
-            continue
-        print(f"== {exp.name}: {exp.summary}", flush=True)
-        start = time.perf_counter()
-        try:
-            res = exp.run(args.quick, args.out / exp.name)
-        except Exception:  # report and go on; the exit code says it failed
-            traceback.print_exc()
+    summary, failed = [], []
+    for exp in chosen:
+        record, crashed = run_one(exp, args.quick, args.out, command.strip())
+        summary.append((exp, record["seconds"]))
+        if crashed:
             failed.append(exp.name)
-            res = Result(claims=[Claim("experiment ran", "no exception", "crashed", False)])
-        seconds = time.perf_counter() - start
-        results[exp.name] = (exp, res, seconds)
-        for c in res.claims:
-            print(f"   [{'HOLDS' if c.holds else 'FAILS'}] {c.claim}: ours {c.ours} "
-                  f"(target {c.target})", flush=True)
-        write_json(args.out / exp.name / "results.json",
-                   {"claims": res.claims, "numbers": res.numbers, "seconds": seconds,
-                    "quick": args.quick, "machine": machine_info()})
-    write_index(args.out, results, args.quick)
-    print(f"wrote {args.out / 'index.md'}")
+    print("== wall times")
+    for exp, seconds in summary:
+        print(f"   {exp.name:<16} {seconds:7.0f} s  "
+              f"{budget_verdict(seconds, exp.quick_budget_s, args.quick)}")
+    total = sum(s for _, s in summary)
+    print(f"   {'total':<16} {total:7.0f} s" + (f"  (limit {TOTAL_QUICK_BUDGET_S} s)"
+                                              if args.quick else ""))
+    print(f"wrote {write_index(args.out, every)}")
     return 1 if failed else 0
 
 

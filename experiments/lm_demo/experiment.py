@@ -117,4 +117,5 @@ EXPERIMENT = Experiment(
     paper="foundation (no paper): training demo",
     summary="byte-level DecoderLM on Shakespeare vs byte Markov baselines",
     run=run,
+    quick_budget_s=600,  # `make reproduce` on 2 CPUs: measured 393 s (2026-11-29)
 )

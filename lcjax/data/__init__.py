@@ -16,6 +16,7 @@ from lcjax.data.pipeline import (
     num_windows,
     pack_stream,
 )
+from lcjax.data.tfds import FeatureSource, tfds_source
 from lcjax.data.tokenizer import BOS, EOS, PAD, VOCAB_SIZE, decode, decode_bytes, encode
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "PAD",
     "VOCAB_SIZE",
     "Document",
+    "FeatureSource",
     "decode",
     "decode_bytes",
     "encode",
@@ -37,5 +39,6 @@ __all__ = [
     "shakespeare_split",
     "shakespeare_works",
     "split_works",
+    "tfds_source",
     "work_id",
 ]
