@@ -161,10 +161,12 @@ def _section(exp: Experiment, rec: dict | None, out: Path) -> list[str]:
                         f"{exp.name}`.", ""]
     m = rec.get("machine", {})
     verdict = budget_verdict(rec["seconds"], rec.get("quick_budget_s"), rec["quick"])
-    lines += [f"Wall time: {rec['seconds']:.0f} s ({verdict}); `{rec.get('command', '?')}` "
-              f"on {m.get('date', '?')}, {m.get('platform', '?')} "
-              f"({m.get('cpu_count', '?')} CPUs, jax {m.get('jax', '?')}, "
-              f"backend {m.get('backend', '?')}).", ""]
+    command = rec.get("command") or ("python experiments/reproduce.py"
+                                     + (" --quick" if rec["quick"] else ""))
+    when = f" on {m['date']}" if m.get("date") else ""
+    lines += [f"Wall time: {rec['seconds']:.0f} s ({verdict}); `{command}`{when}, "
+              f"{m.get('platform', '?')} ({m.get('cpu_count', '?')} CPUs, "
+              f"jax {m.get('jax', '?')}, backend {m.get('backend', '?')}).", ""]
     if rec.get("notes"):
         lines += [rec["notes"], ""]
     figures = rec.get("figures")
