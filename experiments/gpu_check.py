@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import itertools
 import json
 import os
 import re
@@ -80,6 +81,7 @@ class Plan:
     repeats: int
     warmup: int = 1
     dtypes: tuple[str, ...] = ("float32", "bfloat16")
+    causal: tuple[bool, ...] = (True, False)
     time_dtype: str = "bfloat16"
     check_share: float = 0.4  # of the budget the correctness phase may use
 
@@ -207,8 +209,15 @@ def error_message(e: BaseException) -> str:
 def check_cases(spec, plan: Plan) -> list[tuple[str, bool]]:
     """(dtype, causal) pairs to check, most important first, within the kernel's features."""
     feats = spec.features_of(KERNEL)
-    causals = [c for c in (True, False) if (feats.causal if c else feats.non_causal)]
+    causals = [c for c in plan.causal if (feats.causal if c else feats.non_causal)]
     return [(d, c) for c in causals for d in plan.dtypes if d in feats.dtypes]
+
+
+def check_order(specs, plan: Plan) -> list[tuple[object, str, bool]]:
+    """(spec, dtype, causal) rows, every kernel's first case before any kernel's second, so a
+    phase cut short by the budget still covers each kernel's most important case."""
+    per_spec = [[(s, d, c) for d, c in check_cases(s, plan)] for s in specs]
+    return [row for rank in itertools.zip_longest(*per_spec) for row in rank if row]
 
 
 def check_one(spec, dtype: str, causal: bool, plan: Plan, seed: int = 0) -> dict:
@@ -239,21 +248,20 @@ def check_one(spec, dtype: str, causal: bool, plan: Plan, seed: int = 0) -> dict
 def run_checks(specs, plan: Plan, clock: Clock, report: Report) -> None:
     """Every (kernel, dtype, causal) row, until ``plan.check_share`` of the budget is used."""
     limit = plan.check_share * clock.budget_s
-    for spec in specs:
-        for dtype, causal in check_cases(spec, plan):
-            base = {"spec": spec.name, "dtype": dtype, "causal": causal}
-            if clock.elapsed() > limit:
-                report.add("correctness", {**base, "skipped": f"correctness phase past its "
-                                           f"{limit:.0f} s share of the budget"})
-                continue
-            report.set(current=f"check {spec.name} {dtype} causal={causal}")
-            try:
-                row = check_one(spec, dtype, causal, plan)
-            except Exception as e:  # a kernel that does not compile is a result, not a crash
-                row = {**base, "error": error_message(e)}
-                traceback.print_exc()
-            print(f"   check {format_check(row)}", flush=True)
-            report.add("correctness", row)
+    for spec, dtype, causal in check_order(specs, plan):
+        base = {"spec": spec.name, "dtype": dtype, "causal": causal}
+        if clock.elapsed() > limit:
+            report.add("correctness", {**base, "skipped": f"correctness phase past its "
+                                       f"{limit:.0f} s share of the budget"})
+            continue
+        report.set(current=f"check {spec.name} {dtype} causal={causal}")
+        try:
+            row = check_one(spec, dtype, causal, plan)
+        except Exception as e:  # a kernel that does not compile is a result, not a crash
+            row = {**base, "error": error_message(e)}
+            traceback.print_exc()
+        print(f"   check {format_check(row)}", flush=True)
+        report.add("correctness", row)
 
 
 def format_check(row: dict) -> str:
@@ -474,8 +482,14 @@ def parse_args(argv):
                    help="tiny shapes (interpret mode on CPU): keeps the script from rotting")
     p.add_argument("--specs", type=lambda s: [x for x in s.split(",") if x],
                    help="comma-separated kernels to check (default: every registered one)")
-    p.add_argument("--lengths", type=lambda s: tuple(int(x) for x in s.split(",")),
-                   help="comma-separated T to time (default 4096..65536; smoke: 32,64)")
+    p.add_argument("--lengths", type=lambda s: tuple(int(x) for x in s.split(",") if x),
+                   help="comma-separated T to time (default 4096..65536; smoke: 32,64); "
+                        "'' times nothing")
+    p.add_argument("--dtypes", type=lambda s: tuple(x for x in s.split(",") if x),
+                   help="comma-separated dtypes of the correctness checks "
+                        "(default float32,bfloat16)")
+    p.add_argument("--causal", choices=("both", "true", "false"), default="both",
+                   help="causal settings of the correctness checks (default both)")
     p.add_argument("--repeats", type=int, help="timed calls per row (default 5; smoke: 2)")
     p.add_argument("--out", type=Path, default=ROOT / "reports" / "gpu",
                    help="folder of the report")
@@ -484,8 +498,12 @@ def parse_args(argv):
 
 def make_plan(args) -> Plan:
     plan = SMOKE_PLAN if args.cpu_smoke else DEVICE_PLAN
-    if args.lengths:
+    if args.lengths is not None:
         plan = dataclasses.replace(plan, lengths=args.lengths)
+    if args.dtypes:
+        plan = dataclasses.replace(plan, dtypes=args.dtypes)
+    causal = {"both": (True, False), "true": (True,), "false": (False,)}[args.causal]
+    plan = dataclasses.replace(plan, causal=causal)
     if args.repeats:
         plan = dataclasses.replace(plan, repeats=args.repeats)
     return plan
