@@ -38,7 +38,7 @@ def _record(result, variant, seq_len):
 
 def test_files_written(result):
     files = result["files"]
-    assert sorted(files) == ["json", "md", "png"]
+    assert sorted(files) == ["attention", "json", "md"]  # attention: the PNG
     for path in files.values():
         assert os.path.getsize(path) > 0
     with open(files["json"]) as f:

@@ -1,9 +1,10 @@
 """``lcjax bench ...``: benchmark subcommands (``attention``, ``entmax``).
 
-    lcjax bench attention [--variants softmax,blockwise,jax] [--seq-lens 512,1024,...]
-        [--batch 1 --heads 8 --head-dim 64] [--causal/--no-causal] [--dtype float32]
-        [--repeats 5] [--warmup 1] [--backward/--no-backward]
+    lcjax bench attention [--variants softmax,bw=blockwise,entmax@xla] [--each-implementation]
+        [--seq-lens 512,1024,...] [--batch 1 --heads 8 --head-dim 64] [--causal/--no-causal]
+        [--dtype float32] [--repeats 5] [--warmup 1] [--backward/--no-backward]
         [--option blockwise:block_q=256] [--max-len jax=8192] [--out DIR] [--quick]
+        (default variants: every registered one, ``lcjax.attention.available()``)
     lcjax bench entmax [--quick] [--parts iterations,attention,sparsity,peer] [--out DIR]
         (see ``lcjax bench entmax --help`` and ``lcjax.bench.entmax``)
 """
@@ -41,7 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("attention", help="time, memory and error of attention variants",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--variants", type=_str_list, default=None,
-                   help="comma list of registered names or label=name (default: all registered)")
+                   help="comma list of [label=]name[@implementation] (default: every "
+                   "registered variant)")
+    p.add_argument("--each-implementation", action="store_true",
+                   help="one row per implementation of variants that have several")
     p.add_argument("--seq-lens", type=_int_list, default=None,
                    help=f"comma list of T (default {','.join(map(str, DEFAULT_SEQ_LENS))})")
     p.add_argument("--batch", type=int, default=1)
@@ -90,7 +94,8 @@ def config_from_args(args: argparse.Namespace) -> AttentionBenchConfig:
         variants=args.variants, seq_lens=seq_lens, batch=args.batch, heads=args.heads,
         kv_heads=args.kv_heads, head_dim=args.head_dim, causal=args.causal, dtype=args.dtype,
         repeats=repeats, warmup=args.warmup, backward=args.backward,
-        options=parse_options(args.option), max_len=_parse_max_len(args.max_len),
+        each_implementation=args.each_implementation, options=parse_options(args.option),
+        max_len=_parse_max_len(args.max_len),
         ref_max_len=args.ref_max_len, ref_slice=args.ref_slice, matmul_n=args.matmul_n,
         anchor=args.anchor, candidate=args.candidate, seed=args.seed, out_dir=out,
     )

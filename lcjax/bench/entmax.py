@@ -13,8 +13,9 @@ Four parts (``parts``), each reported in ``entmax.json`` / ``entmax.md`` and two
     0 for ``"sort"``, which is exact and is reported by its time instead). Rows are random
     scores ``σ·N(0, 1)`` of length ``row_len`` at several scales σ (σ is an inverse
     temperature), and attention score rows ``scale·q·kᵀ`` of a small ``lcjax.nn.DecoderLM``
-    trained in-process on the Shakespeare corpus for ``train_steps`` steps, on held-out text
-    (first and last layer, q and k captured from the model's own forward pass, after RoPE;
+    trained in-process through ``lcjax.train.train`` on the Shakespeare corpus for
+    ``train_steps`` steps (``lcjax.bench.trained``), on held-out text (first and last
+    layer, q and k captured from the model's own forward pass, after RoPE;
     causal, masked keys -inf; the query rows of the second half of each window, so that each
     row has between ``model_row_len/2`` and ``model_row_len`` keys). Independently of the
     solver's own test, the residual |Σ_i [(α-1)x_i - τ]₊² - 1| is recomputed in float64 from
@@ -23,11 +24,12 @@ Four parts (``parts``), each reported in ``entmax.json`` / ``entmax.md`` and two
     time of each method's mapping on the same rows, beside ``jax.nn.softmax``.
 
 ``attention`` (b)
-    ``lcjax.bench.attention`` timing (same harness, same random q, k, v, compile excluded,
-    median of ``repeats``) of ``entmax`` (α = 1.5, histogram solver) against ``softmax``
-    (dense reference, capped at ``dense_max_len``) and ``blockwise`` (online softmax),
-    forward and forward+backward, with XLA's compiled temporary memory; the ratios
-    entmax/blockwise and entmax/softmax per T.
+    Cases of the attention harness (``lcjax.bench.harness``: same random q, k, v, compile
+    excluded, median of ``repeats``, each variant's error against its spec reference, the
+    rerun command per row) of ``entmax`` (α = 1.5, histogram solver) against ``softmax``
+    (dense, capped at ``dense_max_len``) and ``blockwise`` (online softmax), forward and
+    forward+backward, with XLA's compiled temporary memory; the ratios entmax/blockwise
+    and entmax/softmax per T.
 
 ``sparsity`` (c)
     ``block_sparsity`` from ``entmax_attention(..., return_aux=True)`` (the fraction of
@@ -59,11 +61,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
-import json
-import os
-import shlex
-import statistics
-import time
 from collections.abc import Callable
 
 import jax
@@ -71,22 +68,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from lcjax import attention as attn
-from lcjax.bench.attention import (
-    AttentionBenchConfig,
-    make_inputs,
-    mib,
-    modified_files,
+from lcjax.bench import trained
+from lcjax.bench.attention import AttentionBenchConfig, cases, row_command
+from lcjax.bench.harness import Case, format_records, make_inputs, plot_records, run_cases
+from lcjax.bench.report import (
+    check,
+    command_line,
+    figure_title,
+    format_checks,
+    log_axes,
+    machine_line,
     ms,
-    run_attention_benchmark,
-    verdict,
+    pct,
+    ratio,
+    write_report,
 )
-from lcjax.bench.timing import (
-    compile_fn,
-    json_default,
-    machine_info,
-    temp_bytes,
-    time_compiled,
-)
+from lcjax.bench.timing import machine_info, time_interleaved
 from lcjax.entmax import entmax, entmax15, entmax_bisect, entmax_threshold, sparsemax
 
 __all__ = [
@@ -191,45 +188,6 @@ class EntmaxBenchConfig:
 
 
 # ----------------------------------------------------------------------------
-# Small helpers
-# ----------------------------------------------------------------------------
-def _check(name: str, value: float | None, label: str = "") -> dict:
-    target, op = TARGETS[name]
-    passed = None if value is None else bool(value >= target if op == ">=" else value <= target)
-    return {"name": name, "label": label or name, "value": value, "target": target, "op": op,
-            "pass": passed}
-
-
-def _timed_rounds(fns: dict[str, tuple[Callable, tuple, bool]], *, repeats: int,
-                  warmup: int) -> tuple[dict, dict]:
-    """Time several functions in interleaved rounds (one call of each per round), so that
-    a change of machine load hits all of them alike.
-
-    ``fns`` maps a name to ``(fn, args, jit)``: with ``jit`` the function is compiled first
-    (``compile_fn``; compile time and temp bytes reported), otherwise it is called as is
-    (a PyTorch function). Returns (name -> stats with ``median_s``, ``min_s``, ``times_s``,
-    ``compile_s``, ``temp_bytes``; name -> output of the last call)."""
-    calls, stats, outs = {}, {}, {}
-    for name, (fn, args, jit) in fns.items():
-        compile_s = temp = None
-        if jit:
-            fn, compile_s = compile_fn(fn, args)
-            temp = temp_bytes(fn)
-        calls[name] = (fn, args)
-        stats[name] = {"compile_s": compile_s, "temp_bytes": temp, "times_s": []}
-    if warmup > 0:
-        for fn, args in calls.values():
-            time_compiled(fn, args, repeats=warmup, warmup=0)
-    for _ in range(max(repeats, 1)):
-        for name, (fn, args) in calls.items():
-            times, outs[name] = time_compiled(fn, args, repeats=1, warmup=0)
-            stats[name]["times_s"] += times
-    for s in stats.values():
-        s["median_s"], s["min_s"] = statistics.median(s["times_s"]), min(s["times_s"])
-    return stats, outs
-
-
-# ----------------------------------------------------------------------------
 # (a) iterations
 # ----------------------------------------------------------------------------
 def iteration_summary(iterations, within: int = 2) -> dict:
@@ -296,7 +254,7 @@ def _time_mappings(rows, config: EntmaxBenchConfig) -> dict:
     """Median time of the α = 1.5 mapping by each method and of ``jax.nn.softmax``."""
     args = (jnp.asarray(rows),)
     fns = {name: (fn, args, True) for name, fn in _MAPPINGS.items()}
-    stats, _ = _timed_rounds(fns, repeats=config.repeats, warmup=config.warmup)
+    stats, _ = time_interleaved(fns, repeats=config.repeats, warmup=config.warmup)
     soft = stats["jax.nn.softmax"]["median_s"]
     return {name: {"median_s": s["median_s"], "times_s": s["times_s"],
                    "over_softmax": s["median_s"] / soft} for name, s in stats.items()}
@@ -347,10 +305,11 @@ def _iteration_line(source: dict) -> str:
 # ----------------------------------------------------------------------------
 # The trained model: training, held-out windows, captured q, k, v
 # ----------------------------------------------------------------------------
-def _train_model(config: EntmaxBenchConfig, log: Callable):
+def _train_cfgs(config: EntmaxBenchConfig):
+    """The DecoderLM and TrainConfig of the trained-model rows."""
     from lcjax.data import VOCAB_SIZE
     from lcjax.nn import DecoderConfig
-    from lcjax.train.loop import TrainConfig, train
+    from lcjax.train import TrainConfig
 
     model_cfg = DecoderConfig(
         vocab_size=VOCAB_SIZE, d_model=config.model_dim, num_layers=config.model_layers,
@@ -362,91 +321,31 @@ def _train_model(config: EntmaxBenchConfig, log: Callable):
         steps=config.train_steps, batch_size=config.train_batch,
         seq_len=config.train_seq_len, warmup_steps=min(100, config.train_steps // 10),
         seed=config.seed, eval_batches=4, progress=False)
+    return model_cfg, train_cfg
+
+
+def _train_model(config: EntmaxBenchConfig, log: Callable):
+    model_cfg, train_cfg = _train_cfgs(config)
     log(f"training DecoderLM ({config.model_layers} layers, d={config.model_dim}, "
         f"{config.model_heads} heads x {config.model_head_dim}, {config.model_attention}) "
         f"for {config.train_steps} steps on Shakespeare ...")
-    start = time.perf_counter()
-    res = train(model_cfg, train_cfg)
-    info = {
-        "model": {k: getattr(model_cfg, k) for k in (
-            "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim", "mlp_hidden",
-            "attention")},
-        "train": {k: getattr(train_cfg, k) for k in (
-            "steps", "batch_size", "seq_len", "lr", "warmup_steps", "seed")},
-        "train_s": time.perf_counter() - start,
-        "first_loss": res.losses[0] if res.losses else None,
-        "final_loss": res.losses[-1] if res.losses else None,
-        "eval": res.evals[-1] if res.evals else None,
-        "heldout": f"shakespeare_split({train_cfg.heldout_fraction}, "
-                   f"{train_cfg.split_seed}): works held out of training",
-    }
-    log(f"  trained in {info['train_s']:.0f} s: loss {info['first_loss']:.3f} -> "
-        f"{info['final_loss']:.3f}" + (f", held-out {info['eval']['eval_bpb']:.3f} bits/byte"
-                                       if info["eval"] else ""))
-    return res.model, info
+    return trained.train_model(model_cfg, train_cfg, log)
 
 
-def heldout_windows(seq_len: int, count: int) -> np.ndarray:
-    """``count`` int32 windows [count, seq_len] of the Shakespeare works that ``train``
-    holds out by default (packed ``BOS doc EOS ...``), evenly spaced over the stream."""
-    from lcjax.data import pack_stream, shakespeare_split
-    from lcjax.train.loop import TrainConfig
-
-    default = TrainConfig()
-    _, heldout = shakespeare_split(default.heldout_fraction, default.split_seed)
-    stream = pack_stream(heldout, seq_len)
-    n = (len(stream) - 1) // seq_len
-    if n < 1:
-        raise ValueError(f"held-out text is shorter than one window of {seq_len}")
-    starts = np.linspace(0, n - 1, num=min(count, n)).round().astype(int) * seq_len
-    return np.stack([stream[s:s + seq_len] for s in starts]).astype(np.int32)
-
-
-def capture_qkv(model, tokens) -> list[tuple]:
-    """Run ``model`` on ``tokens`` [B, T] eagerly and return, per layer, the (q, k, v,
-    scale) its attention variant received (after RoPE; scale resolved to 1/sqrt(D))."""
-    from lcjax.attention.core import default_scale
-
-    captured, originals = [], []
-    for block in model.blocks:
-        fn = block.attn.attention_fn
-        originals.append(fn)
-
-        def spy(q, k, v, *, scale=None, _fn=fn, **kw):
-            captured.append((q, k, v, default_scale(q.shape[-1], scale)))
-            return _fn(q, k, v, scale=scale, **kw)
-
-        block.attn.attention_fn = spy
-    try:
-        model(jnp.asarray(tokens))
-    finally:
-        for block, fn in zip(model.blocks, originals):
-            block.attn.attention_fn = fn
-    return captured
-
-
-def _score_rows(q, k, scale, causal: bool = True) -> np.ndarray:
-    """[B·H·T/2, S] float32 rows ``scale·q·kᵀ`` of the second half of the queries (masked
-    keys -inf)."""
-    heads, kv_heads = q.shape[2], k.shape[2]
-    k = jnp.repeat(k, heads // kv_heads, axis=2)
-    s = scale * jnp.einsum("BTHD,BSHD->BHTS", q.astype(jnp.float32), k.astype(jnp.float32),
-                           precision=jax.lax.Precision.HIGHEST)
-    t = s.shape[2]
-    if causal:
-        s = jnp.where(attn.causal_mask(t, s.shape[3])[None, None], s, -jnp.inf)
-    return np.asarray(s[:, :, t // 2:].reshape(-1, s.shape[-1]))
+def _windows(config: EntmaxBenchConfig, seq_len: int) -> np.ndarray:
+    """Held-out windows of the trained model's split."""
+    return trained.heldout_windows(seq_len, config.model_windows, _train_cfgs(config)[1])
 
 
 def _model_rows(model, config: EntmaxBenchConfig) -> dict[int, np.ndarray]:
-    tokens = heldout_windows(config.model_row_len, config.model_windows)
+    """Per layer (first, last): score rows of the second half of each window's queries."""
     layers = sorted({0, config.model_layers - 1})
     per_layer = {layer: [] for layer in layers}
-    for window in tokens:
-        captured = capture_qkv(model, window[None])
+    for window in _windows(config, config.model_row_len):
+        captured = trained.capture_qkv(model, window[None])
         for layer in layers:
             q, k, _, scale = captured[layer]
-            per_layer[layer].append(_score_rows(q, k, scale))
+            per_layer[layer].append(trained.score_rows(q, k, scale, from_row=q.shape[1] // 2))
     return {layer: np.concatenate(rows) for layer, rows in per_layer.items()}
 
 
@@ -478,17 +377,16 @@ def _sparsity_record(aux, within: int) -> dict:
 
 
 def _run_attention(config: EntmaxBenchConfig, log: Callable) -> dict:
+    """The attention cases of ``config.attention_config()``, and per T the entmax time
+    over blockwise and over softmax (forward, forward+backward)."""
     acfg = config.attention_config()
-    res = run_attention_benchmark(acfg, log=log)
-    for r in res["records"]:  # entmax is not softmax: its error vs the softmax reference
-        if r["name"] == "entmax":  # is a difference of mappings, not an error
-            r.pop("grad_max_abs_err", None)
-            if "max_abs_err" in r:
-                r["max_abs_diff_vs_softmax"] = r.pop("max_abs_err")
+    records = run_cases(cases(acfg), repeats=acfg.repeats, warmup=acfg.warmup,
+                        seed=acfg.seed, ref_max_len=acfg.ref_max_len, ref_slice=acfg.ref_slice,
+                        command=lambda case: row_command(acfg, case), log=log)
     rows = []
     for t in config.seq_lens:
         row = {"seq_len": t}
-        for r in res["records"]:
+        for r in records:
             if r["seq_len"] == t:
                 row[r["variant"]] = _timing_of(r)
         ent = row.get("entmax")
@@ -499,8 +397,7 @@ def _run_attention(config: EntmaxBenchConfig, log: Callable) -> dict:
                 row[f"{key}_entmax_over_{base}"] = (
                     ent[key]["median_s"] / b[key]["median_s"] if ok else None)
         rows.append(row)
-    return {"config": res["config"], "machine_matmul": res["matmul"], "rows": rows,
-            "records": res["records"]}
+    return {"config": dataclasses.asdict(acfg), "rows": rows, "records": records}
 
 
 def _timing_of(record: dict) -> dict:
@@ -514,11 +411,12 @@ def _timing_of(record: dict) -> dict:
 
 def _run_sparsity(config: EntmaxBenchConfig, model, log: Callable) -> dict:
     out = {"tiles": list(config.sparsity_tiles), "random": [], "model": []}
-    acfg = config.attention_config()
     for tile in config.sparsity_tiles:
         aux_fn = _aux_fn(config.causal, tile)
         for t in config.seq_lens:
-            q, k, v, _ = make_inputs(acfg, t)
+            case = Case("entmax", t, batch=config.batch, heads=config.heads,
+                        head_dim=config.head_dim, dtype=config.dtype, causal=config.causal)
+            q, k, v, _ = make_inputs(case, config.seed)
             rec = {"seq_len": t, "tile": tile,
                    **_sparsity_record(jax.device_get(aux_fn(q, k, v)), config.within)}
             out["random"].append(rec)
@@ -529,8 +427,8 @@ def _run_sparsity(config: EntmaxBenchConfig, model, log: Callable) -> dict:
     aux_fns = {}
     for t in config.model_sparsity_lens:
         auxes = {(layer, tile): [] for layer in layers for tile in config.sparsity_tiles}
-        for window in heldout_windows(t, config.model_windows):
-            captured = capture_qkv(model, window[None])
+        for window in _windows(config, t):
+            captured = trained.capture_qkv(model, window[None])
             for layer, tile in auxes:
                 q, k, v, scale = captured[layer]
                 if (tile, scale) not in aux_fns:
@@ -590,7 +488,7 @@ def _run_peer(config: EntmaxBenchConfig, log: Callable) -> dict:
         fns[f"torch {label}"] = (theirs, (xt,), False)
     log(f"peer: entmax {getattr(peer, '__version__', '?')}, torch {torch.__version__} "
         f"({torch.get_num_threads()} threads) on [{n}, {n}] float32 ...")
-    stats, outs = _timed_rounds(fns, repeats=config.repeats, warmup=config.warmup)
+    stats, outs = time_interleaved(fns, repeats=config.repeats, warmup=config.warmup)
     soft, soft_min = stats["ours softmax"]["median_s"], stats["ours softmax"]["min_s"]
     rows = []
     for label in pairs:
@@ -645,9 +543,7 @@ def run_entmax_benchmark(config: EntmaxBenchConfig, *, log: Callable = print) ->
             log(f"({letter}) {part} skipped: {reason}")
             result[part] = {"skipped": reason}
         else:
-            log(f"({letter}) {part} ..." + (" (on entmax lines, 'err' is the difference from "
-                                            "softmax attention, not an error)"
-                                            if part == "attention" else ""))
+            log(f"({letter}) {part} ...")
             result[part] = (_run_attention(config, log) if part == "attention"
                             else _run_sparsity(config, model, log))
     if "peer" in parts:
@@ -667,15 +563,17 @@ def checks(result: dict) -> list[dict]:
     for group in ("random", "model"):
         if group in pooled:
             s = pooled[group]["histogram"]
-            out.append(_check("histogram_within", s["within"],
+            out.append(check(TARGETS, "histogram_within", s["within"],
                               f"histogram solver rows in <= {s['within_steps']} steps "
                               f"({group} rows, {s['rows']})"))
     peer = result.get("peer", {})
     if "rows" in peer:
         row = {r["function"]: r for r in peer["rows"]}
-        out.append(_check("peer_entmax15_speedup", 1.0 / row["entmax15"]["ours_over_peer"],
+        out.append(check(TARGETS, "peer_entmax15_speedup",
+                         1.0 / row["entmax15"]["ours_over_peer"],
                           "our entmax15 speed-up over the entmax package's entmax15"))
-        out.append(_check("entmax15_over_softmax", row["entmax15"]["ours_over_jax_softmax"],
+        out.append(check(TARGETS, "entmax15_over_softmax",
+                         row["entmax15"]["ours_over_jax_softmax"],
                           "our entmax15 (histogram) time / jax.nn.softmax time"))
     return out
 
@@ -683,14 +581,6 @@ def checks(result: dict) -> list[dict]:
 # ----------------------------------------------------------------------------
 # Reports
 # ----------------------------------------------------------------------------
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
-
-
-def _ratio(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}"
-
-
 def _counts_text(summary: dict, top: int = 6) -> str:
     items = sorted(summary["counts"].items(), key=lambda kv: int(kv[0]))
     text = ", ".join(f"{k}:{v}" for k, v in items[:top])
@@ -706,14 +596,14 @@ def format_iterations(part: dict) -> str:
             r = s["methods"][m]
             lines.append(
                 f"| {s['source']} ({s['rows']}x{s['row_len']}) | {m} | {r['mean']:.2f} "
-                f"| {r['max']} | {_pct(r['within'])} | {_counts_text(r)} "
-                f"| {_pct(r['converged'])} | {r['residual_max']:.1e} |")
+                f"| {r['max']} | {pct(r['within'])} | {_counts_text(r)} "
+                f"| {pct(r['converged'])} | {r['residual_max']:.1e} |")
     for group, per in part["pooled"].items():
         for m in ("histogram", "bisect"):
             r = per[m]
             what = "all rows" if group == "all" else f"all {group} rows"
             lines.append(f"| **{what}** ({r['rows']}) | {m} | {r['mean']:.2f} "
-                         f"| {r['max']} | {_pct(r['within'])} | {_counts_text(r)} | | |")
+                         f"| {r['max']} | {pct(r['within'])} | {_counts_text(r)} | | |")
     return "\n".join(lines)
 
 
@@ -727,25 +617,14 @@ def format_mapping_times(part: dict) -> str:
 
 
 def format_attention(part: dict) -> str:
-    header = ("| T | softmax fwd ms | blockwise fwd ms | entmax fwd ms | entmax/blockwise "
-              "| entmax/softmax | softmax f+b ms | blockwise f+b ms | entmax f+b ms "
-              "| entmax/blockwise f+b | entmax/softmax f+b | temp MiB fwd s/b/e "
-              "| temp MiB f+b s/b/e |")
-    lines = [header, "|---" * 13 + "|"]
-    def get(r, variant, key, field="median_s"):
-        return ((r.get(variant) or {}).get(key) or {}).get(field)
-
+    """The attention records' table, then entmax's time over blockwise and softmax per T."""
+    lines = [format_records(part["records"]), "",
+             "| T | entmax/blockwise fwd | entmax/softmax fwd | entmax/blockwise f+b "
+             "| entmax/softmax f+b |", "|---|---|---|---|---|"]
     for r in part["rows"]:
-
-        cells = [str(r["seq_len"])]
-        for key in ("forward", "fwd_bwd"):
-            cells += [ms(get(r, v, key)) for v in ("softmax", "blockwise", "entmax")]
-            cells += [_ratio(r[f"{key}_entmax_over_blockwise"]),
-                      _ratio(r[f"{key}_entmax_over_softmax"])]
-        for key in ("forward", "fwd_bwd"):
-            cells.append(" / ".join(mib(get(r, v, key, "temp_bytes"))
-                                    for v in ("softmax", "blockwise", "entmax")))
-        lines.append("| " + " | ".join(cells) + " |")
+        cells = [ratio(r[f"{key}_entmax_over_{base}"]) for key in ("forward", "fwd_bwd")
+                 for base in ("blockwise", "softmax")]
+        lines.append(f"| {r['seq_len']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -756,7 +635,7 @@ def format_sparsity(part: dict) -> str:
         what = ("random q, k, v" if "layer" not in r
                 else f"model layer {r['layer']} ({r['windows']} windows)")
         lines.append(f"| {what} | {r['seq_len']} | {r['tile']}x{r['tile']} "
-                     f"| {r['block_sparsity']:.3f} | {_pct(r.get('iterations_within'))} "
+                     f"| {r['block_sparsity']:.3f} | {pct(r.get('iterations_within'))} "
                      f"| {r.get('iterations_max', '-')} |")
     return "\n".join(lines)
 
@@ -780,17 +659,6 @@ def format_peer(part: dict) -> str:
     return "\n".join(lines)
 
 
-def format_checks(items: list[dict]) -> str:
-    if not items:
-        return "Targets: none measured."
-    lines = ["Targets:"]
-    for c in items:
-        value = "n/a" if c["value"] is None else f"{c['value']:.4g}"
-        lines.append(f"  {c['label']}: {value}   target {c['op']} {c['target']:g}   "
-                     f"{verdict(c['pass'])}")
-    return "\n".join(lines)
-
-
 def format_summary(result: dict, *, markdown: bool = False) -> str:
     """Everything measured, as printed by ``lcjax bench entmax`` (``markdown``: with
     section headings, for ``entmax.md``)."""
@@ -807,7 +675,7 @@ def format_summary(result: dict, *, markdown: bool = False) -> str:
                  lambda p: format_iterations(p) + "\n\n" + RESIDUAL_NOTE
                  + "\n\nMapping time (median of interleaved calls):\n\n"
                  + format_mapping_times(p)),
-                ("attention", "(b) attention time (s = softmax, b = blockwise, e = entmax)",
+                ("attention", "(b) attention time, memory and error",
                  format_attention),
                 ("sparsity", "(c) block sparsity", format_sparsity),
                 ("peer", "(d) the PyPI entmax package", format_peer))
@@ -823,14 +691,12 @@ def format_summary(result: dict, *, markdown: bool = False) -> str:
 
 def _markdown(result: dict) -> str:
     m, cfg = result["machine"], result["config"]
-    head = [
+    lines = [
         "# α-entmax benchmark",
         "",
         f"Command: `{result['command']}`",
         "",
-        f"Machine: {m['platform']}, {m['usable_cpus']} usable CPUs ({m['cpu_count']} total), "
-        f"backend {m['backend']} ({m['device_kind']}), jax {m['jax']}, "
-        f"commit {m['git_commit']}{modified_files(m)}, {m['date']} to {m.get('finished')}.",
+        machine_line(m),
         "",
         f"Timing: median of {cfg['repeats']} after {cfg['warmup']} warm-up, compile "
         "excluded; in (a) and (d) the functions compared are interleaved round by round."
@@ -842,17 +708,18 @@ def _markdown(result: dict) -> str:
         format_summary(result, markdown=True),
         "",
     ]
-    head += [f"![{name}]({name}.png)\n" for name in _plots(result)]
-    return "\n".join(head)
+    lines += [f"![{name}]({name}.png)\n" for name in _plots(result)]
+    return "\n".join(lines)
 
 
-def _plots(result: dict) -> list[str]:
-    names = []
+def _plots(result: dict) -> dict:
+    """The PNGs this result has data for: name -> plot function."""
+    plots = {}
     if "iterations" in result:
-        names.append("entmax_iterations")
+        plots["entmax_iterations"] = _plot_iterations
     if any(k in result and "skipped" not in result[k] for k in ("attention", "sparsity")):
-        names.append("entmax_attention")
-    return names
+        plots["entmax_attention"] = _plot_attention
+    return plots
 
 
 def _plot_iterations(result: dict, path: str) -> None:
@@ -892,18 +759,7 @@ def _plot_attention(result: dict, path: str) -> None:
     (ax_t, ax_r), (ax_m, ax_s) = fig.subplots(2, 2)
     att = result.get("attention", {})
     if "rows" in att:
-        for i, variant in enumerate(("softmax", "blockwise", "entmax")):
-            for key, style in (("forward", "-"), ("fwd_bwd", "--")):
-                pts = [(r["seq_len"], r[variant][key]) for r in att["rows"]
-                       if (r.get(variant) or {}).get(key)]
-                if not pts:
-                    continue
-                ts = [t for t, _ in pts]
-                label = variant + ("" if key == "forward" else " fwd+bwd")
-                ax_t.plot(ts, [p["median_s"] for _, p in pts], style, marker="o",
-                          color=f"C{i}", label=label)
-                ax_m.plot(ts, [max(p["temp_bytes"] or 0, 1) / 2**20 for _, p in pts], style,
-                          marker="o", color=f"C{i}", label=label)
+        plot_records(ax_t, ax_m, att["records"])
         for j, base in enumerate(("blockwise", "softmax")):
             for key, style in (("forward", "-"), ("fwd_bwd", "--")):
                 pts = [(r["seq_len"], r[f"{key}_entmax_over_{base}"]) for r in att["rows"]
@@ -925,61 +781,18 @@ def _plot_attention(result: dict, path: str) -> None:
             ax_s.plot(*zip(*pts), styles.get(tile, "-"), marker="o",
                       color=f"C{whats.index(what)}", label=f"{what}, tiles {tile}x{tile}")
         ax_s.set_ylim(0, 1)
-    for ax, ylabel, log_y in ((ax_t, "median time (s)", True),
-                              (ax_r, "time ratio", True),
-                              (ax_m, "compiled temp memory (MiB)", True),
-                              (ax_s, "block sparsity (skipped tiles)", False)):
-        ax.set_xscale("log", base=2)
-        if log_y:
-            ax.set_yscale("log")
-        ax.set_xlabel("sequence length T")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    cfg = result["config"]
-    fig.suptitle(f"entmax (α=1.5) vs softmax attention, B={cfg['batch']} H={cfg['heads']} "
-                 f"D={cfg['head_dim']} {'causal' if cfg['causal'] else ''} {cfg['dtype']} "
-                 f"({result['machine']['backend']}, {result['machine']['usable_cpus']} CPUs)")
+    log_axes(ax_t, "median time (s)")
+    log_axes(ax_r, "time ratio")
+    log_axes(ax_m, "compiled temp memory (MiB)")
+    log_axes(ax_s, "block sparsity (skipped tiles)", log_y=False)
+    fig.suptitle(figure_title("entmax (α=1.5) vs softmax attention", result["config"],
+                              result["machine"]))
     fig.savefig(path, dpi=110)
 
 
 def write_entmax_reports(result: dict, out_dir: str) -> dict[str, str]:
     """Write ``entmax.json``, ``entmax.md`` and the PNGs into ``out_dir``."""
-    os.makedirs(out_dir, exist_ok=True)
-    files = {"json": os.path.join(out_dir, "entmax.json"),
-             "md": os.path.join(out_dir, "entmax.md")}
-    plotters = {"entmax_iterations": _plot_iterations, "entmax_attention": _plot_attention}
-    for name in _plots(result):
-        files[name] = os.path.join(out_dir, f"{name}.png")
-        plotters[name](result, files[name])
-    with open(files["md"], "w") as f:
-        f.write(_markdown(result))
-    with open(files["json"], "w") as f:
-        json.dump({**result, "files": files}, f, indent=2, default=json_default)
-    return files
-
-
-# ----------------------------------------------------------------------------
-# Rerunnable command
-# ----------------------------------------------------------------------------
-def config_to_command(config: EntmaxBenchConfig) -> str:
-    """The ``lcjax bench entmax`` command line that reruns ``config``."""
-    def nums(values):
-        return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
-
-    args = ["lcjax", "bench", "entmax", "--parts", ",".join(config.parts),
-            "--rows", str(config.rows), "--row-len", str(config.row_len),
-            "--scales", nums(config.scales), "--train-steps", str(config.train_steps),
-            "--model-windows", str(config.model_windows),
-            "--model-row-len", str(config.model_row_len),
-            "--model-sparsity-lens", nums(config.model_sparsity_lens),
-            "--seq-lens", nums(config.seq_lens), "--dense-max-len", str(config.dense_max_len),
-            "--sparsity-tiles", nums(config.sparsity_tiles),
-            "--peer-n", str(config.peer_n), "--repeats", str(config.repeats),
-            "--warmup", str(config.warmup), "--seed", str(config.seed),
-            "--out", config.out_dir or "none"]
-    return shlex.join(args)
+    return write_report(result, out_dir, "entmax", _markdown(result), _plots(result))
 
 
 # ----------------------------------------------------------------------------
@@ -987,6 +800,37 @@ def config_to_command(config: EntmaxBenchConfig) -> str:
 # ----------------------------------------------------------------------------
 def _tuple_of(kind):
     return lambda text: tuple(kind(x) for x in text.split(",") if x.strip())
+
+
+# (flag, parser, help): each sets the EntmaxBenchConfig field of the flag's name
+_FLAGS = (
+    ("--rows", int, "(a) random rows per scale"),
+    ("--row-len", int, "(a) random row length"),
+    ("--scales", _tuple_of(float), "(a) scales sigma of the N(0, 1) rows"),
+    ("--train-steps", int, "steps of the trained model; 0 = no model rows"),
+    ("--model-windows", int, "held-out windows fed to the model"),
+    ("--model-row-len", int, "(a) held-out window length for the model rows"),
+    ("--model-sparsity-lens", _tuple_of(int), "(c) window lengths on the trained model"),
+    ("--seq-lens", _tuple_of(int), "(b, c) sequence lengths T"),
+    ("--dense-max-len", int, "(b) longest T of the dense softmax"),
+    ("--sparsity-tiles", _tuple_of(int), "(c) square tile sizes whose sparsity is counted"),
+    ("--peer-n", int, "(d) rows = columns of the peer comparison"),
+    ("--repeats", int, "timed calls"),
+    ("--warmup", int, "untimed calls first"),
+    ("--seed", int, "random inputs"),
+)
+
+
+def _dest(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
+def config_to_command(config: EntmaxBenchConfig) -> str:
+    """The ``lcjax bench entmax`` command line that reruns ``config``."""
+    flags = [("--parts", config.parts)]
+    flags += [(flag, getattr(config, _dest(flag))) for flag, _, _ in _FLAGS]
+    return command_line(["lcjax", "bench", "entmax"],
+                        flags + [("--out", config.out_dir or "none")])
 
 
 def add_arguments(sub) -> None:
@@ -998,35 +842,16 @@ def add_arguments(sub) -> None:
                    help=f"comma list of {','.join(PARTS)} (default all)")
     p.add_argument("--quick", action="store_true",
                    help="small sizes (EntmaxBenchConfig.quick()); flags given override it")
-    for flag, kind, help_text in (
-        ("--rows", int, "(a) random rows per scale"),
-        ("--row-len", int, "(a) random row length"),
-        ("--scales", _tuple_of(float), "(a) scales sigma of the N(0, 1) rows"),
-        ("--train-steps", int, "steps of the trained model; 0 = no model rows"),
-        ("--model-windows", int, "held-out windows fed to the model"),
-        ("--model-row-len", int, "(a) held-out window length for the model rows"),
-        ("--model-sparsity-lens", _tuple_of(int), "(c) window lengths on the trained model"),
-        ("--seq-lens", _tuple_of(int), "(b, c) sequence lengths T"),
-        ("--dense-max-len", int, "(b) longest T of the dense softmax"),
-        ("--sparsity-tiles", _tuple_of(int), "(c) square tile sizes whose sparsity is counted"),
-        ("--peer-n", int, "(d) rows = columns of the peer comparison"),
-        ("--repeats", int, "timed calls"),
-        ("--warmup", int, "untimed calls first"),
-        ("--seed", int, "random inputs"),
-    ):
-        dest = flag[2:].replace("-", "_")
+    for flag, kind, help_text in _FLAGS:
         p.add_argument(flag, type=kind, default=None,
-                       help=f"{help_text} (default {getattr(d, dest)!r})")
+                       help=f"{help_text} (default {getattr(d, _dest(flag))!r})")
     p.add_argument("--out", default=d.out_dir,
                    help=f"report folder, 'none' writes no files (default {d.out_dir})")
 
 
 def config_from_args(args) -> EntmaxBenchConfig:
     """The configuration described by parsed ``bench entmax`` arguments."""
-    fields = ("parts", "rows", "row_len", "scales", "train_steps", "model_windows",
-              "model_row_len", "model_sparsity_lens", "seq_lens", "dense_max_len",
-              "sparsity_tiles", "peer_n",
-              "repeats", "warmup", "seed")
+    fields = ("parts",) + tuple(_dest(flag) for flag, _, _ in _FLAGS)
     given = {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
     given["out_dir"] = None if args.out.lower() in ("", "none") else args.out
     return EntmaxBenchConfig.quick(**given) if args.quick else EntmaxBenchConfig(**given)

@@ -28,8 +28,10 @@ __all__ = [
     "temp_bytes",
     "time_compiled",
     "measure",
+    "time_interleaved",
     "matmul_throughput",
     "machine_info",
+    "json_default",
 ]
 
 
@@ -64,6 +66,12 @@ def time_compiled(compiled, args: Sequence[Any], *, repeats: int, warmup: int):
     return times, out
 
 
+def _summary(times: list[float], **extra) -> dict:
+    """``{**extra, median_s, min_s, times_s}`` of a list of seconds."""
+    return {**extra, "median_s": statistics.median(times), "min_s": min(times),
+            "times_s": times}
+
+
 def measure(fn: Callable, args: Sequence[Any], *, repeats: int, warmup: int):
     """Compile, then time ``fn`` on ``args``.
 
@@ -72,14 +80,36 @@ def measure(fn: Callable, args: Sequence[Any], *, repeats: int, warmup: int):
     """
     compiled, compile_s = compile_fn(fn, args)
     times, out = time_compiled(compiled, args, repeats=repeats, warmup=warmup)
-    stats = {
-        "compile_s": compile_s,
-        "median_s": statistics.median(times),
-        "min_s": min(times),
-        "times_s": times,
-        "temp_bytes": temp_bytes(compiled),
-    }
-    return stats, out
+    return _summary(times, compile_s=compile_s, temp_bytes=temp_bytes(compiled)), out
+
+
+def time_interleaved(fns: dict[str, tuple[Callable, Sequence[Any], bool]], *, repeats: int,
+                     warmup: int) -> tuple[dict, dict]:
+    """Time several functions in interleaved rounds (one call of each per round), so that
+    a change of machine load hits all of them alike.
+
+    ``fns`` maps a name to ``(fn, args, jit)``: with ``jit`` the function is compiled first
+    (compile time and temp bytes reported), otherwise called as is (e.g. a PyTorch
+    function; ``compile_s`` and ``temp_bytes`` None). Returns (name -> stats as
+    :func:`measure`'s, name -> output of the last call).
+    """
+    calls, extra, times, outs = {}, {}, {}, {}
+    for name, (fn, args, jit) in fns.items():
+        compile_s = temp = None
+        if jit:
+            fn, compile_s = compile_fn(fn, args)
+            temp = temp_bytes(fn)
+        calls[name], extra[name], times[name] = (fn, args), (compile_s, temp), []
+    for fn, args in calls.values():
+        if warmup > 0:
+            time_compiled(fn, args, repeats=warmup, warmup=0)
+    for _ in range(max(repeats, 1)):
+        for name, (fn, args) in calls.items():
+            seconds, outs[name] = time_compiled(fn, args, repeats=1, warmup=0)
+            times[name] += seconds
+    stats = {name: _summary(times[name], compile_s=c, temp_bytes=t)
+             for name, (c, t) in extra.items()}
+    return stats, outs
 
 
 def matmul_throughput(n: int = 2048, *, repeats: int = 5, warmup: int = 1, seed: int = 0):
