@@ -17,7 +17,8 @@ named ``"pallas"`` is a kernel; adding a kernel to the registry adds it here. Fo
 
 The run is one command that fits a time budget (``--time-budget`` seconds from start):
 a measurement is skipped (and the reason recorded) when the previous length's time,
-scaled by (T/T_prev)², would not fit what is left, when a shorter length already failed
+scaled by (T/T_prev)² (and never less than the slowest compile so far), would not fit
+what is left, when a shorter length already failed
 (out of memory, say), or when XLA's compiled temporaries exceed the device memory. The
 report ``reports/gpu/<date>-<device>.{json,md}`` is rewritten after every row, and a
 watchdog thread writes it and exits at budget + ``--grace`` seconds, so a run that is cut
@@ -329,18 +330,20 @@ def measure_row(fn, args, plan: Plan, clock: Clock) -> dict:
 
 
 def skip_reason(prev: dict | None, measured: dict | None, length: int, plan: Plan,
-                clock: Clock) -> str | None:
+                clock: Clock, floor_s: float = 0.0) -> str | None:
     """Why a measurement at ``length`` is not taken, or None.
 
     prev: the last row of this variant and mode (at a shorter T); measured: the last one of
-    them that was timed, which the time estimate scales."""
+    them that was timed, which the time estimate scales; floor_s: the least a measurement
+    is expected to take (the slowest compile so far: a variant timed for the first time
+    has nothing to scale)."""
     if prev is not None and "error" in prev:
         return f"not run: T={prev['T']} already failed"
     if prev is not None and "GiB" in prev.get("skipped", ""):
         return f"not run: T={prev['T']} already exceeded the device memory"
     if clock.remaining() <= 0:
         return f"time budget of {clock.budget_s:.0f} s spent"
-    need = estimate_s(measured, length, plan.warmup + 1)
+    need = max(estimate_s(measured, length, plan.warmup + 1), floor_s)
     if need > clock.remaining():
         return (f"time budget: estimated {need:.0f} s > {clock.remaining():.0f} s left of "
                 f"{clock.budget_s:.0f} s")
@@ -360,7 +363,9 @@ def run_timing(specs, plan: Plan, clock: Clock, report: Report, causal: bool = T
                 key = (label, impl, mode)
                 row = {"spec": label, "implementation": impl, "mode": mode, "T": length,
                        "shape": list(shape), "dtype": plan.time_dtype, "causal": causal}
-                reason = skip_reason(last.get(key), measured.get(key), length, plan, clock)
+                floor_s = max((r["compile_s"] for r in measured.values()), default=0.0)
+                reason = skip_reason(last.get(key), measured.get(key), length, plan, clock,
+                                     floor_s)
                 if reason is None:
                     report.set(current=f"time {label}[{impl}] {mode} T={length}")
                     row.update(time_one(make(causal), mode, (q, k, v, c), plan, clock))

@@ -152,6 +152,8 @@ def test_estimate_and_skip_rules():
     assert gpu_check.skip_reason(prev, prev, 2048, plan, roomy) is None
     assert "estimated 6 s > " in gpu_check.skip_reason(prev, prev, 2048, plan, tight)
     assert "spent" in gpu_check.skip_reason(None, None, 2048, plan, spent)
+    assert gpu_check.skip_reason(None, None, 2048, plan, tight, floor_s=4.0) is None
+    assert "estimated 9 s" in gpu_check.skip_reason(None, None, 2048, plan, tight, floor_s=9.0)
     failed = {"T": 1024, "error": "RESOURCE_EXHAUSTED"}
     assert "T=1024 already failed" in gpu_check.skip_reason(failed, prev, 2048, plan, roomy)
     big = {"T": 1024, "skipped": "needs 200.0 GiB of temporaries > 139.0 GiB on the device"}
