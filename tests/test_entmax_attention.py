@@ -343,16 +343,17 @@ def test_bad_shapes_raise_and_pallas_needs_the_kernel():
 # ----------------------------------------------------------------------------
 def test_flax_learnable_alpha_receives_gradient():
     kw = dict(d_model=16, num_heads=4, num_kv_heads=2, head_dim=8, attention="entmax")
-    learned = Attention(**kw, learn_alpha=True, rngs=nnx.Rngs(0))
-    assert learned.alpha_raw[...].shape == (4,)
-    np.testing.assert_allclose(learned.alpha_raw[...], 0.0, atol=1e-6)  # α = 1.5
+    learned = Attention(**kw, learn=("alpha",), rngs=nnx.Rngs(0))
+    assert learned.variant_params.alpha_raw[...].shape == (4,)
+    np.testing.assert_allclose(learned.variant_params.alpha_raw[...], 0.0, atol=1e-6)  # α=1.5
     x = _normal(0, (2, 7, 16))
     pos = jnp.arange(7)
     grads = nnx.jit(nnx.grad(lambda m: jnp.sum(m(x, pos)[0] ** 2)))(learned)
-    g = grads.alpha_raw[...]
+    g = grads.variant_params.alpha_raw[...]
     assert g.shape == (4,) and bool(jnp.all(jnp.isfinite(g))) and bool(jnp.all(g != 0))
     init = Attention(**kw, learn_alpha=True, attention_options={"alpha": 1.8},
-                     rngs=nnx.Rngs(0))
-    np.testing.assert_allclose(1 + jax.nn.sigmoid(init.alpha_raw[...]), 1.8, rtol=1e-6)
+                     rngs=nnx.Rngs(0))  # the deprecated alias of learn=("alpha",)
+    np.testing.assert_allclose(1 + jax.nn.sigmoid(init.variant_params.alpha_raw[...]), 1.8,
+                               rtol=1e-6)
     with pytest.raises(ValueError, match="learn_alpha"):
         Attention(**{**kw, "attention": "softmax"}, learn_alpha=True, rngs=nnx.Rngs(0))

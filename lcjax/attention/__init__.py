@@ -19,6 +19,7 @@ from lcjax.attention.core import (
 from lcjax.attention.entmax import entmax_attention, sparsemax_attention
 from lcjax.attention.registry import available, get, register, spec, specs, unregister
 from lcjax.attention.spec import AttentionSpec, Features, Implementation
+from lcjax.attention.weights import attention_scores, attention_weights, variant_weights
 
 
 def jax_dot_product_attention(q, k, v, *, causal=False, mask=None, scale=None):
@@ -72,6 +73,7 @@ register(AttentionSpec(
     "entmax", reference=entmax_attention, implementations=(
         Implementation("xla", entmax_attention),), aux=_ENTMAX_AUX,
     test_options={"block_q": 8, "block_kv": 8},
+    params="lcjax.nn.variant_params:learnable_alpha",
     description="alpha-entmax sparse attention (AdaSplash-2)"))
 register(AttentionSpec(
     "sparsemax", reference=sparsemax_attention, implementations=(
@@ -86,6 +88,8 @@ __all__ = [
     "specs",
     "unregister",
     "available",
+    "attention_scores",
+    "attention_weights",
     "blockwise_attention",
     "build_mask",
     "causal_mask",
@@ -96,6 +100,7 @@ __all__ = [
     "lengths_to_segment_ids",
     "merge_attention",
     "register",
+    "variant_weights",
     "segment_mask",
     "sparsemax_attention",
     "validate_qkv",

@@ -102,6 +102,15 @@ class AttentionSpec:
     ``test_options``: keyword options the conformance suite and benchmarks pass on every
     call (e.g. small block sizes so tiny shapes exercise several blocks).
     ``tolerance``: absolute forward tolerance against ``reference`` per dtype name.
+    ``params``: the variant's parameter factory, ``params(config, *, rngs) -> nnx.Module
+    | None`` (or ``"package.module:attr"`` naming it, imported on first use, so a spec
+    here can name a factory under ``lcjax.nn`` without an import cycle).
+    ``lcjax.nn.Attention`` calls it once per layer with a ``lcjax.nn.VariantConfig``
+    (sizes, dtypes, static options, ``learn``: the names the user asked to learn) and
+    keeps the module; on every call the module gets ``x=, q=, k=, v=, positions=`` as
+    keywords and returns a dict of keyword options for the variant, overriding static
+    options of the same name (entmax: ``{"alpha": α [H]}``). The full protocol is in
+    ``lcjax.nn.variant_params``.
     """
 
     name: str
@@ -109,7 +118,7 @@ class AttentionSpec:
     implementations: tuple[Implementation, ...]
     features: Features = Features()
     aux: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    params: Callable[..., Any] | None = None
+    params: Callable[..., Any] | str | None = None
     test_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     tolerance: Mapping[str, float] = dataclasses.field(
         default_factory=lambda: {"float64": 1e-10, "float32": 2e-5, "bfloat16": 3e-2,

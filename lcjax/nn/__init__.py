@@ -7,18 +7,26 @@
 
 from lcjax.nn.attention import (
     Attention,
+    AttentionTap,
     KVCache,
     attend,
     cache_mask,
+    capture_attention,
     init_kv_cache,
     update_kv_cache,
 )
 from lcjax.nn.decoder import DecoderBlock, DecoderCache, DecoderConfig, DecoderLM
 from lcjax.nn.layers import RMSNorm, SwiGLU, rms_norm
 from lcjax.nn.sampling import GenerateResult, generate, sample_logits, sampling_candidates
+from lcjax.nn.variant_params import LearnableAlpha, VariantConfig, learnable_alpha
 
 __all__ = [
     "Attention",
+    "AttentionTap",
+    "LearnableAlpha",
+    "VariantConfig",
+    "capture_attention",
+    "learnable_alpha",
     "DecoderBlock",
     "DecoderCache",
     "DecoderConfig",

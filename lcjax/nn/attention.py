@@ -6,10 +6,23 @@
     y = o W_o  [B, T, D_model]
 
 ``attention`` is a registry name (``lcjax.attention.get``) or any callable under the
-attention contract. Padding and packing use segment ids (negative = padding): they
-are handed to the variant natively when its signature takes ``q_segment_ids`` /
-``kv_segment_ids`` (no dense mask is built, which matters for long sequences), and
-folded into ``mask`` otherwise.
+attention contract. What a variant can do comes from its spec (``AttentionSpec``); a
+plain callable has no spec, so it gets the contract alone. Padding and packing use
+segment ids (negative = padding): they are handed to the variant natively when its spec
+says ``features.segment_ids`` (no dense mask is built, which matters for long
+sequences), and folded into ``mask`` otherwise (always, for a plain callable).
+
+Variant parameters: a spec's ``params`` factory builds an ``nnx.Module``
+(``attn.variant_params``) whose call returns extra keyword options for the variant
+(``lcjax.nn.variant_params`` documents the protocol; e.g. a learnable per-head α for
+entmax with ``learn=("alpha",)``).
+
+Taps (:class:`AttentionTap`, identity modules: the output is unchanged; disabled, the
+default, they compute nothing): ``attn.attention_weights`` sows the dense attention
+weights [B, H, T, S] of the variant on the same q, k; ``attn.attention_inputs`` sows the
+``{"q", "k", "v", "scale"}`` the variant receives (after RoPE). Read them with
+:func:`capture_attention` (``capture_attention(model, tokens)`` -> per-layer weights),
+no monkey-patching needed.
 
 The KV cache is a pytree (:class:`KVCache`) passed in and returned, so decoding works
 under ``jax.jit``. New keys/values are written at ``cache.index``. Empty slots carry
@@ -20,8 +33,8 @@ the index (a traced value).
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -30,12 +43,15 @@ from flax import nnx
 from flax.core import FrozenDict
 from jax import lax
 
-from lcjax.attention import build_mask, causal_mask, get
-from lcjax.entmax import alpha_from_param
+from lcjax.attention import AttentionSpec, build_mask, causal_mask, get
+from lcjax.attention.core import default_scale
+from lcjax.attention.weights import variant_weights
 from lcjax.nn.layers import dense_init
+from lcjax.nn.variant_params import VariantConfig, build_variant_params
 from lcjax.rope import apply_rope
 
-__all__ = ["Attention", "KVCache", "init_kv_cache", "update_kv_cache", "cache_mask", "attend"]
+__all__ = ["Attention", "AttentionTap", "KVCache", "init_kv_cache", "update_kv_cache",
+           "cache_mask", "attend", "capture_attention", "takes_segment_ids"]
 
 
 class KVCache(NamedTuple):
@@ -91,13 +107,10 @@ def cache_mask(index: jax.Array, q_len: int, kv_len: int, *,
     return causal_mask(q_len, kv_len, q_offset=index)[None, None]
 
 
-def _takes_segment_ids(fn: Callable) -> bool:
-    """Whether ``fn`` accepts ``q_segment_ids`` and ``kv_segment_ids`` keywords."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return "q_segment_ids" in params and "kv_segment_ids" in params
+def takes_segment_ids(fn: Callable) -> bool:
+    """Whether variant ``fn`` takes ``q_segment_ids`` / ``kv_segment_ids`` natively: its
+    spec's ``features.segment_ids``; False for a plain callable (not in the contract)."""
+    return isinstance(fn, AttentionSpec) and fn.features.segment_ids
 
 
 def attend(
@@ -115,17 +128,58 @@ def attend(
 ) -> jax.Array:
     """Call variant ``fn`` on q [B, T, H, D], k, v [B, S, Hkv, D] -> [B, T, H, D].
 
-    Segment ids (int [B, T], [B, S]) go to ``fn`` natively if it takes them, else
-    they are folded into ``mask`` (bool, broadcastable to [B, H, T, S]).
+    Segment ids (int [B, T], [B, S]) go to ``fn`` natively if its spec supports them
+    (:func:`takes_segment_ids`), else they are folded into ``mask`` (bool,
+    broadcastable to [B, H, T, S]).
     """
     options = dict(options or {})
     if q_segment_ids is not None:
-        if _takes_segment_ids(fn):
+        if takes_segment_ids(fn):
             options.update(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
         else:
             mask = build_mask(q.shape[1], k.shape[1], mask=mask,
                               q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
     return fn(q, k, v, causal=causal, mask=mask, scale=scale, **options)
+
+
+def _learn_names(learn: Sequence[str], learn_alpha: bool) -> tuple[str, ...]:
+    """``learn`` as a tuple of names, with the deprecated ``learn_alpha`` folded in."""
+    if isinstance(learn, str):
+        raise ValueError(f"Attention: `learn` must be a sequence of names, e.g. "
+                         f"({learn!r},), got the string {learn!r}")
+    learn = tuple(learn)
+    if learn_alpha:
+        warnings.warn("Attention(learn_alpha=True) is deprecated; use learn=('alpha',)",
+                      DeprecationWarning, stacklevel=3)
+        learn = learn if "alpha" in learn else (*learn, "alpha")
+    return learn
+
+
+TAPS = ("weights", "inputs")
+
+
+class AttentionTap(nnx.Module):
+    """An identity module that records what it is given (gemma's ``attention_weights``).
+
+    :class:`Attention` holds two: ``attention_weights`` (``name="weights"``) and
+    ``attention_inputs`` (``name="inputs"``). Only when ``enabled`` does the layer compute
+    the tapped value — weights: its variant's dense weights w [B, H, T, S] (float32; each
+    row sums to 1 over the keys the query sees, or is 0) on the same q, k; inputs:
+    ``{"q": [B, T, H, D], "k", "v": [B, S, Hkv, D], "scale": float}`` as the variant gets
+    them — and call this module, which sows it as ``nnx.Intermediate`` ``name`` (one entry
+    per call) and returns it unchanged. Read with :func:`capture_attention` or
+    ``nnx.capture(model, nnx.Intermediate)``; toggle on a whole model with
+    ``model.set_attributes(AttentionTap, enabled=True)``.
+    """
+
+    def __init__(self, name: str, *, enabled: bool = False):
+        if name not in TAPS:
+            raise ValueError(f"AttentionTap: `name` must be one of {TAPS}, got {name!r}")
+        self.name, self.enabled = name, bool(enabled)
+
+    def __call__(self, value):
+        self.sow(nnx.Intermediate, self.name, value)
+        return value
 
 
 class Attention(nnx.Module):
@@ -142,10 +196,16 @@ class Attention(nnx.Module):
       scale: softmax scale, default 1/sqrt(D).
       rope_base, rope_layout: RoPE frequency base and layout ("half" | "interleaved");
         ``use_rope=False`` disables RoPE.
-      learn_alpha: for a variant with an ``alpha`` keyword ("entmax"): hold a raw
-        ``nnx.Param`` [num_heads] and pass ``alpha = lcjax.entmax.alpha_from_param(raw)``
-        (α ∈ [1.01, 2] per head) on every call; ``attention_options["alpha"]`` (a number
-        in [1.01, 2), default 1.5) is then the initial α.
+      learn: names of variant quantities to learn, built by the spec's ``params``
+        factory (``lcjax.nn.variant_params``); e.g. ``("alpha",)`` for "entmax": a raw
+        ``nnx.Param`` [num_heads] with ``alpha = lcjax.entmax.alpha_from_param(raw)``
+        (α ∈ [1.01, 2] per head) passed on every call, ``attention_options["alpha"]`` (a
+        number in [1.01, 2), default 1.5) being the initial α. A spec whose variant
+        always has parameters (a toy temperature, prototypes, gates) builds them with
+        ``learn=()``. The module is ``self.variant_params`` (None when there is none).
+      capture_weights, capture_inputs: enable the taps ``self.attention_weights`` /
+        ``self.attention_inputs`` (:class:`AttentionTap`); see :func:`capture_attention`.
+      learn_alpha: deprecated alias of ``learn=("alpha",)``.
     """
 
     def __init__(
@@ -164,6 +224,9 @@ class Attention(nnx.Module):
         use_rope: bool = True,
         dtype=jnp.float32,
         param_dtype=jnp.float32,
+        learn: Sequence[str] = (),
+        capture_weights: bool = False,
+        capture_inputs: bool = False,
         learn_alpha: bool = False,
         rngs: nnx.Rngs,
     ):
@@ -179,26 +242,10 @@ class Attention(nnx.Module):
                 f"Attention: rope_layout must be 'half' or 'interleaved', got {rope_layout!r}"
             )
         self.attention_fn = get(attention)  # ValueError for an unknown name
-        options = dict(attention_options or {})
-        alpha_raw = None
-        if learn_alpha:
-            try:
-                fn = getattr(self.attention_fn, "implementations", None)
-                fn = fn[-1].fn if fn else self.attention_fn
-                takes_alpha = "alpha" in inspect.signature(fn).parameters
-            except (TypeError, ValueError):
-                takes_alpha = False
-            alpha0 = float(options.pop("alpha", 1.5))
-            if not takes_alpha or not 1.01 <= alpha0 < 2.0:
-                raise ValueError(
-                    f"Attention: learn_alpha needs a variant with an `alpha` keyword (e.g. "
-                    f"'entmax') and an initial alpha in [1.01, 2), got {attention!r}, "
-                    f"alpha={alpha0}"
-                )
-            raw0 = jnp.log(alpha0 - 1.0) - jnp.log(2.0 - alpha0)  # alpha_from_param⁻¹
-            alpha_raw = nnx.Param(jnp.full((num_heads,), raw0, param_dtype))
-        self.alpha_raw = alpha_raw
-        self.attention_options = FrozenDict(options)  # hashable: static
+        options = FrozenDict(attention_options or {})
+        learn = _learn_names(learn, learn_alpha)
+        if capture_weights:
+            self._weights_fn()  # ValueError now if the variant's weights are unknown
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.causal, self.scale, self.use_rope = causal, scale, use_rope
         self.rope_base, self.rope_layout = rope_base, rope_layout
@@ -210,6 +257,35 @@ class Attention(nnx.Module):
         self.v_proj = nnx.Param(in_proj(key(), (d_model, num_kv_heads, head_dim), param_dtype))
         out_proj = dense_init(in_axis=(0, 1), out_axis=2)
         self.o_proj = nnx.Param(out_proj(key(), (num_heads, head_dim, d_model), param_dtype))
+        config = VariantConfig(d_model, num_heads, num_kv_heads, head_dim, options=options,
+                               learn=learn, dtype=dtype, param_dtype=param_dtype)
+        try:
+            self.variant_params = build_variant_params(self.attention_fn, config, rngs=rngs)
+        except ValueError as e:
+            raise ValueError(f"{e} (learn_alpha=True)" if learn_alpha else str(e)) from None
+        drop = getattr(self.variant_params, "init_options", ())
+        self.attention_options = FrozenDict({k: v for k, v in options.items()
+                                             if k not in drop})  # hashable: static
+        self.attention_weights = AttentionTap("weights", enabled=capture_weights)
+        self.attention_inputs = AttentionTap("inputs", enabled=capture_inputs)
+
+    def _weights_fn(self) -> Callable:
+        """The dense weights function of this layer's variant (``ValueError`` if unknown)."""
+        fn = variant_weights(self.attention_fn)
+        if fn is None:
+            name = getattr(self.attention_fn, "name", getattr(self.attention_fn, "__name__",
+                                                              repr(self.attention_fn)))
+            raise ValueError(f"Attention: the attention-weights tap needs the dense weights "
+                             f"of variant {name!r}: a registered spec with a `weights` "
+                             f"function or a softmax reference")
+        return fn
+
+    def variant_options(self, **inputs) -> dict[str, Any]:
+        """Keyword options for the variant: the static ``attention_options`` overridden
+        by what ``variant_params(**inputs)`` returns (inputs: x, q, k, v, positions)."""
+        if self.variant_params is None:
+            return dict(self.attention_options)
+        return {**self.attention_options, **self.variant_params(**inputs)}
 
     def init_cache(self, batch: int, max_len: int, *, dtype=None) -> KVCache:
         """Empty :class:`KVCache` for this layer (dtype defaults to the compute dtype)."""
@@ -263,11 +339,57 @@ class Attention(nnx.Module):
                 mask = step_mask if mask is None else jnp.logical_and(step_mask, mask)
             cache = update_kv_cache(cache, k, v, segment_ids)
             k, v, kv_segment_ids, causal = cache.k, cache.v, cache.segment_ids, False
-        options = self.attention_options
-        if self.alpha_raw is not None:
-            options = {**options, "alpha": alpha_from_param(self.alpha_raw[...])}
-        o = attend(self.attention_fn, q, k.astype(dt), v.astype(dt), causal=causal, mask=mask,
+        k, v = k.astype(dt), v.astype(dt)
+        options = self.variant_options(x=x, q=q, k=k, v=v, positions=positions)
+        if self.attention_inputs.enabled:
+            self.attention_inputs({"q": q, "k": k, "v": v,
+                                   "scale": default_scale(q.shape[-1], self.scale)})
+        if self.attention_weights.enabled:
+            self.attention_weights(self._weights_fn()(
+                q, k, causal=causal, mask=mask, scale=self.scale, q_segment_ids=segment_ids,
+                kv_segment_ids=kv_segment_ids, **options))
+        o = attend(self.attention_fn, q, k, v, causal=causal, mask=mask,
                    scale=self.scale, q_segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
                    options=options)
         y = jnp.einsum("BTNH,NHD->BTD", o.astype(dt), self.o_proj[...].astype(dt))
         return y, cache
+
+
+def capture_attention(model: nnx.Module, *args, tap: str = "weights",
+                      **kwargs) -> tuple[Any, list]:
+    """Run ``model(*args, **kwargs)`` with every :class:`AttentionTap` called ``tap``
+    enabled and return ``(output, values)``.
+
+    ``tap="weights"``: one float32 [B, H, T, S] array of attention weights per
+    (:class:`Attention` layer, call); ``tap="inputs"``: one ``{"q", "k", "v", "scale"}``
+    dict per (layer, call), what the variant received. Layers come in module order
+    (``model.blocks[0]`` first), calls in order. The taps are restored afterwards; the
+    output is what the model returns without them. Works eagerly and inside ``jax.jit``
+    / ``nnx.jit`` (wrap the whole call).
+    """
+    if tap not in TAPS:
+        raise ValueError(f"capture_attention: `tap` must be one of {TAPS}, got {tap!r}")
+    taps = [t for _, t in nnx.iter_modules(model) if isinstance(t, AttentionTap)
+            and t.name == tap]
+    if not taps:
+        raise ValueError(f"capture_attention: {type(model).__name__} has no Attention layer "
+                         f"(no AttentionTap {tap!r})")
+    before = [t.enabled for t in taps]
+    for t in taps:
+        t.enabled = True
+    try:
+        out, sown = nnx.capture(lambda m: m(*args, **kwargs), nnx.Intermediate)(model)
+    finally:
+        for t, was in zip(taps, before):
+            t.enabled = was
+    values = []
+    for path, t in nnx.iter_modules(model):
+        if isinstance(t, AttentionTap) and t.name == tap:
+            node = sown
+            try:
+                for key in (*path, tap):
+                    node = node[key]
+            except (KeyError, IndexError, TypeError):
+                continue  # a layer the call did not run
+            values.extend(node.get_value() if isinstance(node, nnx.Variable) else node)
+    return out, values

@@ -43,6 +43,12 @@ class DecoderConfig:
 
     ``attention`` is a registry name or a callable under the attention contract;
     ``attention_options`` are extra keywords for it (stored as a FrozenDict).
+    ``attention_learn``: names of variant quantities to learn in every layer, built by
+    the variant spec's ``params`` factory (``lcjax.nn.variant_params``), e.g.
+    ``("alpha",)`` for "entmax"; a variant whose spec always has parameters builds them
+    with the default ``()``. ``capture_attention_weights``: enable every layer's
+    attention-weights tap (``lcjax.nn.AttentionTap``; see
+    ``lcjax.nn.capture_attention``, which enables them for one call).
     ``max_len`` is the default KV-cache length; the full forward pass accepts any length.
     ``dtype`` is the compute dtype, ``param_dtype`` the storage dtype; logits are float32.
     """
@@ -59,6 +65,8 @@ class DecoderConfig:
     rope_layout: str = "half"
     attention: str | Callable = "softmax"
     attention_options: Mapping[str, Any] = dataclasses.field(default_factory=FrozenDict)
+    attention_learn: tuple[str, ...] = ()
+    capture_attention_weights: bool = False
     norm_eps: float = 1e-6
     tie_embeddings: bool = True
     dtype: Any = jnp.float32
@@ -66,6 +74,10 @@ class DecoderConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "attention_options", FrozenDict(self.attention_options))
+        if isinstance(self.attention_learn, str):
+            raise ValueError(f"DecoderConfig: `attention_learn` must be a sequence of names, "
+                             f"e.g. ({self.attention_learn!r},), got a string")
+        object.__setattr__(self, "attention_learn", tuple(self.attention_learn))
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
                      "head_dim", "mlp_hidden", "max_len"):
             value = getattr(self, name)
@@ -92,6 +104,7 @@ class DecoderBlock(nnx.Module):
         self.attn = Attention(
             c.d_model, c.num_heads, c.num_kv_heads, c.head_dim,
             attention=c.attention, attention_options=c.attention_options, causal=True,
+            learn=c.attention_learn, capture_weights=c.capture_attention_weights,
             rope_base=c.rope_base, rope_layout=c.rope_layout,
             dtype=c.dtype, param_dtype=c.param_dtype, rngs=rngs,
         )

@@ -1,0 +1,170 @@
+"""Learnable parameters of attention variants, built by ``lcjax.nn.Attention`` from the spec.
+
+A variant that needs parameters (a learnable α, PLASH prototypes [H, P, D], per-head
+length-scaling β/γ, TRSP gates, ...) declares a factory in its spec,
+``AttentionSpec(..., params=factory)``; the generic module knows nothing about any one
+variant. The protocol:
+
+    module = factory(config: VariantConfig, *, rngs: nnx.Rngs) -> nnx.Module | None
+    extra = module(x=x, q=q, k=k, v=v, positions=positions) -> dict[str, Array]
+    out = variant(q, k, v, causal=..., mask=..., scale=..., **{**options, **extra})
+
+- ``config`` (:class:`VariantConfig`) holds the layer's sizes, dtypes, the static
+  ``attention_options`` and ``learn``, the names of the quantities the user asked to
+  learn (``Attention(learn=("alpha",))``, ``DecoderConfig(attention_learn=("alpha",))``).
+  The factory raises ``ValueError`` naming any entry of ``learn`` it does not know, and
+  returns ``None`` when the variant needs no parameters for this configuration (e.g.
+  entmax with a fixed α).
+- The module is an attribute of the ``Attention`` layer (``attn.variant_params``), so its
+  ``nnx.Param``s are part of ``nnx.state(model, nnx.Param)``, trained, checkpointed.
+- On every call it gets, as keywords, the layer input ``x`` [B, T, D_model], the rotated
+  ``q`` [B, T, H, D], ``k``, ``v`` [B, S, Hkv, D] (S = the cache length when decoding)
+  and ``positions``; it takes the ones it needs and ``**_`` for the rest, and returns
+  keyword options for the variant, which override the static ones of the same name
+  (so an initial value may live in ``attention_options`` under the same name, as
+  ``alpha`` does for entmax).
+- A module may name, in a class attribute ``init_options: tuple[str, ...]``, options
+  that only configure its initialisation; they are not passed to the variant.
+
+A spec's ``params`` may also be a string ``"package.module:attr"``, imported on first use
+(so a spec under ``lcjax.attention`` can name a factory here without an import cycle:
+``lcjax.nn`` imports ``lcjax.attention``). Factories defined here:
+:func:`learnable_alpha` (entmax).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import numbers
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from flax.core import FrozenDict
+
+from lcjax.attention import AttentionSpec
+from lcjax.entmax import alpha_from_param
+
+__all__ = ["LearnableAlpha", "VariantConfig", "build_variant_params", "learnable_alpha",
+           "resolve_params_factory", "variant_rngs"]
+
+
+@dataclasses.dataclass(frozen=True)
+class VariantConfig:
+    """What a variant's parameter factory may read (see the module docstring)."""
+
+    d_model: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    options: Mapping[str, Any] = dataclasses.field(default_factory=FrozenDict)
+    learn: tuple[str, ...] = ()
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    def __post_init__(self):
+        object.__setattr__(self, "options", FrozenDict(self.options))
+        object.__setattr__(self, "learn", tuple(self.learn))
+
+    def unknown_learn(self, known: tuple[str, ...], variant: str) -> None:
+        """``ValueError`` if ``learn`` names something outside ``known``."""
+        bad = [name for name in self.learn if name not in known]
+        if bad:
+            raise ValueError(f"{variant}: cannot learn {bad}; learnable: {list(known)} "
+                             f"(got learn={self.learn})")
+
+
+def resolve_params_factory(params: Callable | str | None) -> Callable | None:
+    """A spec's ``params``: a callable, None, or ``"package.module:attr"`` (imported now)."""
+    if params is None or callable(params):
+        return params
+    if not isinstance(params, str) or params.count(":") != 1:
+        raise ValueError(f"AttentionSpec.params must be a callable or 'package.module:attr', "
+                         f"got {params!r}")
+    module, attr = params.split(":")
+    factory = getattr(importlib.import_module(module), attr)
+    if not callable(factory):
+        raise ValueError(f"AttentionSpec.params {params!r} is not callable")
+    return factory
+
+
+_SALT = 0x76617261  # "vara": separates the variant stream from the stream it comes from
+
+
+def variant_rngs(rngs: nnx.Rngs) -> nnx.Rngs:
+    """Fresh ``nnx.Rngs`` for a variant's factory, derived from ``rngs.params`` *without*
+    advancing it: the model's other parameters are the same with or without variant
+    parameters (a learned-α model and a fixed-α one share their projections), while
+    every layer's factory still gets a different key (the stream's count differs)."""
+    stream = rngs.params
+    return nnx.Rngs(jax.random.fold_in(jax.random.fold_in(stream.key[...], stream.count[...]),
+                                       _SALT))
+
+
+def build_variant_params(fn: Callable, config: VariantConfig, *,
+                         rngs: nnx.Rngs) -> nnx.Module | None:
+    """The parameter module of variant ``fn`` (a spec or a plain callable) for ``config``;
+    the factory draws from :func:`variant_rngs` of ``rngs``.
+
+    A plain callable or a spec without ``params`` has none; asking it to ``learn``
+    anything is then a ``ValueError``. So is a factory returning None for a non-empty
+    ``learn``.
+    """
+    name = fn.name if isinstance(fn, AttentionSpec) else getattr(fn, "__name__", repr(fn))
+    factory = resolve_params_factory(fn.params) if isinstance(fn, AttentionSpec) else None
+    if factory is None:
+        if config.learn:
+            raise ValueError(f"Attention: learn={config.learn} needs a variant whose spec "
+                             f"declares a parameter factory (`params`); {name!r} has none")
+        return None
+    module = factory(config, rngs=variant_rngs(rngs))
+    if module is None and config.learn:
+        raise ValueError(f"Attention: the parameter factory of {name!r} built nothing for "
+                         f"learn={config.learn}")
+    if module is not None and not isinstance(module, nnx.Module):
+        raise TypeError(f"Attention: the parameter factory of {name!r} must return an "
+                        f"nnx.Module or None, got {type(module).__name__}")
+    return module
+
+
+# ----------------------------------------------------------------------------
+# Entmax: a learnable α per head
+# ----------------------------------------------------------------------------
+def _alpha_param_inverse(alpha: float) -> float:
+    """raw with ``alpha_from_param(raw) = alpha``: logit(alpha - 1), for alpha in [1.01, 2)."""
+    return float(jnp.log(alpha - 1.0) - jnp.log(2.0 - alpha))
+
+
+class LearnableAlpha(nnx.Module):
+    """Per-head α of entmax attention: ``alpha = lcjax.entmax.alpha_from_param(alpha_raw)``.
+
+    alpha_raw: ``nnx.Param`` [num_heads], initialised so that every head starts at
+    ``alpha0`` ∈ [1.01, 2) (raw = logit(alpha0 - 1); raw = 0 is α = 1.5).
+    """
+
+    def __init__(self, num_heads: int, alpha0: float = 1.5, *, param_dtype=jnp.float32):
+        if isinstance(alpha0, bool) or not isinstance(alpha0, numbers.Real) or not (
+                1.01 <= alpha0 < 2.0):
+            raise ValueError(f"LearnableAlpha: the initial alpha must be a number in "
+                             f"[1.01, 2), got {alpha0!r}")
+        raw0 = _alpha_param_inverse(float(alpha0))
+        self.alpha_raw = nnx.Param(jnp.full((num_heads,), raw0, param_dtype))
+
+    def __call__(self, **_) -> dict[str, jax.Array]:
+        """``{"alpha": α [num_heads] float32}`` (overrides a static ``alpha`` option)."""
+        return {"alpha": alpha_from_param(self.alpha_raw[...])}
+
+
+def learnable_alpha(config: VariantConfig, *, rngs: nnx.Rngs) -> LearnableAlpha | None:
+    """Parameter factory of entmax attention: with ``"alpha"`` in ``config.learn``, a
+    :class:`LearnableAlpha` whose initial α is ``options["alpha"]`` (default 1.5);
+    otherwise None (α stays the static option)."""
+    del rngs  # deterministic initialisation
+    config.unknown_learn(("alpha",), "entmax")
+    if "alpha" not in config.learn:
+        return None
+    return LearnableAlpha(config.num_heads, config.options.get("alpha", 1.5),
+                          param_dtype=config.param_dtype)
