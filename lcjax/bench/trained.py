@@ -4,7 +4,7 @@
 documents path: Shakespeare, its default split); :func:`heldout_windows` cuts windows of
 the works that split holds out (``lcjax.data.gather_windows``); :func:`capture_qkv` runs
 the model and returns the (q, k, v, scale) each layer's attention variant received (after
-RoPE), by wrapping the ``attention_fn`` of each ``block.attn`` for one eager call — the
+RoPE), read from the layers' attention-inputs taps (``lcjax.nn.capture_attention``) — the
 model's own forward pass, nothing recomputed; :func:`score_rows` turns q, k into the
 score rows ``scale·q·kᵀ`` a normaliser (softmax, entmax) sees.
 """
@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lcjax.attention import causal_mask
-from lcjax.attention.core import default_scale
+from lcjax.nn import capture_attention
 
 __all__ = ["capture_qkv", "heldout_windows", "score_rows", "train_model"]
 
@@ -71,25 +71,12 @@ def heldout_windows(seq_len: int, count: int, train_cfg=None) -> np.ndarray:
 
 
 def capture_qkv(model, tokens) -> list[tuple]:
-    """Run ``model`` on ``tokens`` [B, T] eagerly; per layer, the (q [B, T, H, D],
+    """Run ``model`` on ``tokens`` [B, T] and return, per layer, the (q [B, T, H, D],
     k [B, T, Hkv, D], v, scale) its attention variant received (after RoPE; scale
-    resolved to 1/sqrt(D) when the model passes None)."""
-    captured, originals = [], []
-    for block in model.blocks:
-        fn = block.attn.attention_fn
-        originals.append(fn)
-
-        def spy(q, k, v, *, scale=None, _fn=fn, **kw):
-            captured.append((q, k, v, default_scale(q.shape[-1], scale)))
-            return _fn(q, k, v, scale=scale, **kw)
-
-        block.attn.attention_fn = spy
-    try:
-        model(jnp.asarray(tokens))
-    finally:
-        for block, fn in zip(model.blocks, originals):
-            block.attn.attention_fn = fn
-    return captured
+    resolved to 1/sqrt(D) when the model passes None): the ``inputs`` taps of
+    ``lcjax.nn.capture_attention``."""
+    _, inputs = capture_attention(model, jnp.asarray(tokens), tap="inputs")
+    return [(d["q"], d["k"], d["v"], float(d["scale"])) for d in inputs]
 
 
 def score_rows(q, k, scale: float, *, causal: bool = True, from_row: int = 0) -> np.ndarray:
