@@ -1,11 +1,13 @@
 """Attention specs: one declaration per method, and tokamax-style dispatch.
 
-Every attention method in lcjax declares one :class:`AttentionSpec`:
+Every attention method in lcjax declares one :class:`AttentionSpec` (see
+``docs/attention.md``):
 
 - ``reference``: a slow, exact function computing what the method computes (the
-  conformance suite compares every implementation with it);
+  conformance suite, ``tests/attention/conformance.py``, compares every implementation
+  with it);
 - ``implementations``: :class:`Implementation` objects in preference order (e.g. a
-  Pallas kernel first, then the XLA path);
+  Pallas kernel first, then the XLA path), each owning its ``config`` dataclass;
 - ``features``: what the method supports (:class:`Features`);
 - ``aux``: the documented schema of the ``aux`` dict returned with ``return_aux=True``,
   the same keys for every implementation;
@@ -15,19 +17,29 @@ Every attention method in lcjax declares one :class:`AttentionSpec`:
 Calling a spec is calling the method under the attention contract::
 
     out = spec(q, k, v, *, causal=False, mask=None, scale=None, implementation=None,
-               **options)
+               q_segment_ids=None, kv_segment_ids=None, return_aux=False, **options)
+    q: [B, T, H, D]; k: [B, S, Hkv, D]; v: [B, S, Hkv, Dv]  ->  out: [B, T, H, Dv]
+
+With ``return_aux=True`` the result is ``(result, aux)``, where ``result`` is what the
+call returns without it (``out``, or ``(out, lse)`` with ``return_lse=True``) and
+``aux`` a dict with exactly the keys of ``spec.aux``.
 
 Dispatch follows openxla/tokamax (``_src/ops/attention/api.py``): with
-``implementation=None`` the implementations are tried in order and one that cannot
+``implementation=None`` the implementations are tried in order, and one that cannot
 serve the call raises :class:`NotImplementedError` (with the reason) *before* any
 computation, so the next one is tried; an explicit ``implementation=`` that cannot
-serve re-raises its reason. Shapes are validated once, here, before any
-implementation runs (``ValueError`` naming the argument and the shapes).
+serve re-raises its reason. Before any implementation runs, the call is checked once
+here: shapes (``ValueError`` naming the argument and the shapes), the features the
+spec supports (``ValueError``), and option names (an option that no implementation
+takes is a ``ValueError``; one that the tried implementation does not take makes it
+decline with ``NotImplementedError``, so an option is never silently dropped).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -36,9 +48,20 @@ import jax.numpy as jnp
 
 from lcjax.attention.core import validate_qkv
 
-__all__ = ["AttentionSpec", "Features", "Implementation"]
+__all__ = [
+    "ALL_DTYPES",
+    "CONTRACT_ARGS",
+    "AttentionSpec",
+    "Features",
+    "Implementation",
+    "keyword_names",
+    "validate_segment_ids",
+    "with_empty_aux",
+]
 
 ALL_DTYPES = ("float32", "bfloat16", "float16", "float64")
+# Keywords the dispatcher passes to every implementation (besides q, k, v and options).
+CONTRACT_ARGS = ("causal", "mask", "scale", "q_segment_ids", "kv_segment_ids", "return_aux")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +99,60 @@ class Features:
         )
         return [what for what, bad in uses if bad]
 
+    def exceeds(self, other: Features) -> list[str]:
+        """Features supported here but not by ``other`` (an implementation may not
+        support more than its spec)."""
+        flags = [f.name for f in dataclasses.fields(self)
+                 if f.name != "dtypes" and getattr(self, f.name) and not getattr(other, f.name)]
+        return flags + [f"dtype {d}" for d in self.dtypes if d not in other.dtypes]
+
+
+def keyword_names(fn: Callable) -> frozenset[str] | None:
+    """Keyword parameter names of ``fn`` (None when it takes ``**kwargs``, i.e. any)."""
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params
+                     if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def with_empty_aux(fn: Callable) -> Callable:
+    """Adapter for a function without an aux dict: ``return_aux=True`` gives
+    ``(result, {})``. The adapter's signature is ``fn``'s plus ``return_aux``, so the
+    dispatcher still sees which options ``fn`` takes."""
+
+    @functools.wraps(fn)
+    def impl(*args, return_aux: bool = False, **kwargs):
+        out = fn(*args, **kwargs)
+        return (out, {}) if return_aux else out
+
+    sig = inspect.signature(fn)
+    extra = inspect.Parameter("return_aux", inspect.Parameter.KEYWORD_ONLY, default=False)
+    params = list(sig.parameters.values())
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        params.insert(len(params) - 1, extra)
+    else:
+        params.append(extra)
+    impl.__signature__ = sig.replace(parameters=params)
+    del impl.__wrapped__  # inspect.signature must read __signature__, not fn's
+    return impl
+
+
+def validate_segment_ids(q, k, q_segment_ids, kv_segment_ids, *, name: str) -> None:
+    """Segment ids must come together, be integer, and have shapes [B, T] and [B, S]."""
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        raise ValueError(f"{name}: pass both `q_segment_ids` and `kv_segment_ids` or neither")
+    if q_segment_ids is None:
+        return
+    for arg, ids, of, x in (("q_segment_ids", q_segment_ids, "q", q),
+                            ("kv_segment_ids", kv_segment_ids, "k", k)):
+        shape = tuple(jnp.shape(ids))
+        if shape != tuple(x.shape[:2]):
+            raise ValueError(f"{name}: `{arg}` must have shape [batch, len] = "
+                             f"{list(x.shape[:2])} (from {of} {x.shape}), got {list(shape)}")
+        if not jnp.issubdtype(jnp.result_type(ids), jnp.integer):
+            raise ValueError(f"{name}: `{arg}` must be integer, got dtype {jnp.result_type(ids)}")
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Implementation:
@@ -84,24 +161,107 @@ class Implementation:
     ``fn(q, k, v, *, causal, mask, scale, q_segment_ids, kv_segment_ids, return_aux,
     **options)`` computes the method; it raises ``NotImplementedError(reason)`` before
     any computation when it cannot serve the call (a platform, an option value, a
-    traced argument it needs static). ``features`` default to the spec's. ``config``
-    is the frozen dataclass of this implementation's settings (validated in its
-    ``__post_init__``), documented for users and benchmarks.
+    traced argument it needs static). ``features`` default to the spec's.
+
+    ``config``: the frozen dataclass of this implementation's settings (block sizes,
+    ...), whose ``__post_init__`` validates them; its fields are keyword options of
+    ``fn``. A call may pass them one by one or as ``config=Config(...)``; they are
+    validated by building the config before ``fn`` runs.
+
+    ``check_vma``: whether ``fn`` type-checks under ``jax.shard_map`` with the default
+    ``check_vma=True``. None means "unless the implementation is named ``"pallas"``":
+    a ``pallas_call`` is accepted by ``shard_map`` only with ``check_vma=False``.
+
+    ``skip_unless_named``: optional ``() -> reason or None``, asked only when the call
+    names no implementation; a reason makes dispatch pass this one over (e.g. a Pallas
+    kernel on CPU, where only its interpreter runs it: for tests, when named).
     """
 
     name: str
     fn: Callable[..., Any]
     features: Features | None = None
     config: type | None = None
+    check_vma: bool | None = None
+    skip_unless_named: Callable[[], str | None] | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"Implementation: `name` must be a non-empty string, "
+                             f"got {self.name!r}")
+        if not callable(self.fn):
+            raise TypeError(f"Implementation {self.name!r}: `fn` must be callable")
+        if self.config is not None and not (isinstance(self.config, type)
+                                            and dataclasses.is_dataclass(self.config)):
+            raise TypeError(f"Implementation {self.name!r}: `config` must be a dataclass "
+                            f"type, got {self.config!r}")
+        names = keyword_names(self.fn)
+        if names is not None:
+            missing = [a for a in CONTRACT_ARGS + self.config_fields if a not in names]
+            if missing:
+                raise TypeError(f"Implementation {self.name!r}: `fn` must take the keywords "
+                                f"{missing} (the contract and its config fields)")
+
+    @property
+    def config_fields(self) -> tuple[str, ...]:
+        """Names of the options that form this implementation's config."""
+        if self.config is None:
+            return ()
+        return tuple(f.name for f in dataclasses.fields(self.config))
+
+    @property
+    def options(self) -> frozenset[str] | None:
+        """Keyword options ``fn`` takes beyond the contract (None: any)."""
+        names = keyword_names(self.fn)
+        if names is None:
+            return None
+        return names - frozenset(CONTRACT_ARGS) - {"q", "k", "v"}
+
+    @property
+    def shard_map_check_vma(self) -> bool:
+        """``check_vma`` to pass to ``jax.shard_map`` around this implementation."""
+        return self.name != "pallas" if self.check_vma is None else self.check_vma
+
+    def takes(self, option: str) -> bool:
+        """Whether ``option`` is one of this implementation's options."""
+        if option == "config":
+            return self.config is not None
+        return self.options is None or option in self.options
+
+    def prepare(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The keyword options for ``fn``: raise ``NotImplementedError`` for options this
+        implementation does not take, expand ``config=``, and validate config fields
+        (the config's ``ValueError``)."""
+        options = dict(options)
+        config = options.pop("config", None)
+        if config is not None:
+            if self.config is None or not isinstance(config, self.config):
+                want = self.config.__name__ if self.config else "no config"
+                raise NotImplementedError(f"`config` is a {type(config).__name__}; this "
+                                          f"implementation takes {want}")
+            fields = dataclasses.asdict(config)
+            both = sorted(set(fields) & set(options))
+            if both:
+                raise ValueError(f"options {both} given both as keywords and in `config`")
+            options.update(fields)
+        foreign = sorted(o for o in options if not self.takes(o))
+        if foreign:
+            raise NotImplementedError(f"does not take option(s) {foreign}")
+        if self.config is not None:
+            self.config(**{f: options[f] for f in self.config_fields if f in options})
+        return options
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class AttentionSpec:
     """The declaration of one attention method (see the module docstring).
 
+    ``aux``: key -> description (shape and dtype) of the ``aux`` dict; every
+    implementation returns exactly these keys with ``return_aux=True``.
     ``test_options``: keyword options the conformance suite and benchmarks pass on every
-    call (e.g. small block sizes so tiny shapes exercise several blocks).
-    ``tolerance``: absolute forward tolerance against ``reference`` per dtype name.
+    call (e.g. small block sizes so tiny shapes exercise several blocks); a config field
+    goes only to the implementations that take it (:meth:`options_for`).
+    ``tolerance`` / ``grad_tolerance``: absolute forward / gradient tolerance against
+    ``reference`` per dtype name (scaled by max(1, max |reference|)).
     ``params``: the variant's parameter factory, ``params(config, *, rngs) -> nnx.Module
     | None`` (or ``"package.module:attr"`` naming it, imported on first use, so a spec
     here can name a factory under ``lcjax.nn`` without an import cycle).
@@ -124,14 +284,31 @@ class AttentionSpec:
         default_factory=lambda: {"float64": 1e-10, "float32": 2e-5, "bfloat16": 3e-2,
                                  "float16": 3e-3})
     description: str = ""
+    grad_tolerance: Mapping[str, float] = dataclasses.field(
+        default_factory=lambda: {"float64": 1e-9, "float32": 1e-4, "bfloat16": 1e-1,
+                                 "float16": 1e-2})
 
     def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"AttentionSpec: `name` must be a non-empty string, "
+                             f"got {self.name!r}")
+        object.__setattr__(self, "implementations", tuple(self.implementations))
         if not self.implementations:
             raise ValueError(f"AttentionSpec {self.name!r}: needs at least one implementation")
+        if not all(isinstance(i, Implementation) for i in self.implementations):
+            raise TypeError(f"AttentionSpec {self.name!r}: `implementations` must be "
+                            f"Implementation objects")
         names = [i.name for i in self.implementations]
         if len(set(names)) != len(names):
             raise ValueError(f"AttentionSpec {self.name!r}: duplicate implementations {names}")
-        for field in ("aux", "test_options", "tolerance"):
+        if not callable(self.reference):
+            raise TypeError(f"AttentionSpec {self.name!r}: `reference` must be callable")
+        for impl in self.implementations:
+            extra = impl.features.exceeds(self.features) if impl.features else []
+            if extra:
+                raise ValueError(f"AttentionSpec {self.name!r}: implementation {impl.name!r} "
+                                 f"declares features the spec lacks: {extra}")
+        for field in ("aux", "test_options", "tolerance", "grad_tolerance"):
             object.__setattr__(self, field, MappingProxyType(dict(getattr(self, field))))
 
     @property
@@ -139,6 +316,7 @@ class AttentionSpec:
         return tuple(i.name for i in self.implementations)
 
     def implementation(self, name: str) -> Implementation:
+        """The implementation called ``name``; ``ValueError`` naming the valid ones."""
         for impl in self.implementations:
             if impl.name == name:
                 return impl
@@ -146,41 +324,86 @@ class AttentionSpec:
                          f"{self.implementation_names}, got {name!r}")
 
     def features_of(self, name: str) -> Features:
+        """Features of implementation ``name`` (the spec's unless it declares its own)."""
         impl = self.implementation(name)
         return self.features if impl.features is None else impl.features
+
+    def implementation_only_options(self) -> frozenset[str]:
+        """Options that configure an implementation, not the method (config fields)."""
+        return frozenset(f for i in self.implementations for f in i.config_fields) | {"config"}
+
+    def options_for(self, implementation: str, options: Mapping[str, Any]) -> dict[str, Any]:
+        """``options`` (e.g. ``test_options``) for an explicit call of ``implementation``:
+        an implementation-only option (a config field of another implementation) that
+        this one does not take is left out; every other option is kept (and one the
+        implementation does not take makes it decline)."""
+        impl = self.implementation(implementation)
+        only = self.implementation_only_options()
+        return {key: val for key, val in options.items() if impl.takes(key) or key not in only}
+
+    def reference_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """``options`` minus the implementation-only ones (and, for a reference without
+        ``**kwargs``, those it does not take): what to pass to ``reference``."""
+        drop = self.implementation_only_options()
+        takes = keyword_names(self.reference)
+        return {key: val for key, val in options.items()
+                if key not in drop and (takes is None or key in takes)}
+
+    def _check_options(self, options: Mapping[str, Any]) -> None:
+        unknown = sorted(o for o in options
+                         if not any(i.takes(o) for i in self.implementations))
+        if unknown:
+            known = sorted({o for i in self.implementations for o in (i.options or ())})
+            raise ValueError(f"{self.name}: unknown option(s) {unknown}; the implementations "
+                             f"{self.implementation_names} take {known}")
+
+    def _check_aux(self, impl: Implementation, result) -> None:
+        if not (isinstance(result, tuple) and len(result) == 2
+                and isinstance(result[1], Mapping)):
+            raise TypeError(f"{self.name}: implementation {impl.name!r} must return "
+                            f"(result, aux dict) with return_aux=True")
+        if set(result[1]) != set(self.aux):
+            raise TypeError(f"{self.name}: implementation {impl.name!r} returned aux keys "
+                            f"{sorted(result[1])}, the spec declares {sorted(self.aux)}")
 
     def __call__(self, q, k, v, *, causal: bool = False, mask=None, scale=None,
                  implementation: str | None = None, q_segment_ids=None, kv_segment_ids=None,
                  return_aux: bool = False, **options):
         """The method under the attention contract; see the module docstring."""
         validate_qkv(q, k, v, mask=mask, name=self.name)
-        if (q_segment_ids is None) != (kv_segment_ids is None):
-            raise ValueError(f"{self.name}: pass both `q_segment_ids` and `kv_segment_ids` "
-                             f"or neither")
-        gaps = self.features.unsupported(q, k, causal=causal, mask=mask,
-                                         q_segment_ids=q_segment_ids,
-                                         return_lse=options.get("return_lse", False))
+        validate_segment_ids(q, k, q_segment_ids, kv_segment_ids, name=self.name)
+        feature_args = dict(causal=causal, mask=mask, q_segment_ids=q_segment_ids,
+                            return_lse=options.get("return_lse", False))
+        gaps = self.features.unsupported(q, k, **feature_args)
         if gaps:
             raise ValueError(f"{self.name}: does not support {', '.join(gaps)}")
+        self._check_options(options)
         order = (self.implementations if implementation is None
                  else (self.implementation(implementation),))
         reasons = []
         for impl in order:
             feats = self.features if impl.features is None else impl.features
-            gaps = feats.unsupported(q, k, causal=causal, mask=mask,
-                                     q_segment_ids=q_segment_ids,
-                                     return_lse=options.get("return_lse", False))
             try:
+                gaps = feats.unsupported(q, k, **feature_args)
                 if gaps:
                     raise NotImplementedError(f"does not support {', '.join(gaps)}")
-                return impl.fn(q, k, v, causal=causal, mask=mask, scale=scale,
-                               q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-                               return_aux=return_aux, **options)
+                skip = (implementation is None and impl.skip_unless_named is not None
+                        and impl.skip_unless_named())
+                if skip:
+                    raise NotImplementedError(skip)
+                kwargs = impl.prepare(options)
+                result = impl.fn(q, k, v, causal=causal, mask=mask, scale=scale,
+                                 q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                                 return_aux=return_aux, **kwargs)
             except NotImplementedError as e:
                 if implementation is not None:
                     raise NotImplementedError(
                         f"{self.name}: implementation {impl.name!r} cannot serve this call: "
                         f"{e}") from None
                 reasons.append(f"{impl.name}: {e}")
+                continue
+            if return_aux:
+                self._check_aux(impl, result)
+            return result
         raise NotImplementedError(f"{self.name}: no implementation can serve this call ("
                                   + "; ".join(reasons) + ")")

@@ -1,0 +1,108 @@
+"""Softmax attention specs: the exact reference, blockwise online softmax, and the
+``jax.nn.dot_product_attention`` anchor; each is declared and registered here.
+
+All three compute
+
+    out[b,i,h] = sum_j softmax_j(scale * q[b,i,h] . k[b,j,h//G] + log mask) v[b,j,h//G]
+
+(``G = heads / kv_heads``), with a row that sees no key returning zeros, and are
+compared with :func:`lcjax.attention.core.dot_product_attention` by the conformance
+suite (``tests/attention/conformance.py``). See ``docs/attention.md``.
+
+- ``"softmax"``: :func:`~lcjax.attention.core.dot_product_attention`, dense [T, S]
+  scores — the reference itself.
+- ``"blockwise"``: :func:`~lcjax.attention.core.blockwise_attention`, the online
+  softmax of FlashAttention in XLA, configured by :class:`BlockwiseConfig`.
+- ``"jax"``: :func:`jax_dot_product_attention`, ``jax.nn.dot_product_attention`` with
+  the XLA implementation, the anchor ``lcjax bench attention`` times against.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from lcjax.attention.core import (
+    blockwise_attention,
+    build_mask,
+    causal_mask,
+    dot_product_attention,
+    validate_qkv,
+)
+from lcjax.attention.registry import register
+from lcjax.attention.spec import AttentionSpec, Features, Implementation, with_empty_aux
+
+__all__ = ["BLOCKWISE", "JAX", "SOFTMAX", "BlockwiseConfig", "jax_dot_product_attention"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockwiseConfig:
+    """Tile sizes of blockwise attention (clipped to T and S; lengths need not divide
+    them). Memory per (batch, head) is O(block_q * block_kv)."""
+
+    block_q: int = 512
+    block_kv: int = 512
+
+    def __post_init__(self):
+        for field in ("block_q", "block_kv"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"BlockwiseConfig: `{field}` must be a positive int, "
+                                 f"got {value!r}")
+
+
+def jax_dot_product_attention(q, k, v, *, causal=False, mask=None, scale=None,
+                              q_segment_ids=None, kv_segment_ids=None):
+    """``jax.nn.dot_product_attention`` (XLA) under our contract.
+
+    q: [B, T, H, D]; k, v: [B, S, Hkv, D] -> [B, T, H, D]. Segment ids (int [B, T],
+    [B, S], negative = padding) are folded into the mask. ``jax.nn`` gives a row with
+    no visible key the mean of ``v`` (a softmax over equal large negative scores); the
+    contract wants zeros, so such rows are zeroed. Without a mask or segment ids every
+    row sees key 0 (causal alignment is top-left) and the call is exactly
+    ``jax.nn.dot_product_attention(..., is_causal=causal)``.
+
+    float16 on CPU: jax's XLA path asks for the ``F16_F16_F32`` dot algorithm, which
+    the CPU backend rejects under ``jit`` (jax 0.10.2; its eager fallback does not apply
+    inside ``jit``), so there float16 inputs are computed in float32 and the output cast
+    back to float16.
+    """
+    shapes = validate_qkv(q, k, v, mask=mask, name="jax_dot_product_attention")
+    if q.dtype == jnp.float16 and jax.default_backend() == "cpu":
+        up = lambda x: x.astype(jnp.float32)
+        out = jax_dot_product_attention(up(q), up(k), up(v), causal=causal, mask=mask,
+                                        scale=scale, q_segment_ids=q_segment_ids,
+                                        kv_segment_ids=kv_segment_ids)
+        return out.astype(q.dtype)
+    full = build_mask(shapes.q_len, shapes.kv_len, mask=mask, q_segment_ids=q_segment_ids,
+                      kv_segment_ids=kv_segment_ids)
+    out = jax.nn.dot_product_attention(q, k, v, mask=full, scale=scale, is_causal=causal,
+                                       implementation="xla")
+    if full is None:
+        return out
+    visible = full & causal_mask(shapes.q_len, shapes.kv_len)[None, None] if causal else full
+    seen = jnp.any(visible, axis=-1)  # [b|1, h|1, T]
+    seen = jnp.moveaxis(seen, 1, 2)[..., None]  # [b|1, T, h|1, 1]
+    return jnp.where(seen, out, jnp.zeros((), out.dtype))
+
+
+SOFTMAX = register(AttentionSpec(
+    "softmax", reference=dot_product_attention,
+    implementations=(Implementation("xla", with_empty_aux(dot_product_attention)),),
+    features=Features(lse=True),
+    description="exact softmax attention, dense [T, S] scores (the reference)"))
+
+BLOCKWISE = register(AttentionSpec(
+    "blockwise", reference=dot_product_attention,
+    implementations=(Implementation("xla", with_empty_aux(blockwise_attention),
+                                    config=BlockwiseConfig),),
+    features=Features(lse=True), test_options={"block_q": 8, "block_kv": 8},
+    description="online-softmax (FlashAttention) attention in XLA"))
+
+JAX = register(AttentionSpec(
+    "jax", reference=dot_product_attention,
+    implementations=(Implementation("xla", with_empty_aux(jax_dot_product_attention)),),
+    features=Features(dtypes=("float32", "bfloat16", "float16")),
+    description="jax.nn.dot_product_attention (XLA), the anchor we time against"))
