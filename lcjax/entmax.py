@@ -98,6 +98,7 @@ is broadcastable against x and has size 1 along ``axis`` (e.g. [heads, 1, 1] for
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import numbers
 from typing import NamedTuple
@@ -108,13 +109,33 @@ import numpy as np
 from jax import lax
 
 __all__ = [
+    "ALPHA_ARRAY_FLOOR",
+    "ResolvedSolver",
+    "SolverConfig",
     "alpha_from_param",
     "entmax",
     "entmax15",
     "entmax_bisect",
+    "entmax_power",
     "entmax_threshold",
+    "OriginSums",
+    "hermite_root",
     "histogram_bracket",
+    "histogram_edges",
+    "histogram_init",
+    "histogram_pick_bin",
+    "max_shift",
+    "origin_sums_init",
+    "origin_sums_update",
+    "polish_step",
+    "power_mean_origin",
+    "row_shift",
+    "row_sums",
+    "shifted_scores",
+    "solver_step",
+    "solver_sums",
     "sparsemax",
+    "split_alpha",
 ]
 
 METHODS = ("auto", "sort", "bisect", "histogram")
@@ -209,22 +230,95 @@ def _resolve_method(method: str, alpha_static, name: str) -> str:
     return method
 
 
+def default_n_iter(init: str) -> int:
+    """Cap on solver steps: 10 after the histogram initialisation (rows finish in 0-2), 50
+    from the power-mean origin or a bracket (Newton or bisection)."""
+    return 10 if init == "histogram" else 50
+
+
+def default_tol(dtype) -> float:
+    """|Σp - 1| tolerance: 1e-5 (1e-12 in float64)."""
+    return 1e-12 if jnp.dtype(dtype) == jnp.float64 else 1e-5
+
+
+DEFAULT_BINS = 8
+SOLVERS = ("histogram", "newton", "bisect")
+
+
+class ResolvedSolver(NamedTuple):
+    """The solver of one call (hashable): step ``kind`` for :func:`solver_step`
+    ("quadratic" | "newton" | "bisect"), ``init`` ("histogram" | "origin" | "bracket"),
+    and the numbers."""
+
+    kind: str
+    init: str
+    n_iter: int
+    bins: int
+    tol: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SolverConfig:
+    """Settings of the blockwise threshold solver of α-entmax attention, shared by its XLA
+    path (``lcjax.attention.entmax``) and its Pallas kernel
+    (``pallas_kernels.entmax_attention``), which receives every value from here.
+
+    solver: ``"histogram"`` (AdaSplash-2 initialisation for α ∈ {1.5, 2}, then the exact
+      quadratic / Newton steps; other α ≤ 2: Newton from the power-mean origin; α > 2 or an
+      array α with heads > 2: bisection), ``"newton"`` (no histogram) or ``"bisect"``.
+    bins: histogram edges, 2, 4 or 8.
+    n_iter: cap on solver steps (None: :func:`default_n_iter`).
+    tol: stop once |Σp - 1| < tol (None: :func:`default_tol` of the compute dtype).
+    See ``docs/entmax.md`` for the derivation.
+    """
+
+    solver: str = "histogram"
+    bins: int = DEFAULT_BINS
+    n_iter: int | None = None
+    tol: float | None = None
+
+    def __post_init__(self):
+        if self.solver not in SOLVERS:
+            raise ValueError(f"SolverConfig: `solver` must be one of {SOLVERS}, "
+                             f"got {self.solver!r}")
+        if self.bins not in (2, 4, 8):
+            raise ValueError(f"SolverConfig: `bins` must be 2, 4 or 8, got {self.bins}")
+        if self.n_iter is not None and (not isinstance(self.n_iter, numbers.Integral)
+                                        or self.n_iter < 0):
+            raise ValueError(f"SolverConfig: `n_iter` must be an integer >= 0, "
+                             f"got {self.n_iter}")
+        if self.tol is not None and not float(self.tol) > 0:
+            raise ValueError(f"SolverConfig: `tol` must be > 0, got {self.tol}")
+
+    def resolve(self, alpha_static: float | None, dtype) -> ResolvedSolver:
+        """The step kind, initialisation and numbers for a static α (None: an array α)."""
+        if self.solver == "bisect" or (alpha_static is not None and alpha_static > 2.0):
+            kind, init = "bisect", "bracket"  # α > 2: f is concave with unbounded f'
+        else:
+            kind = "quadratic" if alpha_static == 1.5 else "newton"
+            exact = alpha_static in (1.5, 2.0)
+            init = "histogram" if self.solver == "histogram" and exact else "origin"
+        n_iter = default_n_iter(init) if self.n_iter is None else int(self.n_iter)
+        tol = default_tol(dtype) if self.tol is None else float(self.tol)
+        return ResolvedSolver(kind, init, n_iter, int(self.bins), tol)
+
+
 def _make_config(alpha_static, method, n_iter, bins, tol, cdt, name) -> _Config:
     if bins not in (2, 4, 8):
         raise ValueError(f"{name}: `bins` must be 2, 4 or 8, got {bins}")
     if n_iter is None:
-        n_iter = 50 if method == "bisect" else 10
+        n_iter = default_n_iter("bracket" if method == "bisect" else "histogram")
     if int(n_iter) < 0:
         raise ValueError(f"{name}: `n_iter` must be >= 0, got {n_iter}")
     if tol is None:
-        tol = 1e-12 if cdt == jnp.float64 else 1e-5
+        tol = default_tol(cdt)
     return _Config(alpha_static, method, int(n_iter), int(bins), float(tol))
 
 
 # ----------------------------------------------------------------------------
 # Row-wise building blocks (last axis; a Pallas kernel reuses them per row)
 # ----------------------------------------------------------------------------
-def _row_shift(x, cdt):
+def row_shift(x, cdt):
     """Per-row shift m and row max (compute dtype).
 
     m = max x for a finite max, 0 for an all -inf row, and the largest finite float for a row
@@ -232,12 +326,47 @@ def _row_shift(x, cdt):
     z = 0 and every other entry of its row to the floor (the +inf entries share the mass,
     the limit of huge logits)."""
     xmax = jnp.max(x, axis=-1, keepdims=True).astype(cdt)
+    return max_shift(xmax, cdt), xmax
+
+
+def max_shift(xmax, cdt):
+    """The shift m of :func:`row_shift` for a given row max (finite: itself; -inf: 0;
+    +inf: the largest finite float)."""
     big = jnp.asarray(jnp.finfo(cdt).max, cdt)
-    m = jnp.where(xmax == jnp.inf, big, jnp.where(xmax == -jnp.inf, 0.0, xmax))
-    return m, xmax
+    return jnp.where(xmax == jnp.inf, big, jnp.where(xmax == -jnp.inf, 0.0, xmax))
 
 
-def _scores(x, m, am1, cdt):
+class OriginSums(NamedTuple):
+    """Running sums of the one-pass row max and power-mean origin (``docs/entmax.md``,
+    "one pass for the max and the origin"): ``xmax`` the running row max of x, ``n`` the
+    count and ``s`` = Σ (z + 1) of the set A' of scores that were above the running max - 1
+    (in z units) when seen, with z taken relative to the current max. A' ⊇ A (the set of
+    the two-pass origin) and equals it when no later block raises the max."""
+
+    xmax: jax.Array
+    n: jax.Array
+    s: jax.Array
+
+
+def origin_sums_init(shape, cdt) -> OriginSums:
+    """Empty sums for rows of ``shape`` (..., 1)."""
+    zero = jnp.zeros(shape, cdt)
+    return OriginSums(jnp.full(shape, -jnp.inf, cdt), zero, zero)
+
+
+def origin_sums_update(acc: OriginSums, x, am1, cdt) -> OriginSums:
+    """Fold one block of scores x [..., n] into ``acc``: the max moves to m' ≥ m, every
+    counted z + 1 moves by (α-1)(m - m') (the rescaling of online softmax, additive here),
+    and the block's scores with z > -1 relative to m' join A'."""
+    xmax = jnp.maximum(acc.xmax, jnp.max(x, axis=-1, keepdims=True).astype(cdt))
+    m_old, m_new = max_shift(acc.xmax, cdt), max_shift(xmax, cdt)
+    u0 = jnp.maximum(shifted_scores(x, m_new, am1, cdt) + 1.0, 0.0)
+    n_b, s_b = row_sums(jnp.sign(u0), u0)
+    s = acc.s + acc.n * (am1 * (m_old - m_new))  # n = 0 on rows not seen yet
+    return OriginSums(xmax, acc.n + n_b, s + s_b)
+
+
+def shifted_scores(x, m, am1, cdt):
     """z = (α-1)(x - m) in the compute dtype, floored at -2 (no element below max z - 1 is in
     the support); +inf maps to 0 in a +inf row. Elementwise, so XLA fuses it into every pass
     and z is never stored. (Written with min/max only: on XLA:CPU a clamp or a select in a
@@ -246,7 +375,7 @@ def _scores(x, m, am1, cdt):
     return jnp.maximum(am1 * (jnp.minimum(x.astype(cdt), big) - m), _Z_FLOOR)
 
 
-def _row_sums(*ops):
+def row_sums(*ops):
     """Σ over the last axis of several arrays in one variadic reduction (one pass; XLA:CPU
     runs sibling ``jnp.sum``s as a slow multi-output fusion)."""
     init = tuple(jnp.zeros((), o.dtype) for o in ops)
@@ -255,7 +384,7 @@ def _row_sums(*ops):
     return tuple(o[..., None] for o in out)
 
 
-def _power(u, alpha_static, am1):
+def entmax_power(u, alpha_static, am1):
     """[u]₊^{1/(α-1)} for u ≥ 0 (0 where u = 0)."""
     if alpha_static == 1.5:
         return u * u
@@ -265,20 +394,31 @@ def _power(u, alpha_static, am1):
     return jnp.where(pos, jnp.exp(jnp.log(jnp.where(pos, u, 1.0)) / am1), 0.0)
 
 
-def _row_stats(z, tau, alpha_static, am1):
-    """One pass at τ: f(τ) and, for α ∈ {1.5, 2}, K = #{z > τ}, S = Σ[z-τ]₊, Q = Σ[z-τ]₊²."""
+def solver_sums(z, tau, kind: str, alpha_static, am1):
+    """Row sums of one pass at τ (last axis; a blockwise caller adds them over key blocks):
+    ``(P, (k, s, q))`` with P = Σ[z-τ]₊^{1/(α-1)} (f = P - 1) and the statistics of
+    :func:`solver_step`: α = 1.5 K = #{z > τ}, S = Σ[z-τ]₊, Q = Σ[z-τ]₊² (P = Q); α = 2
+    (newton) K, S (P = S); any other α with ``kind="newton"``: -f' = c·Σ[z-τ]₊^{c-1}
+    (c = 1/(α-1)) in the first slot; ``kind="bisect"``: P only (repeated)."""
     u = jnp.maximum(z - tau, 0.0)
-    one = jnp.sign(u)  # 1 on the support, 0 off it
-    if alpha_static == 1.5:
-        k, s, q = _row_sums(one, u, u * u)
-        return q - 1.0, (k, s, q)
+    if kind == "quadratic":  # α = 1.5
+        k, s, q = row_sums(jnp.sign(u), u, u * u)
+        return q, (k, s, q)
+    if kind == "bisect":
+        (p,) = row_sums(entmax_power(u, alpha_static, am1))
+        return p, (p, p, p)
     if alpha_static == 2.0:
-        k, s = _row_sums(one, u)
-        return s - 1.0, (k, s, s)
-    return jnp.sum(_power(u, alpha_static, am1), axis=-1, keepdims=True) - 1.0, None
+        k, s = row_sums(jnp.sign(u), u)
+        return s, (k, s, s)
+    pos = u > 0  # 0 off the support, also for c - 1 < 0
+    lu = jnp.log(jnp.where(pos, u, 1.0))
+    c = 1.0 / am1
+    p, d = row_sums(jnp.where(pos, jnp.exp(c * lu), 0.0),
+                    jnp.where(pos, jnp.exp((c - 1.0) * lu), 0.0))
+    return p, (c * d, p, p)
 
 
-def _step(kind, tau, f, stats, lo, hi):
+def solver_step(kind, tau, f, stats, lo, hi):
     """Safeguarded update: lo/hi from the sign of f, then a Newton-type step or bisection."""
     lo = jnp.where(f > 0, tau, lo)
     hi = jnp.where(f < 0, tau, hi)
@@ -314,8 +454,9 @@ def _solve(zfun, tau0, lo, hi, done0, kind, alpha_static, am1, n_iter, tol):
 
     def body(state):
         i, tau, lo, hi, fval, iters, done = state
-        f, stats = _row_stats(zfun(), tau, alpha_static, am1)
-        new_tau, lo, hi = _step(kind, tau, f, stats, lo, hi)
+        p, stats = solver_sums(zfun(), tau, kind, alpha_static, am1)
+        f = p - 1.0
+        new_tau, lo, hi = solver_step(kind, tau, f, stats, lo, hi)
         # also stop when no representable progress is left (long, flat rows in float32
         # can have |f'| so large that |f| < tol is below the resolution of τ)
         stop = done | (jnp.abs(f) < tol) | (i >= n_iter) | (new_tau == tau)
@@ -329,65 +470,93 @@ def _solve(zfun, tau0, lo, hi, done0, kind, alpha_static, am1, n_iter, tol):
     return tau, fval, iters
 
 
-def _histogram(z, bins, alpha_static):
-    """The histogram initialisation on shifted scores z (max z = 0, z ≥ -2), in z units.
-
-    Returns the bracket (lo, hi) ∋ τ* (hi - lo ≤ 1/bins) and the first iterate τ₀.
-    Three passes over the row (after the max pass), each a few fused row sums:
-
-    0. origin: with A = {z > -1} (the only candidates), n_A = |A| and mean m_A, the power-mean
-       inequality Σ_A (z - τ)₊^c ≥ n_A (m_A - τ)^c gives f(τ) ≥ 0 for τ ≤ m_A - n_A^{1-α}, so
-       t₀ = max(max z - 1, m_A - n_A^{1-α}) ≤ τ*; bins of width w = (max z - t₀)/bins ≤ 1/bins.
-       (AdaSplash-2 uses t₀ = max z - 1; the tighter origin keeps the bins informative on
-       low-temperature rows whose scores span much less than 1.)
-    1. edge values G_j = Σ_i (z_i - e_j)₊^c at e_j = t₀ + j·w, j < bins (c = 2 for α = 1.5,
-       1 for α = 2): the top-down accumulation of the histogram's count, sum and sum of
-       squares about each edge, with no cancellation. f(e_j) = G_j - 1; the last j with
-       G_j ≥ 1 gives τ* ∈ [a, b] = [e_j, e_{j+1}] (e_bins = max z, G = 0 there).
-    2. f' at a and b: S = Σ(z - e)₊ (α = 1.5: f' = -2S) or K = #{z > e} (α = 2: f' = -K).
-    Then τ₀ = root of the cubic Hermite interpolant of f on [a, b]; for α = 2 the closed
-    forms (S - 1)/K over {z > a} and {z > b} are lower bounds of τ* and raise lo.
-    """
-    dt = z.dtype
-    am1 = alpha_static - 1.0
-    u0 = jnp.maximum(z + 1.0, 0.0)
-    n_a, s_a = _row_sums(jnp.sign(u0), u0)
+def power_mean_origin(n_a, s_a, am1):
+    """Origin t₀ = max(-1, m_A - n_A^{1-α}) ≤ τ* of the histogram (shifted units, max z = 0)
+    from the count n_A and s_A = Σ_A (z + 1) of a set A of scores (``docs/entmax.md``,
+    "origin"; valid for α ≤ 2, else -1)."""
+    dt = s_a.dtype
     n_a = jnp.maximum(n_a, 1.0)
-    origin = s_a / n_a - 1.0 - jnp.power(n_a, -am1)
+    origin = s_a / n_a - 1.0 - jnp.power(n_a, -jnp.asarray(am1, dt))
     origin = jnp.maximum(origin - 8 * jnp.finfo(dt).eps, -1.0)
+    return jnp.where(jnp.asarray(am1) <= 1.0, origin, -1.0)
+
+
+def histogram_edges(origin, bins: int):
+    """Edges e_j = t₀ + j·w, j < bins, w = -t₀/bins: ([..., bins], w [..., 1])."""
     w = -origin / bins
-    # 1. edge values (one broadcast reduction: [..., bins, n] -> [..., bins])
-    edges = origin + w * jnp.arange(bins, dtype=dt)  # [..., bins]
-    u = jnp.maximum(z[..., None, :] - edges[..., :, None], 0.0)
-    G = jnp.sum(u * u if alpha_static == 1.5 else u, axis=-1)
+    return origin + w * jnp.arange(bins, dtype=origin.dtype), w
+
+
+def histogram_pick_bin(G, origin, w):
+    """The bin of τ* from the per-edge sums G_j = Σ (z - e_j)₊^{1/(α-1)} [..., bins]:
+    j = the last edge with G_j ≥ 1; returns (j [..., 1], a = e_j, b = e_{j+1} (0 for the
+    top bin), f(a), f(b))."""
+    bins = G.shape[-1]
     G = jnp.concatenate([G, jnp.zeros_like(G[..., :1])], axis=-1)  # e_bins = max z = 0
     j = jnp.clip(jnp.sum((G[..., :bins] >= 1.0).astype(jnp.int32), -1, keepdims=True) - 1,
                  0, bins - 1)
-    a = origin + w * j.astype(dt)
+    a = origin + w * j.astype(G.dtype)
     b = jnp.where(j == bins - 1, 0.0, a + w)
-    Fa = jnp.take_along_axis(G, j, axis=-1) - 1.0
-    Fb = jnp.take_along_axis(G, j + 1, axis=-1) - 1.0
-    # 2. slopes at a and b (one broadcast reduction over the two edges)
+    return (j, a, b, jnp.take_along_axis(G, j, axis=-1) - 1.0,
+            jnp.take_along_axis(G, j + 1, axis=-1) - 1.0)
+
+
+def histogram_init(a, b, fa, fb, da, db, alpha_static: float):
+    """Bracket (lo, hi) ∋ τ* and first iterate τ₀ on the bin [a, b] from f and the slope
+    sums at both edges (``da``/``db``: S = Σ(z-e)₊ for α = 1.5, f' = -2S; K = #{z > e} for
+    α = 2, f' = -K). τ₀ is the root of the cubic Hermite interpolant; for α = 2 the closed
+    forms (S - 1)/K over {z > a} and {z > b} are lower bounds of τ* and raise lo."""
+    lo, hi = a, b
+    if alpha_static == 1.5:
+        d0, d1 = -2.0 * da, -2.0 * db
+    else:
+        d0, d1 = -da, -db
+        eps = 1e-6 if a.dtype == jnp.float32 else 1e-12
+        t_a = a + fa / jnp.where(da > 0, da, 1.0)
+        t_b = jnp.where(db > 0, b + fb / jnp.where(db > 0, db, 1.0), a)
+        lo = jnp.clip(jnp.maximum(t_a, t_b) - eps, a, b)
+    h = b - a
+    return lo, hi, jnp.clip(a + h * hermite_root(fa, fb, d0, d1, h), lo, hi)
+
+
+def _histogram(z, bins, alpha_static):
+    """The histogram initialisation on one whole row of shifted scores z (max z = 0,
+    z ≥ -2), in z units: the origin pass, the per-edge sums G_j in one broadcast reduction,
+    the slope sums at the bin's two edges in another (``docs/entmax.md``). Returns the
+    bracket (lo, hi) ∋ τ* (hi - lo ≤ 1/bins) and the first iterate τ₀."""
+    am1 = alpha_static - 1.0
+    u0 = jnp.maximum(z + 1.0, 0.0)
+    n_a, s_a = row_sums(jnp.sign(u0), u0)
+    origin = power_mean_origin(n_a, s_a, am1)
+    edges, w = histogram_edges(origin, bins)  # [..., bins]
+    u = jnp.maximum(z[..., None, :] - edges[..., :, None], 0.0)
+    G = jnp.sum(u * u if alpha_static == 1.5 else u, axis=-1)
+    _, a, b, fa, fb = histogram_pick_bin(G, origin, w)
     ab = jnp.concatenate([a, b], axis=-1)
     v = jnp.maximum(z[..., None, :] - ab[..., :, None], 0.0)
     D = jnp.sum(v if alpha_static == 1.5 else jnp.sign(v), axis=-1)
-    Da, Db = D[..., :1], D[..., 1:]
-    eps = 1e-6 if dt == jnp.float32 else 1e-12
-    lo, hi = a, b
-    if alpha_static == 1.5:
-        d0, d1 = -2.0 * Da, -2.0 * Db
+    return histogram_init(a, b, fa, fb, D[..., :1], D[..., 1:], alpha_static)
+
+
+def polish_step(kind: str, tau, f, stats):
+    """One more step from the last pass's sums, for rows with |f| < tol: exact on the same
+    support for α = 1.5 (quadratic) and α = 2 (Newton), quadratically convergent for the
+    Newton step of any other α, so a blockwise solver hands on τ accurate to rounding, not
+    to tol, at no extra pass."""
+    if kind == "bisect":
+        return tau
+    k, s, _ = stats
+    if kind == "quadratic":
+        disc = s * s - k * f
+        cand = tau + f / (s + jnp.sqrt(jnp.maximum(disc, 0.0)))
+        ok = (s > 0) & (disc >= 0)
     else:
-        d0, d1 = -Da, -Db
-        # (S - 1)/K over a top set is a lower bound of τ* (τ* is their maximum)
-        t_a = a + Fa / jnp.where(Da > 0, Da, 1.0)
-        t_b = jnp.where(Db > 0, b + Fb / jnp.where(Db > 0, Db, 1.0), a)
-        lo = jnp.clip(jnp.maximum(t_a, t_b) - eps, a, b)
-    h = b - a
-    t0 = jnp.clip(a + h * _hermite_root(Fa, Fb, d0, d1, h), lo, hi)
-    return lo, hi, t0
+        cand = tau + f / jnp.where(k > 0, k, 1.0)
+        ok = k > 0
+    return jnp.where(ok & jnp.isfinite(cand), cand, tau)
 
 
-def _hermite_root(f0, f1, d0, d1, h):
+def hermite_root(f0, f1, d0, d1, h):
     """Root in [0, 1] of the cubic Hermite interpolant (values f0,f1; slopes d0,d1 · h)."""
     m0, m1 = d0 * h, d1 * h
     s = jnp.clip(f0 / jnp.where(f0 - f1 > 0, f0 - f1, 1.0), 0.0, 1.0)  # secant start
@@ -453,14 +622,14 @@ def _forward(x, alpha, cfg: _Config):
     dtype, τ (entmax convention), steps used."""
     cdt = alpha.dtype
     am1 = (cfg.alpha - 1.0) if cfg.alpha is not None else (alpha - 1.0)
-    m, xmax = _row_shift(x, cdt)
+    m, xmax = row_shift(x, cdt)
     dead = xmax == -jnp.inf
 
     def zfun():
-        return _scores(x, m, am1, cdt)
+        return shifted_scores(x, m, am1, cdt)
 
     tau, fval, iters = _threshold(zfun, am1, dead, x.shape[-1], cdt, cfg)
-    p = _power(jnp.maximum(zfun() - tau, 0.0), cfg.alpha, am1)
+    p = entmax_power(jnp.maximum(zfun() - tau, 0.0), cfg.alpha, am1)
     total = jnp.sum(p, axis=-1, keepdims=True) if fval is None else 1.0 + fval
     scale = jnp.where(dead | (total <= 0), 0.0, 1.0 / jnp.where(total > 0, total, 1.0))
     p = p * scale  # a per-row factor, not a per-element select
@@ -632,8 +801,8 @@ def histogram_bracket(
         raise ValueError(f"{name}: `bins` must be 2, 4 or 8, got {bins}")
     xl = lax.stop_gradient(jnp.moveaxis(x, axis, -1))
     am1 = a_s - 1.0
-    m, xmax = _row_shift(xl, cdt)
-    out = _histogram(_scores(xl, m, am1, cdt), bins, a_s)
+    m, xmax = row_shift(xl, cdt)
+    out = _histogram(shifted_scores(xl, m, am1, cdt), bins, a_s)
     shift = jnp.where(jnp.isfinite(xmax), am1 * xmax, jnp.inf)
     return tuple(jnp.moveaxis(t + shift, -1, axis) for t in out)
 
@@ -659,6 +828,6 @@ def _entmax_reference(x: jax.Array, alpha: float, axis: int = -1) -> jax.Array:
     am1 = alpha - 1.0
     z = am1 * (xl - lax.stop_gradient(jnp.max(xl, axis=-1, keepdims=True)))
     tau = _tau_sort15(z) if alpha == 1.5 else _tau_sort2(z)
-    p = _power(jnp.maximum(z - tau, 0.0), alpha, am1)
+    p = entmax_power(jnp.maximum(z - tau, 0.0), alpha, am1)
     return jnp.moveaxis(p, -1, axis)
 

@@ -29,9 +29,9 @@ blocks inside each phase; key blocks above the causal diagonal or beyond the val
    raise the lower end (α = 2: (S-1)/K over the top sets; α = 1.5: the root of
    Σ_A (y-t)² = 1 over the set A above the upper edge, all in the support); the first
    iterate is the root of the cubic Hermite interpolant through f, f' at both edges
-   (``lcjax.entmax._hermite_root``);
+   (``docs/entmax.md``, "histogram");
 3. up to ``n_iter`` solver passes, each evaluating K, S, Q (or Σp for other α) at τ and
-   taking the safeguarded step of ``lcjax.entmax._step`` (α = 1.5: root of the local
+   taking the safeguarded step of ``docs/entmax.md`` (α = 1.5: root of the local
    quadratic, Halley where it has none; α = 2: Newton; other α > 1: bisection on
    [t₀, 0]), stopping early once every row of the block has |Σp - 1| < ``tol``. On
    random scores at temperatures 0.1-20 (S = 1024, ``bins=4``) τ reaches float32
@@ -87,17 +87,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as plgpu
 
-from lcjax.attention.core import (
-    _pad_axis,
-    build_mask,
-    default_scale,
-    lengths_to_segment_ids,
-    validate_qkv,
-)
-from lcjax.entmax import _hermite_root, _step, split_alpha
-from lcjax.entmax import entmax as _entmax
-
-__all__ = ["BlockSizes", "entmax_attention_pallas", "entmax_attention_reference"]
+__all__ = ["BlockSizes", "entmax_attention_pallas", "entmax_attention_reference",
+           "unsupported_block_sizes"]
 
 _NAME = "entmax_attention_pallas"
 NEG = -1e30  # a masked score (finite, so no inf - inf inside the kernels)
@@ -133,9 +124,12 @@ class _Config(NamedTuple):
     alpha: float
     causal: bool
     scale: float
+    kind: str  # solver step: "quadratic" | "newton" | "bisect"
+    init: str  # "histogram" | "origin" | "bracket"
     n_iter: int
     bins: int
     tol: float
+    kv_len: int  # S (the bracket's upper end -S^{1-α})
     q_len: int  # true T (rows beyond it are padding)
     groups: int  # H // Hkv
     bq: int
@@ -247,6 +241,67 @@ def _inv(l):
     return jnp.where(pos, 1.0 / jnp.where(pos, l, 1.0), 0.0)
 
 
+def _hermite_root(f0, f1, d0, d1, h):
+    """Root in [0, 1] of the cubic Hermite interpolant through (0, f0), (1, f1) with slopes
+    d0·h, d1·h: secant start, four guarded Newton steps (``docs/entmax.md``)."""
+    m0, m1 = d0 * h, d1 * h
+    s = jnp.clip(f0 / jnp.where(f0 - f1 > 0, f0 - f1, 1.0), 0.0, 1.0)
+    for _ in range(4):
+        s2 = s * s
+        s3 = s2 * s
+        val = (2 * s3 - 3 * s2 + 1) * f0 + (s3 - 2 * s2 + s) * m0
+        val = val + (3 * s2 - 2 * s3) * f1 + (s3 - s2) * m1
+        der = (6 * s2 - 6 * s) * (f0 - f1) + (3 * s2 - 4 * s + 1) * m0 + (3 * s2 - 2 * s) * m1
+        s = jnp.where(der < 0, jnp.clip(s - val / jnp.where(der < 0, der, -1.0), 0.0, 1.0), s)
+    return s
+
+
+def _solver_step(kind: str, tau, f, k, s, lo, hi):
+    """Safeguarded step (``docs/entmax.md``, "steps"): the bracket from the sign of f, then
+    the local quadratic root (α = 1.5; Halley where it has none) or Newton (-f' = k),
+    bisection where the candidate leaves the bracket."""
+    lo = jnp.where(f > 0, tau, lo)
+    hi = jnp.where(f < 0, tau, hi)
+    mid = 0.5 * (lo + hi)
+    if kind == "bisect":
+        return mid, lo, hi
+    if kind == "newton":
+        cand = jnp.maximum(tau + f / jnp.where(k > 0, k, 1.0), lo)
+        ok = k > 0
+    else:
+        disc = s * s - k * f
+        quad = tau + f / (s + jnp.sqrt(jnp.maximum(disc, 0.0)))
+        halley = tau + 2.0 * f * s / (4.0 * s * s - f * k)
+        cand = jnp.where(disc >= 0, quad, halley)
+        ok = s > 0
+    ok = ok & jnp.isfinite(cand) & (cand >= lo) & (cand <= hi) & (cand != tau)
+    return jnp.where(ok, cand, mid), lo, hi
+
+
+def _polish(kind: str, tau, f, k, s):
+    """The last step of a converged row, from the same sums (exact on a fixed support for
+    α ∈ {1.5, 2}): τ accurate to rounding, not to tol, at no extra pass."""
+    if kind == "bisect":
+        return tau
+    if kind == "quadratic":
+        disc = s * s - k * f
+        cand = tau + f / (s + jnp.sqrt(jnp.maximum(disc, 0.0)))
+        ok = (s > 0) & (disc >= 0)
+    else:
+        cand = tau + f / jnp.where(k > 0, k, 1.0)
+        ok = k > 0
+    return jnp.where(ok & jnp.isfinite(cand), cand, tau)
+
+
+def _resolve(solver: str, alpha: float) -> tuple[str, str]:
+    """(step kind, initialisation) of ``solver`` at a static α (the rule of
+    ``lcjax.entmax.SolverConfig.resolve``)."""
+    if solver == "bisect" or alpha > 2.0:
+        return "bisect", "bracket"
+    kind = "quadratic" if alpha == 1.5 else "newton"
+    return kind, ("histogram" if solver == "histogram" and alpha in (1.5, 2.0) else "origin")
+
+
 # ----------------------------------------------------------------------------
 # Threshold initialisation from the histogram (elementwise on [bq, 1] statistics)
 # ----------------------------------------------------------------------------
@@ -305,10 +360,11 @@ def _histogram_init(stats, alpha: float, bins: int, t0, w):
 # ----------------------------------------------------------------------------
 # Forward kernel
 # ----------------------------------------------------------------------------
-def _fwd_kernel(len_ref, q_ref, k_ref, v_ref,
-                o_ref, mz_ref, tau_ref, l_ref, live_ref, taub_ref, *, cfg: _Config):
+def _fwd_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref, l_ref, it_ref,
+                live_ref, taub_ref, *, cfg: _Config):
     alpha, bq, bk, bins = cfg.alpha, cfg.bq, cfg.bk, cfg.bins
-    c = cfg.scale * (alpha - 1.0)
+    am1 = alpha - 1.0
+    c = cfg.scale * am1
     qi = pl.program_id(2)
     L = jnp.max(len_ref[...])
     n_blocks = k_ref.shape[0] // bk
@@ -317,13 +373,14 @@ def _fwd_kernel(len_ref, q_ref, k_ref, v_ref,
     q = q_ref[...]
     live_shape = live_ref.shape  # (1, NKP)
     kiota = _iota(live_shape, 1)
+    zeros = jnp.zeros((bq, 1), _F32)
 
     def x_tile(j):
         return _scores(q, k_ref[_key_slice(j, bk), :], c, qpos0, j * bk, L, cfg.causal)
 
-    # 1. row max (z units), with the count and Σ(z - max) of a top set A' (the scores
-    # above the running max - 1) for the origin t0 = mean_A' - |A'|^{1-α} ≤ τ* (Jensen:
-    # f(τ) ≥ |A'|(mean_A' - τ)^{1/(α-1)} - 1 for any subset A')
+    # 1. one pass: row max (z units) and the count and Σ(z - max) of the set A' of scores
+    # above the running max - 1 when seen, for the origin t0 = mean_A' - |A'|^{1-α} ≤ τ*
+    # (docs/entmax.md, "one pass for the max and the origin")
     def max_body(j, carry):
         m, cnt, s = carry
         x = x_tile(j)
@@ -332,25 +389,20 @@ def _fwd_kernel(len_ref, q_ref, k_ref, v_ref,
         s = s + cnt * (m - m_new) + _rowsum(jnp.where(sel, x - m_new, 0.0))
         return m_new, cnt + _rowsum(sel.astype(_F32)), s
 
-    zeros = jnp.zeros((bq, 1), _F32)
     xmax, cnt, ssum = lax.fori_loop(0, nkb, max_body, (jnp.full((bq, 1), NEG, _F32), zeros, zeros))
     rows = qpos0 + _iota((bq, 1), 0)
     dead = (xmax < 0.5 * NEG) | (rows >= cfg.q_len)
     mz = jnp.where(dead, 0.0, xmax)
     n_a = jnp.maximum(cnt, 1.0)
-    if alpha == 1.5:
-        power = lax.rsqrt(n_a)
-    elif alpha == 2.0:
-        power = 1.0 / n_a
-    else:
-        power = jnp.exp((1.0 - alpha) * jnp.log(n_a))
-    t0 = jnp.clip(ssum / n_a - power - 1e-6, -1.0, -power)
+    t0 = ssum / n_a - _inv_power(n_a, alpha) - 8 * float(np.finfo(np.float32).eps)
+    t0 = jnp.maximum(t0, -1.0) if alpha <= 2.0 else jnp.full((bq, 1), -1.0, _F32)
+    hi = jnp.full((bq, 1), -float(cfg.kv_len) ** (-am1), _F32)  # τ ≤ max z - S^{1-α}
 
     def z_tile(j):
         return _shifted(x_tile(j), mz)
 
-    # 2. histogram of z on [t0, 0] -> bracket and first iterate
-    if alpha in (1.5, 2.0):
+    # 2. initialisation: histogram of z on [t0, 0] (α ∈ {1.5, 2}), the origin, or a bracket
+    if cfg.init == "histogram":
         w = -t0 / bins
         inv_w = 1.0 / w
 
@@ -369,69 +421,87 @@ def _fwd_kernel(len_ref, q_ref, k_ref, v_ref,
         acc = lax.fori_loop(0, nkb, hist_body, (zeros,) * (3 * bins))
         stats = [acc[3 * b:3 * b + 3] for b in range(bins)]
         lo, hi, tau0 = _histogram_init(stats, alpha, bins, t0, w)
-        kind = "quadratic" if alpha == 1.5 else "newton"
+    elif cfg.init == "origin":
+        lo, tau0 = t0, t0
     else:
-        lo = t0
-        hi = jnp.zeros((bq, 1), _F32)
+        lo = jnp.full((bq, 1), -1.0, _F32)
         tau0 = 0.5 * (lo + hi)
-        kind = "bisect"
     tau0 = jnp.where(dead, BIG, tau0)
 
-    # 3./4. solver passes; the last one also measures the per-tile gaps for the mask
+    # 3. solver passes (the loop of lcjax.attention.entmax): each evaluates the sums at τ
+    # and records the per-tile gap max (z - τ); a row stops when |f| < tol (taking the
+    # polish step), after n_iter steps, or when τ no longer moves
     def stats_body(tau):
         def body(j, carry):
-            kk, ss, qq, gaps = carry
+            kk, ss, pp, gaps = carry
             z = z_tile(j)
             u = jnp.maximum(z - tau, 0.0)
             gaps = jnp.where(kiota == j, jnp.max(z - tau), gaps)
+            if cfg.kind == "bisect":
+                return kk, ss, pp + _rowsum(_weights(u, alpha)), gaps
             if alpha in (1.5, 2.0):
-                kk = kk + _rowsum((u > 0).astype(_F32))
-                ss = ss + _rowsum(u)
-                if alpha == 1.5:
-                    qq = qq + _rowsum(u * u)
-            else:
-                qq = qq + _rowsum(_weights(u, alpha))
-            return kk, ss, qq, gaps
+                kk, ss = kk + _rowsum((u > 0).astype(_F32)), ss + _rowsum(u)
+                return kk, ss, pp + (_rowsum(u * u) if alpha == 1.5 else _rowsum(u)), gaps
+            # any other α: P = Σ u^c and -f' = c·Σ u^{c-1}
+            return kk + _rowsum(_sens(u, alpha)) / am1, ss, pp + _rowsum(_weights(u, alpha)), gaps
         return body
 
     def solve_cond(state):
-        it, _, _, _, done, _, _ = state
-        return (it < cfg.n_iter) & (jnp.min(done) < 0.5)
+        it, *_, done, _, _ = state
+        return (it <= cfg.n_iter) & (jnp.min(done) < 0.5)
 
     def solve_body(state):
-        it, tau, lo, hi, done, _, _ = state
-        zeros = jnp.zeros((bq, 1), _F32)
+        it, tau, lo, hi, iters, done, tau_fin, _ = state
         gaps0 = jnp.full(live_shape, NEG, _F32)
-        kk, ss, qq, gaps = lax.fori_loop(0, nkb, stats_body(tau), (zeros, zeros, zeros, gaps0))
-        f = (ss if alpha == 2.0 else qq) - 1.0
-        new_tau, lo, hi = _step(kind, tau, f, (kk, ss, qq), lo, hi)
-        stop = (done > 0.5) | (jnp.abs(f) < cfg.tol)
+        kk, ss, pp, gaps = lax.fori_loop(0, nkb, stats_body(tau), (zeros, zeros, zeros, gaps0))
+        f = pp - 1.0
+        new_tau, lo, hi = _solver_step(cfg.kind, tau, f, kk, ss, lo, hi)
+        polished = jnp.clip(_polish(cfg.kind, tau, f, kk, ss), lo, hi)
+        was_done = done > 0.5
+        converged = jnp.abs(f) < cfg.tol
+        stop = was_done | converged | (it >= cfg.n_iter) | (new_tau == tau)
+        tau_fin = jnp.where(stop & ~was_done, jnp.where(converged, polished, tau), tau_fin)
+        iters = jnp.where(stop, iters, iters + 1)
         tau_next = jnp.where(stop, tau, new_tau)
-        return it + 1, tau_next, lo, hi, stop.astype(_F32), gaps, tau
+        return it + 1, tau_next, lo, hi, iters, stop.astype(_F32), tau_fin, gaps
 
-    state = (jnp.int32(0), tau0, lo, hi, dead.astype(_F32),
-             jnp.full(live_shape, NEG, _F32), tau0)
-    _, tau, _, _, _, gaps, tau_build = lax.while_loop(solve_cond, solve_body, state)
-    live = (gaps > jnp.min(tau - tau_build)).astype(jnp.int32)
+    state = (jnp.int32(0), tau0, lo, hi, jnp.zeros((bq, 1), jnp.int32), dead.astype(_F32),
+             tau0, jnp.full(live_shape, NEG, _F32))
+    _, tau_build, _, _, iters, _, tau, gaps = lax.while_loop(solve_cond, solve_body, state)
+    # 4. the τ_build/τ_final rule: z > τ implies z - τ_build > τ - τ_build ≥ the minimum
+    shift = jnp.min(jnp.where(dead, BIG, tau - tau_build))
+    maybe_live = (gaps > shift).astype(jnp.int32)
 
-    # 5. output over live tiles
+    # 5. output over the tiles that may be live; records the exact live tiles (some p > 0)
     def out_body(j, carry):
         def on(carry):
-            acc, l = carry
+            acc, l, live = carry
             p = _weights(jnp.maximum(z_tile(j) - tau, 0.0), alpha)
             v = v_ref[_key_slice(j, bk), :]
-            return acc + _nn(p.astype(v.dtype), v), l + _rowsum(p)
+            hit = (jnp.max(p) > 0).astype(jnp.int32)
+            return acc + _nn(p.astype(v.dtype), v), l + _rowsum(p), jnp.where(kiota == j, hit,
+                                                                               live)
 
-        return lax.cond(_pick(live, j) > 0, on, lambda carry: carry, carry)
+        return lax.cond(_pick(maybe_live, j) > 0, on, lambda carry: carry, carry)
 
-    acc0 = jnp.zeros((bq, v_ref.shape[1]), _F32)
-    acc, l = lax.fori_loop(0, nkb, out_body, (acc0, jnp.zeros((bq, 1), _F32)))
+    acc0 = (jnp.zeros((bq, v_ref.shape[1]), _F32), zeros, jnp.zeros(live_shape, jnp.int32))
+    acc, l, live = lax.fori_loop(0, nkb, out_body, acc0)
     o_ref[...] = (acc * _inv(l)).astype(o_ref.dtype)
     mz_ref[...] = mz
     tau_ref[...] = tau
     l_ref[...] = l
+    it_ref[...] = iters
     live_ref[...] = live
     taub_ref[...] = tau_build
+
+
+def _inv_power(n, alpha: float):
+    """n^{1-α} for n ≥ 1."""
+    if alpha == 1.5:
+        return lax.rsqrt(n)
+    if alpha == 2.0:
+        return 1.0 / n
+    return jnp.exp((1.0 - alpha) * jnp.log(n))
 
 
 # ----------------------------------------------------------------------------
@@ -579,19 +649,20 @@ def _forward(q, k, v, lens, cfg: _Config):
         ],
         out_specs=[
             pl.BlockSpec((None, None, bq, Dvp), lambda b, h, i: (b, h, i, 0)),
-            _row_spec(bq), _row_spec(bq), _row_spec(bq),
+            _row_spec(bq), _row_spec(bq), _row_spec(bq), _row_spec(bq),
             pl.BlockSpec((None, None, None, 1, nkp), lambda b, h, i: (b, h, i, 0, 0)),
             _row_spec(bq),
         ],
         out_shape=[
             jax.ShapeDtypeStruct((B, H, Tp, Dvp), q.dtype), row, row, row,
+            jax.ShapeDtypeStruct((B, H, Tp, 1), jnp.int32),
             jax.ShapeDtypeStruct((B, H, nq, 1, nkp), jnp.int32), row,
         ],
         interpret=cfg.interpret,
         name="entmax_attention_fwd",
     )(lens, q, k, v)
-    out, mz, tau, l, live, taub = outs
-    return out, mz, tau, l, live[:, :, :, 0, :nk], taub
+    out, mz, tau, l, iters, live, taub = outs
+    return out, mz, tau, l, iters, live[:, :, :, 0, :nk], taub
 
 
 def _regrid(live, bq_f: int, bk_f: int, bq: int, bk: int, Tp: int, Sp: int):
@@ -681,7 +752,7 @@ def _core(q, k, v, lens, cfg: _Config):
 
 def _core_fwd(q, k, v, lens, cfg):
     outs = _forward(q, k, v, lens, cfg)
-    _, mz, tau, l, live, _ = outs
+    _, mz, tau, l, _, live, _ = outs
     return outs, (q, k, v, lens, mz, tau, l, live)
 
 
@@ -697,29 +768,80 @@ _core.defvjp(_core_fwd, _core_bwd)
 # ----------------------------------------------------------------------------
 # Public API
 # ----------------------------------------------------------------------------
-def _parse_alpha(alpha) -> float:
-    """A static α > 1 (the kernel is specialised on it); the check is lcjax.entmax's."""
+def _check_alpha(alpha) -> float:
+    """A static α > 1 (the kernel is specialised on it)."""
     if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool):
         raise ValueError(
             f"{_NAME}: `alpha` must be a Python number > 1 (the kernel is specialised on "
             f"it), got {alpha!r} of type {type(alpha).__name__}"
         )
-    return split_alpha(alpha, _NAME)[0]
+    if not float(alpha) > 1.0:
+        raise ValueError(f"{_NAME}: `alpha` must be > 1 (alpha = 1 is softmax), got {alpha}")
+    return float(alpha)
 
 
-def _block(value, name: str, length: int) -> int:
-    # powers of two (Triton tiles), at least 16 (Triton's dot), at most the padded length
-    if not isinstance(value, numbers.Integral) or value < 16 or value & (value - 1):
-        raise ValueError(f"{_NAME}: block_sizes.{name} must be a power of two >= 16, got {value}")
-    return int(min(value, max(16, pl.next_power_of_2(length))))
+def _check_qkv(q, k, v, name: str = _NAME):
+    """(B, T, H, D, S, Hkv, Dv); ValueError naming the argument and shapes otherwise."""
+    for arg, x in (("q", q), ("k", k), ("v", v)):
+        if getattr(x, "ndim", None) != 4:
+            raise ValueError(f"{name}: `{arg}` must be rank 4 [batch, len, heads, head_dim], "
+                             f"got shape {getattr(x, 'shape', None)}")
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(f"{name}: `{arg}` must be floating point, got dtype {x.dtype}")
+    (B, T, H, D), (_, S, Hkv, Dk) = q.shape, k.shape
+    if k.shape[0] != B or v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"{name}: batch/kv shapes differ: q {q.shape}, k {k.shape}, "
+                         f"v {v.shape}")
+    if Dk != D:
+        raise ValueError(f"{name}: head_dim of `q` {q.shape} and `k` {k.shape} differ")
+    if Hkv == 0 or H % Hkv:
+        raise ValueError(f"{name}: heads of `q` ({H}) must be a multiple of kv_heads of `k` "
+                         f"({Hkv}); got q {q.shape}, k {k.shape}")
+    return B, T, H, D, S, Hkv, v.shape[3]
 
 
-def _cdiv_int(a: int, b: int) -> int:
-    return -(-a // b)
+def _min_block(interpret: bool) -> int:
+    return 8 if interpret else 16  # Triton's dot needs 16; the interpreter any power of two
+
+
+def unsupported_block_sizes(block_sizes: BlockSizes, *, interpret: bool) -> str | None:
+    """Why the kernel cannot run these tiles (None if it can): every size a power of two
+    ≥ 16 (≥ 8 in interpret mode)."""
+    low = _min_block(interpret)
+    for f in dataclasses.fields(block_sizes):
+        val = getattr(block_sizes, f.name)
+        if val is None and f.name not in ("block_q", "block_k"):
+            continue
+        if not isinstance(val, numbers.Integral) or val < low or val & (val - 1):
+            return f"block_sizes.{f.name} must be a power of two >= {low}, got {val}"
+    return None
+
+
+def _block(value, length: int, interpret: bool) -> int:
+    """A tile size clamped to the (power-of-two rounded) length."""
+    low = _min_block(interpret)
+    return int(min(value, max(low, pl.next_power_of_2(length))))
 
 
 def _round_up(n: int, m: int) -> int:
-    return _cdiv_int(n, m) * m
+    return -(-n // m) * m
+
+
+def _pad_to(x, axis: int, size: int):
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, widths)
+
+
+def _block_sparsity(live, bq: int, bk: int, causal: bool):
+    """Fraction of the tiles at or below the causal diagonal (all if not causal) with no
+    weight, from the exact live flags [B, H, nq, nk]."""
+    nq, nk = live.shape[-2:]
+    in_range = np.ones((nq, nk), bool)
+    if causal:
+        in_range = np.arange(nk)[None, :] * bk <= (np.arange(nq) * bq + bq - 1)[:, None]
+    counted = int(in_range.sum()) * live.shape[0] * live.shape[1]
+    return ((counted - jnp.sum(live & in_range)) / counted).astype(_F32)
 
 
 def entmax_attention_pallas(
@@ -731,60 +853,67 @@ def entmax_attention_pallas(
     causal: bool = False,
     scale: float | None = None,
     kv_lengths: jax.Array | None = None,
-    n_iter: int | None = None,
-    bins: int = 4,
-    tol: float = 1e-6,
+    solver: str,
+    n_iter: int,
+    bins: int,
+    tol: float,
     block_sizes: BlockSizes | None = None,
     interpret: bool = False,
     return_aux: bool = False,
 ):
     """α-entmax attention (AdaSplash-2) with Pallas kernels; differentiable in q, k, v.
 
+    The solver settings have no defaults here: ``lcjax.attention.entmax`` passes every value
+    of its one configuration (``lcjax.entmax.SolverConfig``), so the kernel and the XLA
+    path cannot drift apart; ``docs/entmax.md`` has the algorithm.
+
     Args:
       q: [B, T, H, D]; k: [B, S, Hkv, D]; v: [B, S, Hkv, Dv]; H % Hkv == 0.
-      alpha: a Python number > 1. α = 1.5 and α = 2 use the histogram initialisation and
-        Halley/Newton steps; any other α uses ``n_iter`` bisection steps on [-1, 0].
-      causal: query t attends to keys s ≤ t (top-left alignment, as
-        ``lcjax.attention.core.causal_mask``).
+      alpha: a Python number > 1.
+      causal: query t attends to keys s ≤ t (top-left alignment).
       scale: score scale (default 1/sqrt(D)).
       kv_lengths: optional int [B]: keys s ≥ kv_lengths[b] are masked (a length 0 row
         returns zeros).
-      n_iter: cap on solver passes over the keys (default 4 for α ∈ {1.5, 2}, 30 for
-        bisection); each pass is one q·kᵀ sweep. Must be ≥ 1.
-      bins: histogram bins per unit of z, 2, 4 or 8.
-      tol: a row stops once |Σp - 1| < tol (the output is renormalised by Σp anyway).
+      solver: ``"histogram"``, ``"newton"`` or ``"bisect"`` (as ``SolverConfig``).
+      n_iter: cap on solver steps (≥ 0); each pass is one q·kᵀ sweep.
+      bins: histogram bins, 2, 4 or 8.
+      tol: a row stops once |Σp - 1| < tol (and takes one last step from those sums).
       block_sizes: ``BlockSizes`` (default ``BlockSizes.get_default()``).
       interpret: run the kernels in the Pallas interpreter (required on CPU).
       return_aux: also return a dict with ``tau`` [B, T, H] (threshold in the convention
-        p = [(α-1)·x - τ]₊^{1/(α-1)} on x = scale·q·kᵀ, +inf on empty rows), ``tau_build``
-        (the τ the live mask was measured at) and ``live`` [B, H, nq, nk] (bool live tiles
-        of the forward grid of ``block_q`` x ``block_k`` tiles).
+        p = [(α-1)·x - τ]₊^{1/(α-1)} on x = scale·q·kᵀ, +inf on empty rows),
+        ``iterations`` [B, T, H] int32 (solver steps after the initialisation),
+        ``block_sparsity`` (float32; the fraction of (batch, head, query block, key block)
+        tiles at or below the causal diagonal without weight), ``tau_build`` (the τ the
+        tile gaps were measured at) and ``live`` [B, H, nq, nk] (bool: tiles holding weight).
 
     Returns: [B, T, H, Dv] in q's dtype (and the aux dict when ``return_aux``).
     """
-    shapes = validate_qkv(q, k, v, name=_NAME)
-    a = _parse_alpha(alpha)
+    B, T, H, D, S, Hkv, Dv = _check_qkv(q, k, v)
+    a = _check_alpha(alpha)
+    if solver not in ("histogram", "newton", "bisect"):
+        raise ValueError(f"{_NAME}: `solver` must be 'histogram', 'newton' or 'bisect', "
+                         f"got {solver!r}")
     if bins not in (2, 4, 8):
         raise ValueError(f"{_NAME}: `bins` must be 2, 4 or 8, got {bins}")
-    if n_iter is None:
-        n_iter = 4 if a in (1.5, 2.0) else 30
-    if not isinstance(n_iter, numbers.Integral) or n_iter < 1:
-        raise ValueError(f"{_NAME}: `n_iter` must be an integer >= 1, got {n_iter}")
+    if not isinstance(n_iter, numbers.Integral) or n_iter < 0:
+        raise ValueError(f"{_NAME}: `n_iter` must be an integer >= 0, got {n_iter}")
     if not tol > 0:
         raise ValueError(f"{_NAME}: `tol` must be > 0, got {tol}")
     bs = BlockSizes.get_default() if block_sizes is None else block_sizes
     if not isinstance(bs, BlockSizes):
         raise ValueError(f"{_NAME}: `block_sizes` must be a BlockSizes, got {type(bs).__name__}")
-    B, T, H, D = shapes.batch, shapes.q_len, shapes.heads, shapes.head_dim
-    S, Hkv, Dv = shapes.kv_len, shapes.kv_heads, shapes.value_dim
+    reason = unsupported_block_sizes(bs, interpret=interpret)
+    if reason:
+        raise ValueError(f"{_NAME}: {reason}")
     if T == 0 or S == 0:
         raise ValueError(f"{_NAME}: empty sequence: q {q.shape}, k {k.shape}")
-    bq = _block(bs.block_q, "block_q", T)
-    bk = _block(bs.block_k, "block_k", S)
-    bq_dq = _block(bs.block_q_dq or bs.block_q, "block_q_dq", T)
-    bk_dq = _block(bs.block_k_dq or bs.block_k, "block_k_dq", S)
-    bq_dkv = _block(bs.block_q_dkv or bs.block_q, "block_q_dkv", T)
-    bk_dkv = _block(bs.block_k_dkv or bs.block_k, "block_k_dkv", S)
+    interp = bool(interpret)
+    bq, bk = _block(bs.block_q, T, interp), _block(bs.block_k, S, interp)
+    bq_dq = _block(bs.block_q_dq or bs.block_q, T, interp)
+    bk_dq = _block(bs.block_k_dq or bs.block_k, S, interp)
+    bq_dkv = _block(bs.block_q_dkv or bs.block_q, T, interp)
+    bk_dkv = _block(bs.block_k_dkv or bs.block_k, S, interp)
     if kv_lengths is None:
         lens = jnp.full((B,), S, jnp.int32)
     else:
@@ -795,33 +924,71 @@ def entmax_attention_pallas(
                 f"{kv_lengths.dtype}{list(kv_lengths.shape)}"
             )
         lens = jnp.clip(kv_lengths, 0, S).astype(jnp.int32)
+    kind, init = _resolve(solver, a)
     cfg = _Config(
-        alpha=a, causal=bool(causal), scale=default_scale(D, scale), n_iter=int(n_iter),
-        bins=int(bins), tol=float(tol), q_len=T, groups=H // Hkv, bq=bq, bk=bk,
-        bq_dq=bq_dq, bk_dq=bk_dq, bq_dkv=bq_dkv, bk_dkv=bk_dkv, interpret=bool(interpret),
+        alpha=a, causal=bool(causal), scale=1.0 / np.sqrt(D) if scale is None else float(scale),
+        kind=kind, init=init, n_iter=int(n_iter), bins=int(bins), tol=float(tol), kv_len=S,
+        q_len=T, groups=H // Hkv, bq=bq, bk=bk, bq_dq=bq_dq, bk_dq=bk_dq, bq_dkv=bq_dkv,
+        bk_dkv=bk_dkv, interpret=interp,
     )
     Tp = _round_up(T, max(bq, bq_dq, bq_dkv))
     Sp = _round_up(S, max(bk, bk_dq, bk_dkv))
     Dp, Dvp = max(16, pl.next_power_of_2(D)), max(16, pl.next_power_of_2(Dv))
 
     def prep(x, n, d):  # [B, N, h, d] -> [B, h, N_padded, d_padded]
-        return _pad_axis(_pad_axis(jnp.swapaxes(x, 1, 2), 2, n), 3, d)
+        return _pad_to(_pad_to(jnp.swapaxes(x, 1, 2), 2, n), 3, d)
 
-    out, mz, tau, _, live, taub = _core(
+    out, mz, tau, _, iters, live, taub = _core(
         prep(q, Tp, Dp), prep(k, Sp, Dp), prep(v, Sp, Dvp), lens[:, None, None], cfg
     )
     out = jnp.swapaxes(out[:, :, :T, :Dv], 1, 2)
     if not return_aux:
         return out
 
-    def conv(t):  # shifted z units -> entmax convention on x, [B, T, H]
-        t = lax.stop_gradient(jnp.where(tau[..., 0] >= 0.5 * BIG, jnp.inf, t[..., 0] + mz[..., 0]))
-        return jnp.swapaxes(t[:, :, :T], 1, 2)
+    def per_row(t):  # [B, H, Tp, 1] -> [B, T, H]
+        return jnp.swapaxes(lax.stop_gradient(t)[:, :, :T, 0], 1, 2)
 
-    nq, nk = _cdiv_int(T, bq), _cdiv_int(S, bk)
-    aux = {"tau": conv(tau), "tau_build": conv(taub),
-           "live": lax.stop_gradient(live[:, :, :nq, :nk] > 0)}
+    def conv(t):  # shifted z units -> entmax convention on x
+        return per_row(jnp.where(tau >= 0.5 * BIG, jnp.inf, t + mz))
+
+    nq, nk = -(-T // bq), -(-S // bk)
+    live = lax.stop_gradient(live[:, :, :nq, :nk] > 0)
+    aux = {"tau": conv(tau), "iterations": per_row(iters),
+           "block_sparsity": _block_sparsity(live, bq, bk, causal),
+           "tau_build": conv(taub), "live": live}
     return out, aux
+
+
+# ----------------------------------------------------------------------------
+# Dense reference (pure jnp)
+# ----------------------------------------------------------------------------
+def _threshold_sort(z, alpha: float):
+    """Exact τ of p = [z - τ]₊^{1/(α-1)} for α ∈ {1.5, 2} by sorting (Peters et al. 2019,
+    Alg. 2; Michelot 1986)."""
+    n = z.shape[-1]
+    zs = -jnp.sort(-z, axis=-1)
+    kk = jnp.arange(1, n + 1, dtype=z.dtype)
+    if alpha == 2.0:
+        cs = jnp.cumsum(zs, axis=-1) - 1.0
+        support = jnp.maximum(jnp.sum((kk * zs > cs).astype(jnp.int32), -1, keepdims=True), 1)
+        return jnp.take_along_axis(cs, support - 1, axis=-1) / support.astype(z.dtype)
+    mean = jnp.cumsum(zs, axis=-1) / kk
+    delta = (1.0 - kk * (jnp.cumsum(zs * zs, axis=-1) / kk - mean * mean)) / kk
+    pos = delta > 0  # a NaN-free gradient where delta <= 0 (entries past the support)
+    tau = mean - jnp.where(pos, jnp.sqrt(jnp.where(pos, delta, 1.0)), 0.0)
+    support = jnp.maximum(jnp.sum((tau <= zs).astype(jnp.int32), -1, keepdims=True), 1)
+    return jnp.take_along_axis(tau, support - 1, axis=-1)
+
+
+def _threshold_bisect(z, alpha: float, n_iter: int = 60):
+    """τ by bisection on [max z - 1, max z] (any α > 1)."""
+    hi = jnp.max(z, axis=-1, keepdims=True)
+    lo = hi - 1.0
+    for _ in range(n_iter):
+        mid = 0.5 * (lo + hi)
+        f = jnp.sum(_weights(jnp.maximum(z - mid, 0.0), alpha), -1, keepdims=True) - 1.0
+        lo, hi = jnp.where(f > 0, mid, lo), jnp.where(f > 0, hi, mid)
+    return 0.5 * (lo + hi)
 
 
 def entmax_attention_reference(
@@ -834,23 +1001,25 @@ def entmax_attention_reference(
     scale: float | None = None,
     kv_lengths: jax.Array | None = None,
 ) -> jax.Array:
-    """Dense α-entmax attention in plain XLA: the [B, H, T, S] scores, the exact
-    (sort-based, α ∈ {1.5, 2}; bisection otherwise) ``lcjax.entmax.entmax`` and p·V."""
-    shapes = validate_qkv(q, k, v, name="entmax_attention_reference")
-    a = _parse_alpha(alpha)
-    B, T, H, D = q.shape
-    S, G = k.shape[1], shapes.groups
-    scale = default_scale(D, scale)
-    kr = jnp.repeat(k, G, axis=2).astype(_F32)
-    vr = jnp.repeat(v, G, axis=2)
+    """Dense α-entmax attention in plain jnp: the [B, H, T, S] scores, the exact τ (sort,
+    α ∈ {1.5, 2}; bisection otherwise), p normalised, and p·V. Rows with no visible key
+    give zeros."""
+    B, T, H, D, S, Hkv, _ = _check_qkv(q, k, v, "entmax_attention_reference")
+    a = _check_alpha(alpha)
+    scale = 1.0 / np.sqrt(D) if scale is None else scale
+    kr = jnp.repeat(k, H // Hkv, axis=2).astype(_F32)
+    vr = jnp.repeat(v, H // Hkv, axis=2).astype(_F32)
     x = jnp.einsum("bthd,bshd->bhts", q.astype(_F32), kr) * scale
-    segments = {}
+    visible = jnp.ones((B, 1, T, S), bool)
+    if causal:
+        visible = visible & jnp.tril(jnp.ones((T, S), bool))
     if kv_lengths is not None:
-        segments = dict(q_segment_ids=jnp.zeros((q.shape[0], T), jnp.int32),
-                        kv_segment_ids=lengths_to_segment_ids(jnp.asarray(kv_lengths), S))
-    mask = build_mask(T, S, causal=causal, **segments)
-    if mask is not None:
-        x = jnp.where(mask, x, -jnp.inf)
-    method = "sort" if a in (1.5, 2.0) else "bisect"
-    p = _entmax(x, a, axis=-1, method=method)
-    return jnp.einsum("bhts,bshd->bthd", p, vr.astype(_F32)).astype(q.dtype)
+        visible = visible & (jnp.arange(S) < jnp.asarray(kv_lengths)[:, None])[:, None, None]
+    z = (a - 1.0) * x
+    zmax = jnp.max(jnp.where(visible, z, -jnp.inf), axis=-1, keepdims=True)
+    z = jnp.where(visible, z - jnp.where(jnp.isfinite(zmax), zmax, 0.0), -2.0)
+    tau = _threshold_sort(z, a) if a in (1.5, 2.0) else _threshold_bisect(z, a)
+    p = jnp.where(visible, _weights(jnp.maximum(z - tau, 0.0), a), 0.0)
+    total = jnp.sum(p, -1, keepdims=True)
+    p = jnp.where(total > 0, p / jnp.where(total > 0, total, 1.0), 0.0)
+    return jnp.einsum("bhts,bshd->bthd", p, vr).astype(q.dtype)

@@ -111,7 +111,8 @@ def test_registry_and_sparsemax_gradients():
     """The registered "sparsemax" (α = 2; ``solver="newton"``: Newton from the power-mean
     lower bound, no histogram) against the dense reference: output and gradients (float32;
     the float64 test below covers α = 1.5 and per-head α)."""
-    assert attention.spec("entmax").implementation("xla").fn is entmax_attention
+    assert attention.spec("entmax").implementation_names == ("pallas", "xla")
+    assert set(attention.spec("entmax").aux) == {"tau", "iterations", "block_sparsity"}
     assert inspect.signature(entmax_attention).parameters["alpha"].default == 1.5
     q, k, v = _qkv(1)
     w = _normal(2, (B, T, H, D))

@@ -313,3 +313,48 @@ def test_bad_arguments_raise():
         E.entmax(x, 1.5, axis=2)
     with pytest.raises(ValueError, match="floating"):
         E.entmax(jnp.ones((2, 3), jnp.int32), 1.5)
+
+
+# ----------------------------------------------------------------------------
+# One-pass row max and power-mean origin (blockwise attention)
+# ----------------------------------------------------------------------------
+def _two_pass_origin(x, am1):
+    """The two-pass origin: the row max first, then A = {z > -1} relative to it."""
+    from lcjax.entmax import power_mean_origin, row_shift, row_sums, shifted_scores
+
+    m, _ = row_shift(x, jnp.float32)
+    u0 = jnp.maximum(shifted_scores(x, m, am1, jnp.float32) + 1.0, 0.0)
+    return power_mean_origin(*row_sums(jnp.sign(u0), u0), am1)
+
+
+@pytest.mark.parametrize("alpha", [1.5, 2.0, 1.3])
+def test_one_pass_origin_matches_two_pass_and_bounds_tau(alpha):
+    """Folding blocks with origin_sums_update: (a) when the first block holds the row max,
+    the origin equals the two-pass value (no element leaves A); (b) in any block order the
+    origin is a lower bound of the exact τ (Jensen on the superset A' ⊇ A) and ≥ -1, and
+    the max is exact."""
+    from lcjax.entmax import origin_sums_init, origin_sums_update, power_mean_origin
+
+    am1 = alpha - 1.0
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((64, 48)) * rng.uniform(0.3, 6.0, (64, 1)), jnp.float32)
+
+    def one_pass(x, block):
+        acc = origin_sums_init((x.shape[0], 1), jnp.float32)
+        for j in range(0, x.shape[1], block):
+            acc = origin_sums_update(acc, x[:, j:j + block], am1, jnp.float32)
+        return acc.xmax, power_mean_origin(acc.n, acc.s, am1)
+
+    first_max = x.at[:, 0].set(jnp.max(x, 1) + 0.5)  # the row max in the first block
+    _, origin = one_pass(first_max, 8)
+    np.testing.assert_allclose(origin, _two_pass_origin(first_max, am1), atol=2e-6, rtol=0)
+    xmax, origin = one_pass(x, 8)  # maxima anywhere: blocks raise the running max
+    np.testing.assert_array_equal(xmax, jnp.max(x, 1, keepdims=True))
+    method = "bisect" if alpha == 1.3 else "sort"
+    tau, _ = E.entmax_threshold(x, alpha, method=method, n_iter=100, tol=1e-7)
+    tau_shifted = tau - am1 * xmax
+    assert bool(jnp.all(origin <= tau_shifted + 1e-6)) and bool(jnp.all(origin >= -1.0))
+    # with blocks that raise the max A' grows beyond A: the bound differs from the
+    # two-pass one on some rows (it is not the same number), but both bound τ
+    two = _two_pass_origin(x, am1)
+    assert bool(jnp.all(two <= tau_shifted + 1e-6))

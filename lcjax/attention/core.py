@@ -34,6 +34,25 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jaxtyping import Array, Bool, Float, Int
+
+from lcjax.attention.blocks import (
+    BlockPlan,
+    Masking,
+    block_plan,
+    block_scores,
+    fold_kv_blocks,
+    fold_q_blocks,
+    group_mask,
+    group_queries,
+    match_varying,
+    pad_inputs,
+    pad_masking,
+    rows_to_heads,
+    same_segment,
+    ungroup,
+    varying_axes,
+)
 
 __all__ = [
     "AttentionShapes",
@@ -121,35 +140,6 @@ def stat_dtype(*arrays) -> jnp.dtype:
     return jnp.promote_types(jnp.result_type(*arrays), jnp.float32)
 
 
-def varying_axes(*arrays) -> tuple[str, ...]:
-    """Mesh axes along which any of ``arrays`` varies inside ``jax.shard_map`` (empty
-    outside it). Reads the aval's varying-manual-axes set (``vma`` in newer JAX,
-    ``manual_axis_type.varying`` in 0.10)."""
-    axes: set[str] = set()
-    for x in jax.tree.leaves(arrays):
-        aval = jax.typeof(x)
-        vma = getattr(aval, "vma", None)
-        if vma is None:
-            vma = getattr(getattr(aval, "manual_axis_type", None), "varying", ())
-        axes.update(vma)
-    return tuple(sorted(axes))
-
-
-def match_varying(tree, *refs):
-    """Mark loop-carry initial values built from constants as varying over the same
-    mesh axes as ``refs``, so ``lax.fori_loop``/``scan`` type-check under
-    ``jax.shard_map`` (a no-op outside it)."""
-    axes = set(varying_axes(*refs))
-    if not axes:
-        return tree
-
-    def cast(x):
-        missing = tuple(sorted(axes - set(varying_axes(x))))
-        return lax.pcast(x, missing, to="varying") if missing else x
-
-    return jax.tree.map(cast, tree)
-
-
 def default_scale(head_dim: int, scale: float | None) -> float:
     """``scale`` or 1/sqrt(head_dim)."""
     return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
@@ -173,9 +163,7 @@ def segment_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array) -> jax.Arr
 
     Segment ids are int [B, T] / [B, S]; negative ids mark padding and attend nowhere.
     """
-    same = q_segment_ids[:, :, None] == kv_segment_ids[:, None, :]
-    valid = (q_segment_ids[:, :, None] >= 0) & (kv_segment_ids[:, None, :] >= 0)
-    return (same & valid)[:, None]
+    return same_segment(q_segment_ids, kv_segment_ids)[:, None]
 
 
 def lengths_to_segment_ids(lengths: jax.Array, max_len: int) -> jax.Array:
@@ -210,29 +198,6 @@ def build_mask(
     if q_segment_ids is not None:
         out = _and(out, segment_mask(q_segment_ids, kv_segment_ids))
     return out
-
-
-# ----------------------------------------------------------------------------
-# Grouped-query layout
-# ----------------------------------------------------------------------------
-def group_queries(q: jax.Array, kv_heads: int) -> jax.Array:
-    """[B, T, H, D] -> [B, T, Hkv, G, D] with query head h = kv_head * G + g."""
-    b, t, h, d = q.shape
-    return q.reshape(b, t, kv_heads, h // kv_heads, d)
-
-
-def ungroup(x: jax.Array) -> jax.Array:
-    """[B, T, Hkv, G, ...] -> [B, T, H, ...]."""
-    b, t, hk, g = x.shape[:4]
-    return x.reshape(b, t, hk * g, *x.shape[4:])
-
-
-def _group_mask(mask: jax.Array, kv_heads: int) -> jax.Array:
-    """Boolean [b, h, T, S] (b, h may be 1) -> [b, Hkv|1, G|1, T, S] for grouped scores."""
-    b, h, t, s = mask.shape
-    if h == 1:
-        return mask[:, :, None]
-    return mask.reshape(b, kv_heads, h // kv_heads, t, s)
 
 
 # ----------------------------------------------------------------------------
@@ -282,7 +247,7 @@ def dot_product_attention(
     qg = group_queries(q, shapes.kv_heads)
     scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=acc) * acc.type(scale)
     if full_mask is not None:
-        scores = jnp.where(_group_mask(full_mask, shapes.kv_heads), scores, -jnp.inf)
+        scores = jnp.where(group_mask(full_mask, shapes.kv_heads), scores, -jnp.inf)
     m = jnp.max(scores, axis=-1, keepdims=True)
     m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
     p = jnp.exp(scores - m_safe)
@@ -331,131 +296,7 @@ def merge_attention(out_a, lse_a, out_b, lse_b):
 # ----------------------------------------------------------------------------
 # Blockwise online-softmax attention
 # ----------------------------------------------------------------------------
-class _BlockPlan(NamedTuple):
-    """Static description of a blockwise call (hashable, a custom_vjp nondiff arg)."""
-
-    scale: float
-    causal: bool
-    block_q: int
-    block_kv: int
-    q_len: int
-    kv_len: int
-    q_offset: int
-    acc_dtype: str = "float32"
-
-    @property
-    def acc(self) -> jnp.dtype:
-        return jnp.dtype(self.acc_dtype)
-
-
-def _pad_axis(x, axis: int, size: int, value=0):
-    pad = size - x.shape[axis]
-    if pad == 0:
-        return x
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, pad)
-    return jnp.pad(x, widths, constant_values=value)
-
-
-def _block_scores(plan: _BlockPlan, qb, kb, masking, qi, kj, *, masked: bool):
-    """Scaled float32 scores of one (query block, key block) pair, masked to -inf.
-
-    Head-major blocks: qb [B, Hkv, G, bq, D]; kb [B, Hkv, bk, D]. ``masking`` is
-    (mask [b, h|1, Tp|1, Sp|1] or None, q segment ids [B, Tp] or None, kv segment ids
-    [B, Sp] or None). With ``masked=False`` the caller guarantees that every entry of
-    the block is visible and masking is skipped. Returns [B, Hkv, G, bq, bk].
-    """
-    s = jnp.einsum("bkgtd,bksd->bkgts", qb, kb, preferred_element_type=plan.acc)
-    s = s * plan.acc.type(plan.scale)
-    if not masked:
-        return s
-    q_pos = qi * plan.block_q + jnp.arange(plan.block_q)
-    k_pos = kj * plan.block_kv + jnp.arange(plan.block_kv)
-    valid = jnp.broadcast_to(k_pos[None, :] < plan.kv_len, (plan.block_q, plan.block_kv))
-    if plan.causal:
-        valid = valid & (k_pos[None, :] <= q_pos[:, None] + plan.q_offset)
-    keep = valid[None, None, None]
-    mask, q_seg, kv_seg = masking
-    if mask is not None:
-        keep = keep & _group_mask(_slice_mask(mask, qi, kj, plan), kb.shape[1])
-    if q_seg is not None:
-        qs = lax.dynamic_slice_in_dim(q_seg, qi * plan.block_q, plan.block_q, axis=1)
-        ks = lax.dynamic_slice_in_dim(kv_seg, kj * plan.block_kv, plan.block_kv, axis=1)
-        keep = keep & segment_mask(qs, ks)[:, :, None]
-    return jnp.where(keep, s, -jnp.inf)
-
-
-def _has_dense_masking(masking) -> bool:
-    return any(x is not None for x in masking)
-
-
-def _kv_range(plan: _BlockPlan, qi, num_kv_blocks: int, masking):
-    """(first masked key block, end) for query block ``qi``: blocks [0, first) are fully
-    visible (no masking needed), [first, end) need masking, blocks from ``end`` on are
-    entirely above the causal diagonal and skipped."""
-    end = num_kv_blocks
-    if plan.causal:
-        last_q = qi * plan.block_q + plan.block_q - 1 + plan.q_offset
-        end = jnp.clip(last_q // plan.block_kv + 1, 0, num_kv_blocks)
-    if _has_dense_masking(masking):
-        return 0, end
-    clean = plan.kv_len // plan.block_kv  # blocks with no key padding
-    if plan.causal:
-        first_q = qi * plan.block_q + plan.q_offset
-        clean = jnp.clip((first_q + 1) // plan.block_kv, 0, clean)
-    return jnp.minimum(clean, end), end
-
-
-def _q_range(plan: _BlockPlan, kj, num_q_blocks: int, masking):
-    """(start, first fully visible query block) for key block ``kj``: query blocks
-    [start, first) need masking, [first, nq) see the whole key block."""
-    start = 0
-    if plan.causal:
-        start = jnp.clip((kj * plan.block_kv - plan.q_offset) // plan.block_q, 0, num_q_blocks)
-    if _has_dense_masking(masking):
-        return start, num_q_blocks
-    last_k = kj * plan.block_kv + plan.block_kv - 1
-    first = start
-    if plan.causal:
-        first = jnp.clip(-(-(last_k - plan.q_offset) // plan.block_q), start, num_q_blocks)
-    padded = (kj + 1) * plan.block_kv > plan.kv_len
-    return start, jnp.where(padded, num_q_blocks, first)
-
-
-def pad_masking(mask, q_segment_ids, kv_segment_ids, q_len, kv_len, tp, sp, *,
-                name="attention"):
-    """Blockwise masking inputs padded to block multiples ``tp`` x ``sp``:
-    (mask [b, h|1, Tp|1, Sp|1] or None, q segment ids [B, Tp] or None, kv segment ids
-    [B, Sp] or None), padding marked as not attendable (False / segment -1)."""
-    full_mask = build_mask(q_len, kv_len, mask=mask)
-    if (q_segment_ids is None) != (kv_segment_ids is None):
-        raise ValueError(f"{name}: pass both `q_segment_ids` and `kv_segment_ids`, or neither")
-    if q_segment_ids is not None:
-        q_segment_ids = _pad_axis(jnp.asarray(q_segment_ids, jnp.int32), 1, tp, -1)
-        kv_segment_ids = _pad_axis(jnp.asarray(kv_segment_ids, jnp.int32), 1, sp, -1)
-    if full_mask is not None:
-        t_dim = q_len if full_mask.shape[2] != 1 else 1
-        s_dim = kv_len if full_mask.shape[3] != 1 else 1
-        full_mask = jnp.broadcast_to(full_mask, tuple(full_mask.shape[:2]) + (t_dim, s_dim))
-        if t_dim != 1:
-            full_mask = _pad_axis(full_mask, 2, tp, False)
-        if s_dim != 1:
-            full_mask = _pad_axis(full_mask, 3, sp, False)
-    return full_mask, q_segment_ids, kv_segment_ids
-
-
-def _slice_mask(mask, qi, kj, plan: _BlockPlan):
-    """Dynamic [bq, bk] slice of a padded 4-D mask (size-1 dims stay size 1)."""
-    starts = [0, 0, 0, 0]
-    sizes = list(mask.shape)
-    if mask.shape[2] != 1:
-        starts[2], sizes[2] = qi * plan.block_q, plan.block_q
-    if mask.shape[3] != 1:
-        starts[3], sizes[3] = kj * plan.block_kv, plan.block_kv
-    return lax.dynamic_slice(mask, starts, sizes)
-
-
-def _blockwise_forward(plan: _BlockPlan, q, k, v, masking):
+def _blockwise_forward(plan: BlockPlan, q, k, v, masking: Masking):
     """Padded inputs q [B, Tp, Hkv, G, D] (grouped), k [B, Sp, Hkv, D], v [B, Sp, Hkv, Dv]
     -> (out [B, Tp, Hkv, G, Dv] f32, lse [B, Hkv, G, Tp] f32).
 
@@ -464,24 +305,20 @@ def _blockwise_forward(plan: _BlockPlan, q, k, v, masking):
     """
     b, tp, hk, g, d = q.shape
     dv = v.shape[-1]
-    nq, nk = tp // plan.block_q, k.shape[1] // plan.block_kv
 
     def one_q_block(qi):
         qb = lax.dynamic_slice_in_dim(q, qi * plan.block_q, plan.block_q, axis=1)
         qb = jnp.transpose(qb, (0, 2, 3, 1, 4))  # [B, Hkv, G, bq, D]
 
-        def step(kj, carry, masked):
+        def step(kj, s, carry):
             m, l, acc = carry
-            kb = lax.dynamic_slice_in_dim(k, kj * plan.block_kv, plan.block_kv, axis=1)
             vb = lax.dynamic_slice_in_dim(v, kj * plan.block_kv, plan.block_kv, axis=1)
-            kb, vb = jnp.swapaxes(kb, 1, 2), jnp.swapaxes(vb, 1, 2)
-            s = _block_scores(plan, qb, kb, masking, qi, kj, masked=masked)
             m_new = jnp.maximum(m, jnp.max(s, axis=-1))
             m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
             p = jnp.exp(s - m_safe[..., None])
             corr = jnp.exp(jnp.where(jnp.isfinite(m), m, m_safe) - m_safe)
             l = corr * l + jnp.sum(p, axis=-1)
-            pv = jnp.einsum("bkgts,bksd->bkgtd", p.astype(v.dtype), vb,
+            pv = jnp.einsum("bkgts,bksd->bkgtd", p.astype(v.dtype), jnp.swapaxes(vb, 1, 2),
                             preferred_element_type=plan.acc)
             return m_new, l, corr[..., None] * acc + pv
 
@@ -491,20 +328,18 @@ def _blockwise_forward(plan: _BlockPlan, q, k, v, masking):
             jnp.zeros((b, hk, g, plan.block_q, dv), plan.acc),
         )
         carry = match_varying(carry, q, k, v, masking)
-        first_masked, end = _kv_range(plan, qi, nk, masking)
-        carry = lax.fori_loop(0, first_masked, functools.partial(step, masked=False), carry)
-        m, l, acc = lax.fori_loop(first_masked, end, functools.partial(step, masked=True), carry)
+        m, l, acc = fold_kv_blocks(plan, qi, qb, k, masking, step, carry)
         out = acc / jnp.where(l > 0, l, 1.0)[..., None]
         lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)
         return jnp.transpose(out, (0, 3, 1, 2, 4)), lse
 
-    outs, lses = lax.map(one_q_block, jnp.arange(nq))  # [nq, B, bq, Hkv, G, Dv]
+    outs, lses = lax.map(one_q_block, jnp.arange(plan.num_q_blocks))  # [nq, B, bq, Hkv, G, Dv]
     out = jnp.moveaxis(outs, 0, 1).reshape(b, tp, hk, g, dv)
     lse = jnp.moveaxis(lses, 0, 3).reshape(b, hk, g, tp)
     return out, lse
 
 
-def _blockwise_backward(plan: _BlockPlan, q, k, v, masking, out, lse, d_out, d_lse):
+def _blockwise_backward(plan: BlockPlan, q, k, v, masking: Masking, out, lse, d_out, d_lse):
     """FlashAttention-2 style backward, recomputing P block by block.
 
     Layouts as in :func:`_blockwise_forward`; returns dq, dk, dv in the layouts of
@@ -517,7 +352,6 @@ def _blockwise_backward(plan: _BlockPlan, q, k, v, masking, out, lse, d_out, d_l
     k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
     b, hk, g, tp, d = q.shape
     sp = k.shape[2]
-    nq, nk = tp // plan.block_q, sp // plan.block_kv
     delta = jnp.einsum("bkgtd,bkgtd->bkgt", d_out, out) - d_lse  # [B, Hkv, G, Tp]
     lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
 
@@ -528,7 +362,7 @@ def _blockwise_backward(plan: _BlockPlan, q, k, v, masking, out, lse, d_out, d_l
         dob = lax.dynamic_slice_in_dim(d_out, qi * plan.block_q, plan.block_q, axis=3)
         lse_b = lax.dynamic_slice_in_dim(lse, qi * plan.block_q, plan.block_q, axis=3)
         delta_b = lax.dynamic_slice_in_dim(delta, qi * plan.block_q, plan.block_q, axis=3)
-        s = _block_scores(plan, qb, kb, masking, qi, kj, masked=masked)
+        s = block_scores(plan, qb, kb, masking, qi, kj, masked=masked)
         p = jnp.exp(s - lse_b[..., None])  # masked entries: exp(-inf) = 0
         dp = jnp.einsum("bkgtd,bksd->bkgts", dob, vb, preferred_element_type=plan.acc)
         ds = p * (dp - delta_b[..., None])
@@ -553,14 +387,12 @@ def _blockwise_backward(plan: _BlockPlan, q, k, v, masking, out, lse, d_out, d_l
             dq,
         )
         carry = match_varying(carry, q, k, v, masking, d_out, lse)
-        start, first_clean = _q_range(plan, kj, nq, masking)
-        carry = lax.fori_loop(start, first_clean, functools.partial(step, masked=True), carry)
-        dk, dv, dq = lax.fori_loop(first_clean, nq, functools.partial(step, masked=False), carry)
+        dk, dv, dq = fold_q_blocks(plan, kj, masking, step, carry)
         return dq, (jnp.swapaxes(dk * plan.scale, 1, 2), jnp.swapaxes(dv, 1, 2))
 
     # one pass over key blocks (FlashAttention-2): P is recomputed once per block pair
     dq = match_varying(jnp.zeros((b, hk, g, tp, d), plan.acc), q, k, v, masking, d_out, lse)
-    dq, (dk, dv) = lax.scan(dkv_for_block, dq, jnp.arange(nk))  # dk: [nk, B, bk, Hkv, D]
+    dq, (dk, dv) = lax.scan(dkv_for_block, dq, jnp.arange(plan.num_kv_blocks))
     dq = (dq * plan.scale).transpose(0, 3, 1, 2, 4)
     dk = jnp.moveaxis(dk, 0, 1).reshape(b, sp, hk, d)
     dv = jnp.moveaxis(dv, 0, 1).reshape(b, sp, hk, v.shape[-1])
@@ -568,7 +400,7 @@ def _blockwise_backward(plan: _BlockPlan, q, k, v, masking, out, lse, d_out, d_l
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _blockwise_core(plan: _BlockPlan, q, k, v, masking):
+def _blockwise_core(plan: BlockPlan, q, k, v, masking):
     return _blockwise_forward(plan, q, k, v, masking)
 
 
@@ -592,56 +424,39 @@ _blockwise_core.defvjp(_blockwise_core_fwd, _blockwise_core_bwd)
 
 
 def blockwise_attention(
-    q,
-    k,
-    v,
+    q: Float[Array, "B T H D"],
+    k: Float[Array, "B S Hkv D"],
+    v: Float[Array, "B S Hkv Dv"],
     *,
     causal: bool = False,
-    mask=None,
+    mask: Bool[Array, "..."] | None = None,
     scale: float | None = None,
-    q_segment_ids=None,
-    kv_segment_ids=None,
+    q_segment_ids: Int[Array, "B T"] | None = None,
+    kv_segment_ids: Int[Array, "B S"] | None = None,
     q_offset: int = 0,
     block_q: int = 512,
     block_kv: int = 512,
     return_lse: bool = False,
-):
+) -> Float[Array, "B T H Dv"] | tuple[Float[Array, "B T H Dv"], Float[Array, "B T H"]]:
     """Exact softmax attention by online softmax over key blocks (FlashAttention in XLA).
 
     Same arguments and result as :func:`dot_product_attention`; memory is
     O(block_q * block_kv) per (batch, head) instead of O(T * S). With ``causal``, key
     blocks entirely above the diagonal are skipped (forward and backward). Lengths
-    need not divide the block sizes (inputs are padded and the padding masked).
-    ``q_offset`` must be a Python int here.
+    need not divide the block sizes (inputs are padded and the padding masked; the
+    pieces are those of :mod:`lcjax.attention.blocks`). ``q_offset`` must be a Python
+    int here.
 
     Returns [B, T, H, Dv] (and the float32 lse [B, T, H] when ``return_lse``).
     """
-    shapes = validate_qkv(q, k, v, mask=mask, name="blockwise_attention")
-    if block_q <= 0 or block_kv <= 0:
-        raise ValueError(f"blockwise_attention: block sizes must be positive, got "
-                         f"block_q={block_q}, block_kv={block_kv}")
-    block_q = min(block_q, shapes.q_len)
-    block_kv = min(block_kv, shapes.kv_len)
-    plan = _BlockPlan(
-        scale=default_scale(shapes.head_dim, scale),
-        causal=bool(causal),
-        block_q=block_q,
-        block_kv=block_kv,
-        q_len=shapes.q_len,
-        kv_len=shapes.kv_len,
-        q_offset=int(q_offset),
-        acc_dtype=stat_dtype(q, k, v).name,
-    )
-    tp = -(-shapes.q_len // block_q) * block_q
-    sp = -(-shapes.kv_len // block_kv) * block_kv
-    masking = pad_masking(mask, q_segment_ids, kv_segment_ids, shapes.q_len, shapes.kv_len,
-                          tp, sp, name="blockwise_attention")
-    qh = _pad_axis(group_queries(q, shapes.kv_heads), 1, tp)
-    kh = _pad_axis(k, 1, sp)
-    vh = _pad_axis(v, 1, sp)
-    out, lse = _blockwise_core(plan, qh, kh, vh, masking)
+    name = "blockwise_attention"
+    shapes = validate_qkv(q, k, v, mask=mask, name=name)
+    plan = block_plan(q_len=shapes.q_len, kv_len=shapes.kv_len, head_dim=shapes.head_dim,
+                      scale=scale, causal=causal, block_q=block_q, block_kv=block_kv,
+                      acc_dtype=stat_dtype(q, k, v), q_offset=q_offset, name=name)
+    masking = pad_masking(plan, mask, q_segment_ids, kv_segment_ids, name=name)
+    out, lse = _blockwise_core(plan, *pad_inputs(plan, q, k, v), masking)
     out = ungroup(out[:, : shapes.q_len]).astype(q.dtype)
     if not return_lse:
         return out
-    lse = lse[..., : shapes.q_len].reshape(shapes.batch, shapes.heads, shapes.q_len)
-    return out, jnp.moveaxis(lse, 1, 2)
+    return out, rows_to_heads(lse, shapes.q_len)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lcjax.entmax import entmax_threshold
+from lcjax.entmax import SolverConfig, entmax_threshold
 from pallas_kernels.entmax_attention import (
     BlockSizes,
     entmax_attention_pallas,
@@ -28,6 +28,14 @@ BLOCKS = BlockSizes(block_q=16, block_k=16)
 BLOCKS_BWD = BlockSizes(block_q=32, block_k=32, block_q_dq=16, block_k_dq=64,
                         block_q_dkv=64, block_k_dkv=16)
 LENGTHS = np.array([45, 0], np.int32)  # ragged; batch 1 has nothing to attend to
+
+
+def solver_args(alpha, **overrides):
+    """The kernel's solver settings as lcjax passes them: every value of the one
+    ``SolverConfig`` (the kernel has no defaults of its own)."""
+    cfg = SolverConfig(**overrides)
+    r = cfg.resolve(alpha, jnp.float32)
+    return dict(solver=cfg.solver, n_iter=r.n_iter, bins=r.bins, tol=r.tol)
 
 
 def _inputs(seed=0, temp=2.0):
@@ -56,8 +64,10 @@ def _dense_scores(q, k, *, causal, lengths, scale=None):
 class _EntmaxAttentionTests:
     INTERPRET = False
 
-    def _kernel(self, **kw):
-        return functools.partial(entmax_attention_pallas, interpret=self.INTERPRET, **kw)
+    def _kernel(self, solver=None, **kw):
+        solver = solver_args(kw.get("alpha", 1.5), **(solver or {}))
+        return functools.partial(entmax_attention_pallas, interpret=self.INTERPRET, **solver,
+                                 **kw)
 
     @pytest.mark.parametrize("alpha", [1.5, 2.0])
     @pytest.mark.parametrize("causal", [False, True])
@@ -82,6 +92,16 @@ class _EntmaxAttentionTests:
         # sparsity: some tiles are skipped (beyond the length, above the diagonal, or dead)
         assert aux["live"].shape == (B, H, 3, 4)
         assert 0 < np.mean(aux["live"][0]) < 1
+        # iterations per row (histogram: a few steps; 0 on the empty batch row) and the block
+        # sparsity of the exact live tiles, counted at or below the causal diagonal
+        assert aux["iterations"].shape == (B, T, H) and aux["iterations"].dtype == jnp.int32
+        assert int(aux["iterations"].max()) <= 3 and not np.any(aux["iterations"][1])
+        in_range = np.ones((3, 4), bool)
+        if causal:
+            in_range = np.arange(4)[None, :] * 16 <= (np.arange(3) * 16 + 15)[:, None]
+        live = np.asarray(aux["live"])
+        want = 1 - live[..., in_range].sum() / (B * H * in_range.sum())
+        np.testing.assert_allclose(aux["block_sparsity"], want, rtol=1e-6)
 
     @pytest.mark.parametrize(
         "alpha,causal,blocks",
@@ -124,7 +144,7 @@ class _EntmaxAttentionTests:
         q0 = jax.random.normal(ks[0], (1, n_t, 1, D))
         k = jax.random.normal(ks[1], (1, n_s, 1, D))
         v = jax.random.normal(ks[2], (1, n_s, 1, D))
-        f = jax.jit(self._kernel(alpha=alpha, n_iter=steps, return_aux=True,
+        f = jax.jit(self._kernel(alpha=alpha, solver=dict(n_iter=steps), return_aux=True,
                                  block_sizes=BlockSizes(16, 128)))
         for temp in (0.1, 1.0, 20.0):
             q = q0 * temp
@@ -146,12 +166,14 @@ class _EntmaxAttentionTests:
         q = jnp.zeros((1, n_t, 1, D)).at[..., 0].set(1.0)
         k = jnp.zeros((1, n_s, 1, D)).at[0, :, 0, 0].set(x)
         v = jnp.eye(n_s)[None, :, None, :]  # out = p itself
-        f = jax.jit(self._kernel(alpha=2.0, scale=1.0, n_iter=1, return_aux=True,
-                                 block_sizes=BlockSizes(16, bk)))
+        # tol = 1: the first pass converges and takes the polish step from τ_build
+        f = jax.jit(self._kernel(alpha=2.0, scale=1.0, solver=dict(n_iter=1, tol=1.0),
+                                 return_aux=True, block_sizes=BlockSizes(16, bk)))
         out, aux = f(q, k, v)
         tau_b, tau_f = float(aux["tau_build"][0, 0, 0]), float(aux["tau"][0, 0, 0])
         tau_star = float(entmax_threshold(jnp.asarray(x), 2.0, method="sort")[0][0])
-        assert tau_f < tau_star < x[48] <= tau_b - 1e-3  # the step lowered τ past the key
+        # the polish step (clipped to the bracket: it lands on τ*) lowered τ past the key
+        assert tau_f <= tau_star + 1e-6 and tau_star < x[48] <= tau_b - 1e-3
         naive_live = [bool(np.any(x[j * bk:(j + 1) * bk] > tau_b)) for j in range(4)]
         assert naive_live[3] is False
         assert bool(aux["live"][0, 0, 0, 3])
@@ -179,7 +201,7 @@ class TestArguments:
     def test_errors(self):
         q = jnp.zeros((1, 8, 4, 16))
         k = jnp.zeros((1, 8, 2, 16))
-        f = entmax_attention_pallas
+        f = functools.partial(entmax_attention_pallas, **solver_args(1.5))
         for alpha in (1.0, 0.5, True, jnp.array(1.5)):
             with pytest.raises(ValueError, match="alpha"):
                 f(q, k, k, alpha=alpha, interpret=True)
@@ -192,13 +214,15 @@ class TestArguments:
         with pytest.raises(ValueError, match="bins"):
             f(q, k, k, bins=3, interpret=True)
         with pytest.raises(ValueError, match="n_iter"):
-            f(q, k, k, n_iter=0, interpret=True)
+            f(q, k, k, n_iter=-1, interpret=True)
         with pytest.raises(ValueError, match="kv_lengths"):
             f(q, k, k, kv_lengths=jnp.array([4, 4]), interpret=True)
         with pytest.raises(ValueError, match="block_q"):
             f(q, k, k, block_sizes=BlockSizes(24, 16), interpret=True)
         with pytest.raises(ValueError, match="block_k_dq"):
-            f(q, k, k, block_sizes=BlockSizes(16, 16, block_k_dq=8), interpret=True)
+            f(q, k, k, block_sizes=BlockSizes(16, 16, block_k_dq=8), interpret=False)
+        with pytest.raises(ValueError, match="block_k_dq"):
+            f(q, k, k, block_sizes=BlockSizes(16, 16, block_k_dq=4), interpret=True)
         assert BlockSizes.get_default() == BlockSizes(128, 128)
 
 
@@ -212,7 +236,7 @@ FORBIDDEN = {"sort", "cumsum", "cumlogsumexp", "cummax", "cummin", "cumprod",
 
 def _lowering_fns(alpha):
     kw = dict(alpha=alpha, causal=True, kv_lengths=np.array([300], np.int32),
-              block_sizes=BlockSizes(128, 128))
+              block_sizes=BlockSizes(128, 128), **solver_args(alpha))
 
     def fwd(q, k, v):
         return entmax_attention_pallas(q, k, v, **kw)

@@ -1,0 +1,369 @@
+"""Public blockwise pieces shared by every blockwise attention variant.
+
+A blockwise variant (``core.blockwise_attention``, ``entmax.entmax_attention``, ...) never
+builds the [T, S] score matrix: it cuts queries into blocks of ``block_q`` rows and keys
+into blocks of ``block_kv``, pads both lengths to block multiples (the padding is masked),
+and folds a function over the (query block, key block) tiles that can hold a visible
+pair. This module holds, once, what they all need:
+
+- :class:`BlockPlan` — the static description of a call (a hashable ``custom_vjp``
+  nondiff argument) and :func:`block_plan`, which builds and validates it;
+- padding and layout: :func:`pad_axis`, :func:`pad_inputs` (grouped queries
+  [B, Tp, Hkv, G, D], keys/values [B, Sp, Hkv, D]), :func:`group_queries`,
+  :func:`ungroup`, :func:`rows_to_heads`;
+- masking: :class:`Masking` and :func:`pad_masking` (explicit mask and segment ids
+  padded to the blocks), :func:`block_scores` (the scaled float32 tile scores with
+  everything invisible at ``-inf``);
+- causal block ranges: :func:`kv_block_range` and :func:`q_block_range` (tiles entirely
+  above the causal diagonal are never visited; fully visible tiles skip masking), and
+  the folds over them, :func:`fold_kv_blocks` and :func:`fold_q_blocks`;
+- :func:`match_varying`: loop carries built from constants take the varying mesh axes of
+  the inputs, so the loops type-check inside ``jax.shard_map``.
+
+Layouts: head-major tiles are qb [B, Hkv, G, bq, D] and kb [B, Hkv, bk, D]; tile scores
+are [B, Hkv, G, bq, bk]. Query head h = kv_head · G + g (G = H / Hkv).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jaxtyping import Array, Bool, Float, Int
+
+__all__ = [
+    "BlockPlan",
+    "Masking",
+    "block_plan",
+    "block_scores",
+    "fold_kv_blocks",
+    "fold_q_blocks",
+    "group_mask",
+    "group_queries",
+    "kv_block_range",
+    "match_varying",
+    "pad_axis",
+    "pad_inputs",
+    "pad_masking",
+    "q_block_range",
+    "rows_to_heads",
+    "same_segment",
+    "two_loops",
+    "ungroup",
+    "varying_axes",
+]
+
+
+# ----------------------------------------------------------------------------
+# The plan
+# ----------------------------------------------------------------------------
+class BlockPlan(NamedTuple):
+    """Static description of a blockwise call (hashable: a ``custom_vjp`` nondiff arg).
+
+    ``block_q``/``block_kv`` are already clipped to the lengths; padded lengths are
+    ``q_padded = nq·block_q`` ≥ ``q_len`` and ``kv_padded = nk·block_kv`` ≥ ``kv_len``.
+    Causal means key j is visible to query i when j ≤ i + ``q_offset``.
+    """
+
+    scale: float
+    causal: bool
+    block_q: int
+    block_kv: int
+    q_len: int
+    kv_len: int
+    q_offset: int
+    acc_dtype: str = "float32"
+
+    @property
+    def acc(self) -> jnp.dtype:
+        return jnp.dtype(self.acc_dtype)
+
+    @property
+    def num_q_blocks(self) -> int:
+        return -(-self.q_len // self.block_q)
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return -(-self.kv_len // self.block_kv)
+
+    @property
+    def q_padded(self) -> int:
+        return self.num_q_blocks * self.block_q
+
+    @property
+    def kv_padded(self) -> int:
+        return self.num_kv_blocks * self.block_kv
+
+
+def block_plan(*, q_len: int, kv_len: int, head_dim: int, scale: float | None, causal: bool,
+               block_q: int, block_kv: int, acc_dtype, q_offset: int = 0,
+               name: str = "attention") -> BlockPlan:
+    """The :class:`BlockPlan` of a call: blocks clipped to the lengths, ``scale`` defaulting
+    to 1/sqrt(head_dim); ``ValueError`` naming ``name`` for non-positive block sizes."""
+    if block_q <= 0 or block_kv <= 0:
+        raise ValueError(f"{name}: block sizes must be positive, got block_q={block_q}, "
+                         f"block_kv={block_kv}")
+    return BlockPlan(
+        scale=1.0 / math.sqrt(head_dim) if scale is None else float(scale),
+        causal=bool(causal), block_q=min(block_q, q_len), block_kv=min(block_kv, kv_len),
+        q_len=q_len, kv_len=kv_len, q_offset=int(q_offset),
+        acc_dtype=jnp.dtype(acc_dtype).name)
+
+
+# ----------------------------------------------------------------------------
+# Padding and grouped-query layout
+# ----------------------------------------------------------------------------
+def pad_axis(x: Array, axis: int, size: int, value=0) -> Array:
+    """Pad ``x`` at the end of ``axis`` to length ``size`` with ``value``."""
+    pad = size - x.shape[axis]
+    if pad == 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, pad)
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def group_queries(q: Float[Array, "B T H D"], kv_heads: int) -> Float[Array, "B T Hkv G D"]:
+    """[B, T, H, D] -> [B, T, Hkv, G, D] with query head h = kv_head * G + g."""
+    b, t, h, d = q.shape
+    return q.reshape(b, t, kv_heads, h // kv_heads, d)
+
+
+def ungroup(x: Array) -> Array:
+    """[B, T, Hkv, G, ...] -> [B, T, H, ...]."""
+    b, t, hk, g = x.shape[:4]
+    return x.reshape(b, t, hk * g, *x.shape[4:])
+
+
+def rows_to_heads(x: Array, q_len: int) -> Array:
+    """Per-row statistics [B, Hkv, G, Tp] -> [B, T, H] (padding rows dropped)."""
+    b, hk, g = x.shape[:3]
+    return jnp.moveaxis(x[..., :q_len].reshape(b, hk * g, q_len), 1, 2)
+
+
+def group_mask(mask: Bool[Array, "b h T S"], kv_heads: int) -> Array:
+    """Boolean [b, h, T, S] (b, h may be 1) -> [b, Hkv|1, G|1, T, S] for grouped scores."""
+    b, h, t, s = mask.shape
+    if h == 1:
+        return mask[:, :, None]
+    return mask.reshape(b, kv_heads, h // kv_heads, t, s)
+
+
+def pad_inputs(plan: BlockPlan, q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
+               v: Float[Array, "B S Hkv Dv"]):
+    """(q [B, Tp, Hkv, G, D] grouped, k [B, Sp, Hkv, D], v [B, Sp, Hkv, Dv]), zero-padded
+    to the plan's block multiples."""
+    qh = pad_axis(group_queries(q, k.shape[2]), 1, plan.q_padded)
+    return qh, pad_axis(k, 1, plan.kv_padded), pad_axis(v, 1, plan.kv_padded)
+
+
+# ----------------------------------------------------------------------------
+# Masking
+# ----------------------------------------------------------------------------
+class Masking(NamedTuple):
+    """Blockwise masking inputs, padded to the blocks (a pytree; any field may be None).
+
+    mask: bool [b, h|1, Tp|1, Sp|1]; q_segment_ids: int [B, Tp]; kv_segment_ids: int [B, Sp].
+    Padding is marked as not attendable (False / segment -1).
+    """
+
+    mask: Array | None = None
+    q_segment_ids: Array | None = None
+    kv_segment_ids: Array | None = None
+
+    @property
+    def dense(self) -> bool:
+        """Whether any per-element masking is present (beyond causal and padding)."""
+        return any(x is not None for x in self)
+
+
+def same_segment(q_segment_ids: Int[Array, "B T"], kv_segment_ids: Int[Array, "B S"]
+                 ) -> Bool[Array, "B T S"]:
+    """[B, T, S]: query and key share a segment id; negative ids (padding) match nothing."""
+    same = q_segment_ids[:, :, None] == kv_segment_ids[:, None, :]
+    return same & (q_segment_ids[:, :, None] >= 0) & (kv_segment_ids[:, None, :] >= 0)
+
+
+def pad_masking(plan: BlockPlan, mask=None, q_segment_ids=None, kv_segment_ids=None, *,
+                name: str = "attention") -> Masking:
+    """The :class:`Masking` of a call: ``mask`` (bool, broadcastable to [B, H, T, S]) and
+    segment ids padded to the plan's ``q_padded`` x ``kv_padded``."""
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        raise ValueError(f"{name}: pass both `q_segment_ids` and `kv_segment_ids`, or neither")
+    tp, sp = plan.q_padded, plan.kv_padded
+    if q_segment_ids is not None:
+        q_segment_ids = pad_axis(jnp.asarray(q_segment_ids, jnp.int32), 1, tp, -1)
+        kv_segment_ids = pad_axis(jnp.asarray(kv_segment_ids, jnp.int32), 1, sp, -1)
+    if mask is not None:
+        mask = jnp.asarray(mask)
+        mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+        t_dim = plan.q_len if mask.shape[2] != 1 else 1
+        s_dim = plan.kv_len if mask.shape[3] != 1 else 1
+        mask = jnp.broadcast_to(mask, tuple(mask.shape[:2]) + (t_dim, s_dim))
+        if t_dim != 1:
+            mask = pad_axis(mask, 2, tp, False)
+        if s_dim != 1:
+            mask = pad_axis(mask, 3, sp, False)
+    return Masking(mask, q_segment_ids, kv_segment_ids)
+
+
+def _slice_mask(mask, qi, kj, plan: BlockPlan):
+    """Dynamic [bq, bk] slice of a padded 4-D mask (size-1 dims stay size 1)."""
+    starts = [0, 0, 0, 0]
+    sizes = list(mask.shape)
+    if mask.shape[2] != 1:
+        starts[2], sizes[2] = qi * plan.block_q, plan.block_q
+    if mask.shape[3] != 1:
+        starts[3], sizes[3] = kj * plan.block_kv, plan.block_kv
+    return lax.dynamic_slice(mask, starts, sizes)
+
+
+def block_scores(plan: BlockPlan, qb: Float[Array, "B Hkv G bq D"],
+                 kb: Float[Array, "B Hkv bk D"], masking: Masking, qi, kj, *,
+                 masked: bool) -> Float[Array, "B Hkv G bq bk"]:
+    """Scaled scores ``scale · qb · kbᵀ`` (accumulation dtype) of the tile (qi, kj), with
+    invisible pairs (key padding, above the causal diagonal, mask, other segment) at -inf.
+
+    With ``masked=False`` the caller guarantees that every pair of the tile is visible
+    (see :func:`kv_block_range`) and masking is skipped.
+    """
+    s = jnp.einsum("bkgtd,bksd->bkgts", qb, kb, preferred_element_type=plan.acc)
+    s = s * plan.acc.type(plan.scale)
+    if not masked:
+        return s
+    q_pos = qi * plan.block_q + jnp.arange(plan.block_q)
+    k_pos = kj * plan.block_kv + jnp.arange(plan.block_kv)
+    valid = jnp.broadcast_to(k_pos[None, :] < plan.kv_len, (plan.block_q, plan.block_kv))
+    if plan.causal:
+        valid = valid & (k_pos[None, :] <= q_pos[:, None] + plan.q_offset)
+    keep = valid[None, None, None]
+    if masking.mask is not None:
+        keep = keep & group_mask(_slice_mask(masking.mask, qi, kj, plan), kb.shape[1])
+    if masking.q_segment_ids is not None:
+        qs = lax.dynamic_slice_in_dim(masking.q_segment_ids, qi * plan.block_q, plan.block_q,
+                                      axis=1)
+        ks = lax.dynamic_slice_in_dim(masking.kv_segment_ids, kj * plan.block_kv,
+                                      plan.block_kv, axis=1)
+        keep = keep & same_segment(qs, ks)[:, None, None]
+    return jnp.where(keep, s, -jnp.inf)
+
+
+# ----------------------------------------------------------------------------
+# Causal block ranges and the folds over them
+# ----------------------------------------------------------------------------
+def kv_block_range(plan: BlockPlan, qi, masking: Masking):
+    """(first masked key block, end) for query block ``qi``: key blocks [0, first) are
+    fully visible (no masking needed), [first, end) need masking, blocks from ``end`` on
+    lie entirely above the causal diagonal and are skipped. Python ints when not causal
+    (statically empty loops are then not built)."""
+    nk = plan.num_kv_blocks
+    clean = 0 if masking.dense else plan.kv_len // plan.block_kv  # no key padding
+    if not plan.causal:
+        return min(clean, nk), nk
+    last_q = qi * plan.block_q + plan.block_q - 1 + plan.q_offset
+    end = jnp.clip(last_q // plan.block_kv + 1, 0, nk)
+    if masking.dense:
+        return 0, end
+    first_q = qi * plan.block_q + plan.q_offset
+    clean = jnp.clip((first_q + 1) // plan.block_kv, 0, clean)
+    return jnp.minimum(clean, end), end
+
+
+def q_block_range(plan: BlockPlan, kj, masking: Masking):
+    """(start, first fully visible query block) for key block ``kj``: query blocks
+    [start, first) need masking, [first, nq) see the whole key block; blocks before
+    ``start`` lie entirely above the causal diagonal."""
+    nq = plan.num_q_blocks
+    start = 0
+    if plan.causal:
+        start = jnp.clip((kj * plan.block_kv - plan.q_offset) // plan.block_q, 0, nq)
+    if masking.dense:
+        return start, nq
+    last_k = kj * plan.block_kv + plan.block_kv - 1
+    first = start
+    if plan.causal:
+        first = jnp.clip(-(-(last_k - plan.q_offset) // plan.block_q), start, nq)
+    padded = (kj + 1) * plan.block_kv > plan.kv_len
+    return start, jnp.where(padded, nq, first)
+
+
+def two_loops(lo, mid, hi, body_a: Callable, body_b: Callable, carry):
+    """``fori_loop(lo, mid, body_a)`` then ``fori_loop(mid, hi, body_b)``, omitting a loop
+    whose Python-int bounds make it empty (less to compile)."""
+    if not (isinstance(lo, int) and isinstance(mid, int) and mid <= lo):
+        carry = lax.fori_loop(lo, mid, body_a, carry)
+    if not (isinstance(mid, int) and isinstance(hi, int) and hi <= mid):
+        carry = lax.fori_loop(mid, hi, body_b, carry)
+    return carry
+
+
+def _skip_dead(body: Callable, live):
+    """``body(i, carry)`` where ``live[i]``, identity elsewhere (``lax.cond``)."""
+    if live is None:
+        return body
+    return lambda i, carry: lax.cond(live[i], body, lambda i, c: c, i, carry)
+
+
+def fold_kv_blocks(plan: BlockPlan, qi, qb: Float[Array, "B Hkv G bq D"],
+                   k: Float[Array, "B Sp Hkv D"], masking: Masking,
+                   body: Callable[[Any, Array, Any], Any], carry, *, live=None):
+    """``carry = body(kj, scores [B, Hkv, G, bq, bk], carry)`` over the key blocks visible
+    to query block ``qi`` (unmasked blocks first, causal blocks above the diagonal never
+    visited). With ``live`` (bool [nk]), blocks with ``live[kj]`` False are skipped."""
+
+    def step(kj, carry, masked):
+        kb = lax.dynamic_slice_in_dim(k, kj * plan.block_kv, plan.block_kv, axis=1)
+        s = block_scores(plan, qb, jnp.swapaxes(kb, 1, 2), masking, qi, kj, masked=masked)
+        return body(kj, s, carry)
+
+    first, end = kv_block_range(plan, qi, masking)
+    return two_loops(0, first, end, _skip_dead(functools.partial(step, masked=False), live),
+                     _skip_dead(functools.partial(step, masked=True), live), carry)
+
+
+def fold_q_blocks(plan: BlockPlan, kj, masking: Masking,
+                  body: Callable[[Any, Any, bool], Any], carry, *, live=None):
+    """``carry = body(qi, carry, masked)`` over the query blocks that see key block ``kj``
+    (masked ones first); with ``live`` (bool [nq]), blocks with ``live[qi]`` False are
+    skipped."""
+    start, first_clean = q_block_range(plan, kj, masking)
+    return two_loops(start, first_clean, plan.num_q_blocks,
+                     _skip_dead(functools.partial(body, masked=True), live),
+                     _skip_dead(functools.partial(body, masked=False), live), carry)
+
+
+# ----------------------------------------------------------------------------
+# shard_map: varying mesh axes of loop carries
+# ----------------------------------------------------------------------------
+def varying_axes(*arrays) -> tuple[str, ...]:
+    """Mesh axes along which any of ``arrays`` varies inside ``jax.shard_map`` (empty
+    outside it). Reads the aval's varying-manual-axes set (``vma`` in newer JAX,
+    ``manual_axis_type.varying`` in 0.10)."""
+    axes: set[str] = set()
+    for x in jax.tree.leaves(arrays):
+        aval = jax.typeof(x)
+        vma = getattr(aval, "vma", None)
+        if vma is None:
+            vma = getattr(getattr(aval, "manual_axis_type", None), "varying", ())
+        axes.update(vma)
+    return tuple(sorted(axes))
+
+
+def match_varying(tree, *refs):
+    """Mark loop-carry initial values built from constants as varying over the same
+    mesh axes as ``refs``, so ``lax.fori_loop``/``while_loop``/``scan`` type-check under
+    ``jax.shard_map`` (a no-op outside it)."""
+    axes = set(varying_axes(*refs))
+    if not axes:
+        return tree
+
+    def cast(x):
+        missing = tuple(sorted(axes - set(varying_axes(x))))
+        return lax.pcast(x, missing, to="varying") if missing else x
+
+    return jax.tree.map(cast, tree)
