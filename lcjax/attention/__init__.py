@@ -25,19 +25,6 @@ from lcjax.attention.softmax import BlockwiseConfig, jax_dot_product_attention
 from lcjax.attention.spec import AttentionSpec, Features, Implementation
 from lcjax.attention.weights import attention_scores, attention_weights, variant_weights
 
-_ENTMAX_AUX = {"tau": "[B, T, H] float32", "iterations": "[B, T, H] int32",
-               "block_sparsity": "[] float32"}
-register(AttentionSpec(
-    "entmax", reference=entmax_attention, implementations=(
-        Implementation("xla", entmax_attention),), aux=_ENTMAX_AUX,
-    test_options={"block_q": 8, "block_kv": 8},
-    params="lcjax.nn.variant_params:learnable_alpha",
-    description="alpha-entmax sparse attention (AdaSplash-2)"))
-register(AttentionSpec(
-    "sparsemax", reference=sparsemax_attention, implementations=(
-        Implementation("xla", sparsemax_attention),), aux=_ENTMAX_AUX,
-    test_options={"block_q": 8, "block_kv": 8}, description="alpha = 2 entmax attention"))
-
 __all__ = [
     "AttentionSpec",
     "BlockwiseConfig",
