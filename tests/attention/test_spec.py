@@ -77,6 +77,17 @@ def test_fall_through_happens_while_tracing():
     assert calls == [("slow", 1)]
 
 
+def test_skip_unless_named_passes_over_only_when_none_is_named():
+    calls = []
+    base = _toy_spec(calls)
+    fast = dataclasses.replace(base.implementations[0], skip_unless_named=lambda: "on CPU")
+    spec = dataclasses.replace(base, implementations=(fast, base.implementations[1]))
+    q, k, v = _qkv(t=6)
+    spec(q, k, v)
+    spec(q, k, v, implementation="fast")
+    assert calls == [("slow", 1), ("fast", 2)]
+
+
 def test_explicit_implementation_reraises_its_reason():
     spec = _toy_spec([])
     q, k, v = _qkv(t=5)
