@@ -23,6 +23,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
 
 from lcjax.attention.core import (
     blockwise_attention,
@@ -53,8 +54,17 @@ class BlockwiseConfig:
                                  f"got {value!r}")
 
 
-def jax_dot_product_attention(q, k, v, *, causal=False, mask=None, scale=None,
-                              q_segment_ids=None, kv_segment_ids=None):
+def jax_dot_product_attention(
+    q: Float[Array, "B T H D"],
+    k: Float[Array, "B S Hkv D"],
+    v: Float[Array, "B S Hkv D"],
+    *,
+    causal: bool = False,
+    mask: Bool[Array, "..."] | None = None,
+    scale: float | None = None,
+    q_segment_ids: Int[Array, "B T"] | None = None,
+    kv_segment_ids: Int[Array, "B S"] | None = None,
+) -> Float[Array, "B T H D"]:
     """``jax.nn.dot_product_attention`` (XLA) under our contract.
 
     q: [B, T, H, D]; k, v: [B, S, Hkv, D] -> [B, T, H, D]. Segment ids (int [B, T],

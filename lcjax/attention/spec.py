@@ -45,6 +45,7 @@ from types import MappingProxyType
 from typing import Any
 
 import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
 
 from lcjax.attention.core import validate_qkv
 
@@ -366,8 +367,12 @@ class AttentionSpec:
             raise TypeError(f"{self.name}: implementation {impl.name!r} returned aux keys "
                             f"{sorted(result[1])}, the spec declares {sorted(self.aux)}")
 
-    def __call__(self, q, k, v, *, causal: bool = False, mask=None, scale=None,
-                 implementation: str | None = None, q_segment_ids=None, kv_segment_ids=None,
+    def __call__(self, q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
+                 v: Float[Array, "B S Hkv Dv"], *, causal: bool = False,
+                 mask: Bool[Array, "..."] | None = None, scale: float | None = None,
+                 implementation: str | None = None,
+                 q_segment_ids: Int[Array, "B T"] | None = None,
+                 kv_segment_ids: Int[Array, "B S"] | None = None,
                  return_aux: bool = False, **options):
         """The method under the attention contract; see the module docstring."""
         validate_qkv(q, k, v, mask=mask, name=self.name)
