@@ -166,8 +166,9 @@ class _EntmaxAttentionTests:
         q = jnp.zeros((1, n_t, 1, D)).at[..., 0].set(1.0)
         k = jnp.zeros((1, n_s, 1, D)).at[0, :, 0, 0].set(x)
         v = jnp.eye(n_s)[None, :, None, :]  # out = p itself
-        # tol = 1: the first pass converges and takes the polish step from τ_build
-        f = jax.jit(self._kernel(alpha=2.0, scale=1.0, solver=dict(n_iter=1, tol=1.0),
+        # bins = 4 (the input is built for it); tol = 1: the first pass converges and takes
+        # the polish step from τ_build
+        f = jax.jit(self._kernel(alpha=2.0, scale=1.0, solver=dict(n_iter=1, tol=1.0, bins=4),
                                  return_aux=True, block_sizes=BlockSizes(16, bk)))
         out, aux = f(q, k, v)
         tau_b, tau_f = float(aux["tau_build"][0, 0, 0]), float(aux["tau"][0, 0, 0])
