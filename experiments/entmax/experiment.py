@@ -64,85 +64,74 @@ def task_samples(seed: int, length: int, n: int, **overrides):
     return [ruler.niah(np.random.default_rng([seed, i]), length, **kw) for i in range(n)]
 
 
-def _batch(samples):
+def _train_batch(seed: int, step: int) -> dict:
+    """The training batch of ``step`` (0-based) for ``seed``: BATCH fresh task samples."""
     from lcjax.data import ruler
 
-    b = ruler.make_batch(samples)
-    b["weights"] = np.where(b["loss_mask"], 1.0,
-                            np.where(b["targets"] != PAD, OTHER_WEIGHT, 0.0)).astype(np.float32)
-    return b
+    b = ruler.make_batch(task_samples(10_000 * (seed + 1) + step, TRAIN_LEN, BATCH))
+    return {k: b[k] for k in ("inputs", "targets", "loss_mask")}
+
+
+def answer_weighted_loss(model, batch, rng):
+    """The loss hook: next-byte NLL weighted 1 on answer bytes (``loss_mask``) and
+    OTHER_WEIGHT on the other real targets; reports the answer bytes' NLL."""
+    import jax.numpy as jnp
+
+    from lcjax.train import metrics
+
+    del rng
+    w = jnp.where(batch["loss_mask"], 1.0, jnp.where(batch["targets"] != PAD, OTHER_WEIGHT, 0.0))
+    logits = metrics.model_logits(model, batch)
+    loss, total = metrics.weighted_nll(logits, batch["targets"], w)
+    answer = metrics.weighted_nll(logits, batch["targets"],
+                                  batch["loss_mask"].astype(jnp.float32))
+    return loss, {"loss_weight": total, "answer_nll": answer}
 
 
 @functools.lru_cache(maxsize=8)
-def _steps(graphdef, steps: int):
-    """(train_step, predict) jitted for one model structure."""
+def _predict(graphdef):
+    """Jitted ``(params, rest, inputs) -> argmax tokens`` for one model structure."""
     import jax
     import jax.numpy as jnp
-    import optax
     from flax import nnx
-
-    from lcjax.train import make_optimizer
-
-    tx = make_optimizer(lr=LR, warmup_steps=min(100, steps // 5), steps=steps, min_lr_ratio=0.1,
-                        weight_decay=0.1, b1=0.9, b2=0.95, eps=1e-8, grad_clip=1.0)
-
-    def loss_fn(params, rest, batch):
-        logits = nnx.merge(graphdef, params, rest)(batch["inputs"])
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        nll = -jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1)[..., 0]
-        w = batch["weights"]
-        mask = batch["loss_mask"]
-        answer_nll = (nll * mask).sum() / jnp.maximum(mask.sum(), 1)
-        return (nll * w).sum() / w.sum(), answer_nll
-
-    @functools.partial(jax.jit, donate_argnums=(0, 2))
-    def train_step(params, rest, opt_state, batch):
-        (loss, answer_nll), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, rest,
-                                                                               batch)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss, answer_nll
 
     @jax.jit
     def predict(params, rest, inputs):
         return jnp.argmax(nnx.merge(graphdef, params, rest)(inputs), axis=-1)
 
-    return tx, train_step, predict
+    return predict
 
 
 def train_one(attention: str, seed: int, steps: int, *, log=print) -> dict:
-    """Train one model on TASK at TRAIN_LEN; returns params, graphdef and the history."""
+    """Train one model on TASK at TRAIN_LEN through ``lcjax.train.train`` (one fresh batch
+    per step, :func:`answer_weighted_loss`); returns params, graphdef and the history."""
+    import grain
     import jax
     from flax import nnx
 
     from lcjax.data import VOCAB_SIZE
-    from lcjax.nn import DecoderConfig, DecoderLM
+    from lcjax.nn import DecoderConfig
+    from lcjax.train import TrainConfig, train
 
     cfg = DecoderConfig(vocab_size=VOCAB_SIZE, attention=attention, **MODEL)
-    model = DecoderLM(cfg, rngs=nnx.Rngs(seed))
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    tx, train_step, _ = _steps(graphdef, steps)
-    opt_state = tx.init(params)
-    history, start, t_first = [], time.perf_counter(), None
-    for step in range(steps):
-        batch = _batch(task_samples(10_000 * (seed + 1) + step, TRAIN_LEN, BATCH))
-        params, opt_state, loss, answer_nll = train_step(
-            params, rest, opt_state, {k: batch[k] for k in ("inputs", "targets", "weights",
-                                                            "loss_mask")})
-        if step == 0:
-            jax.block_until_ready(loss)
-            t_first = time.perf_counter()
-        if (step + 1) % 25 == 0 or step == steps - 1:
-            history.append({"step": step + 1, "loss": float(loss),
-                            "answer_nll": float(answer_nll)})
-            if (step + 1) % 100 == 0 or step == steps - 1:
-                log(f"   {attention} seed {seed} step {step + 1}: loss {float(loss):.3f}, "
-                    f"answer nll {float(answer_nll):.3f}")
+    run_cfg = TrainConfig(steps=steps, batch_size=BATCH, seq_len=TRAIN_LEN, lr=LR,
+                          warmup_steps=min(100, steps // 5), seed=seed, log_every=25,
+                          eval_batches=0)
+    dataset = grain.MapDataset.range(steps).map(functools.partial(_train_batch, seed))
+    start = time.perf_counter()
+    result = train(cfg, run_cfg, dataset=dataset, loss_fn=answer_weighted_loss)
     seconds = time.perf_counter() - start
-    tok_s = (steps - 1) * BATCH * TRAIN_LEN / max(time.perf_counter() - t_first, 1e-9)
+    history = [{k: r[k] for k in ("step", "loss", "answer_nll")} for r in result.history
+               if r["step"] % 25 == 0 or r["step"] == steps]
+    for r in history:
+        if r["step"] % 100 == 0 or r["step"] == steps:
+            log(f"   {attention} seed {seed} step {r['step']}: loss {r['loss']:.3f}, "
+                f"answer nll {r['answer_nll']:.3f}")
+    graphdef, params, rest = nnx.split(result.model, nnx.Param, ...)
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     return {"graphdef": graphdef, "params": params, "rest": rest, "history": history,
-            "seconds": seconds, "tokens_per_s": tok_s, "params_count": n_params,
-            "steps": steps}
+            "seconds": seconds, "tokens_per_s": result.tokens_per_s,
+            "params_count": n_params, "steps": steps}
 
 
 def evaluate(trained: dict, length: int, n: int, *, seed: int = 999, chunk: int = 32) -> dict:
@@ -152,7 +141,7 @@ def evaluate(trained: dict, length: int, n: int, *, seed: int = 999, chunk: int 
 
     from lcjax.data import ruler
 
-    _, _, predict = _steps(trained["graphdef"], trained["steps"])
+    predict = _predict(trained["graphdef"])
     samples = task_samples(seed * 1000 + length, length, n)
     exact, token_acc, by_pos = [], [], []
     for i in range(0, n, chunk):
@@ -200,9 +189,13 @@ def _plot(path: Path, curves: dict) -> None:
     plt.close(fig)
 
 
-def run(quick: bool, out_dir: Path) -> Result:
+def run(quick: bool, out_dir: Path, *, steps: int | None = None,
+        eval_samples: int | None = None) -> Result:
+    """The experiment; ``steps`` / ``eval_samples`` override the quick or full setting
+    (a smoke run: ``python -m experiments.entmax.experiment --steps 10 --eval-samples 8``)."""
     variants = [v for v in VARIANTS if v != "entmax" or entmax_available()]
-    steps, n_eval = STEPS[quick], EVAL_SAMPLES[quick]
+    steps = STEPS[quick] if steps is None else steps
+    n_eval = EVAL_SAMPLES[quick] if eval_samples is None else eval_samples
     curves: dict[str, list[dict]] = {v: [] for v in variants}
     runs = []
     for seed in SEEDS[quick]:
@@ -278,3 +271,18 @@ EXPERIMENT = Experiment(
     run=run,
     quick_budget_s=720,  # `make reproduce` on 2 CPUs: measured 480 s (2026-11-29)
 )
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=EXPERIMENT.summary)
+    parser.add_argument("--full", action="store_true", help="the full setting (else quick)")
+    parser.add_argument("--steps", type=int, help="training steps (default: the setting's)")
+    parser.add_argument("--eval-samples", type=int, help="samples per length")
+    parser.add_argument("--out", type=Path, default=Path("reports/entmax"))
+    args = parser.parse_args()
+    result = run(not args.full, args.out, steps=args.steps, eval_samples=args.eval_samples)
+    for c in result.claims:
+        print(f"[{'HOLDS' if c.holds else 'FAILS'}] {c.claim}: ours {c.ours} "
+              f"(target {c.target})")

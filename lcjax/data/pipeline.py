@@ -13,6 +13,12 @@ shuffle, which grain reseeds each epoch. The pipeline is a ``grain.MapDataset``
 of window indices, so an iterator's state is one integer
 (``it.get_state() == {"next_index": k}``) and ``it.set_state(state)`` resumes
 the exact same batch sequence. Everything runs in-process (no grain workers).
+
+With ``segments=True`` each window also carries ``segment_ids`` (the index of the
+document each input token belongs to, -1 on PAD) and ``positions`` (the token's offset
+in its document, BOS at 0): fed to ``lcjax.nn.DecoderLM``, attention stays inside a
+document and RoPE positions restart with it, so a document's logits do not depend on
+the documents packed before it (``TrainConfig(document_mask=True)``).
 """
 
 from __future__ import annotations
@@ -48,16 +54,23 @@ def pack_stream(docs: Sequence[DocLike], seq_len: int) -> np.ndarray:
     Returns:
       uint16 stream, shape ``[num_windows(...) * T + 1]``.
     """
+    return _pack(docs, seq_len)[0]
+
+
+def _pack(docs: Sequence[DocLike], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(:func:`pack_stream`, int64 ``[num_docs]`` stream offsets of the documents' BOS)."""
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1; got {seq_len}")
     parts = []
     for doc in docs:
         parts += [np.array([tokenizer.BOS]), _doc_ids(doc), np.array([tokenizer.EOS])]
+    lengths = np.array([len(p) for p in parts[1::3]], np.int64) + 2
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     stream = np.concatenate(parts).astype(np.uint16) if parts else np.zeros(0, np.uint16)
     n = num_windows(len(stream), seq_len)
     out = np.full(n * seq_len + 1, tokenizer.PAD, np.uint16)
     out[: len(stream)] = stream
-    return out
+    return out, starts[: len(lengths)]
 
 
 def num_windows(stream_len: int, seq_len: int) -> int:
@@ -65,10 +78,24 @@ def num_windows(stream_len: int, seq_len: int) -> int:
     return max(0, -(-(stream_len - 1) // seq_len))
 
 
-def gather_windows(stream: np.ndarray, idx: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
-    """Windows ``idx`` (``[B]``) of ``stream`` as ``{"inputs", "targets"}``, int32 ``[B, T]``."""
-    w = stream[np.asarray(idx)[:, None] * seq_len + np.arange(seq_len + 1)].astype(np.int32)
-    return {"inputs": w[:, :-1], "targets": w[:, 1:]}
+def gather_windows(
+    stream: np.ndarray, idx: np.ndarray, seq_len: int, doc_starts: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
+    """Windows ``idx`` (``[B]``) of ``stream`` as ``{"inputs", "targets"}``, int32 ``[B, T]``.
+
+    With ``doc_starts`` (the stream offsets of the documents' BOS, increasing) the windows
+    also carry int32 ``segment_ids`` (document index, -1 on PAD inputs) and ``positions``
+    (offset in the document; 0 on PAD).
+    """
+    offsets = np.asarray(idx)[:, None] * seq_len + np.arange(seq_len + 1)
+    w = stream[offsets].astype(np.int32)
+    out = {"inputs": w[:, :-1], "targets": w[:, 1:]}
+    if doc_starts is not None:
+        offsets, pad = offsets[:, :-1], out["inputs"] == tokenizer.PAD
+        doc = np.searchsorted(doc_starts, offsets, side="right") - 1
+        out["segment_ids"] = np.where(pad, -1, doc).astype(np.int32)
+        out["positions"] = np.where(pad, 0, offsets - doc_starts[doc]).astype(np.int32)
+    return out
 
 
 def make_dataset(
@@ -82,6 +109,7 @@ def make_dataset(
     drop_remainder: bool = True,
     shard_index: int | None = None,
     shard_count: int | None = None,
+    segments: bool = False,
 ) -> grain.MapDataset:
     """Packed next-token batches of this process's shard, as a ``grain.MapDataset``.
 
@@ -96,10 +124,12 @@ def make_dataset(
       drop_remainder: drop a last, smaller batch (only matters for finite epochs).
       shard_index, shard_count: this process's shard; default
         ``jax.process_index()`` and ``jax.process_count()``.
+      segments: also return ``segment_ids`` and ``positions`` (see :func:`gather_windows`).
 
     Returns:
-      A ``MapDataset`` whose elements are ``{"inputs", "targets"}``, int32
-      ``[batch_size // shard_count, T]``; targets equal to PAD are not real tokens.
+      A ``MapDataset`` whose elements are ``{"inputs", "targets"}`` (and with ``segments``
+      ``"segment_ids"``, ``"positions"``), int32 ``[batch_size // shard_count, T]``;
+      targets equal to PAD are not real tokens.
     """
     shard_index = jax.process_index() if shard_index is None else shard_index
     shard_count = jax.process_count() if shard_count is None else shard_count
@@ -107,7 +137,8 @@ def make_dataset(
         raise ValueError(f"need 0 <= shard_index < shard_count; got {shard_index}, {shard_count}")
     if batch_size % shard_count:
         raise ValueError(f"batch_size={batch_size} is not divisible by shard_count={shard_count}")
-    stream = pack_stream(docs, seq_len)
+    stream, doc_starts = _pack(docs, seq_len)
+    doc_starts = doc_starts if segments else None
     n = num_windows(len(stream), seq_len)
     ds = grain.MapDataset.range(n)[shard_index::shard_count]
     if len(ds) == 0:
@@ -117,7 +148,7 @@ def make_dataset(
     if num_epochs != 1:
         ds = ds.repeat(num_epochs)
     ds = ds.batch(batch_size // shard_count, drop_remainder=drop_remainder)
-    return ds.map(lambda idx: gather_windows(stream, idx, seq_len))
+    return ds.map(lambda idx: gather_windows(stream, idx, seq_len, doc_starts))
 
 
 def make_iterator(ds: grain.MapDataset, state: dict | None = None) -> grain.DatasetIterator:

@@ -1,9 +1,11 @@
-"""Training: the train loop, losses and metrics, orbax checkpoints, ``lcjax train``."""
+"""Training: the one train loop (datasets of batch dicts, loss and eval hooks, gradient
+accumulation), losses and metrics, orbax checkpoints, ``lcjax train``. See docs/training.md."""
 
 from lcjax.train.checkpoint import checkpoint_manager, restore_checkpoint, save_checkpoint
 from lcjax.train.loop import (
     TrainConfig,
     TrainResult,
+    as_batch,
     config_dict,
     evaluate,
     lr_schedule,
@@ -12,12 +14,23 @@ from lcjax.train.loop import (
     make_train_step,
     train,
 )
-from lcjax.train.metrics import append_jsonl, bits_per_byte, mean_loss, read_jsonl, token_nll
+from lcjax.train.metrics import (
+    append_jsonl,
+    bits_per_byte,
+    mean_loss,
+    model_logits,
+    nll_loss,
+    read_jsonl,
+    target_weights,
+    token_nll,
+    weighted_nll,
+)
 
 __all__ = [
     "TrainConfig",
     "TrainResult",
     "append_jsonl",
+    "as_batch",
     "bits_per_byte",
     "checkpoint_manager",
     "config_dict",
@@ -27,9 +40,13 @@ __all__ = [
     "make_optimizer",
     "make_train_step",
     "mean_loss",
+    "model_logits",
+    "nll_loss",
     "read_jsonl",
     "restore_checkpoint",
     "save_checkpoint",
+    "target_weights",
     "token_nll",
     "train",
+    "weighted_nll",
 ]

@@ -7,11 +7,17 @@ Layout of ``directory/<step>/`` (an ``ocp.args.Composite``)::
     rest       StandardSave   other nnx state (RNG keys as raw key data), if any
     opt_state  StandardSave   optax state
     data       JsonSave       grain iterator state, e.g. {"next_index": 8}
-    meta       JsonSave       step and the configs
+    meta       JsonSave       step, the configs and the parameter shapes
 
 orbax writes each step to a temporary folder and renames it when complete, so a
-crash never leaves a half-written latest checkpoint; the manager keeps the last
-``max_to_keep``. Saving is synchronous: the train step donates its buffers.
+crash (even SIGKILL mid-save) never leaves a half-written latest checkpoint: the
+previous one stays the latest, and the leftover temporary folder is removed when the
+next manager opens the directory. The manager keeps the last ``max_to_keep``. Saving
+is synchronous: the train step donates its buffers.
+
+A resume first reads ``meta`` alone (:func:`read_meta`) and compares it with the new
+run's (:func:`check_resume`), so a different model or optimizer config fails with the
+names and both values of the fields that differ instead of an orbax shape error.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ def checkpoint_manager(
 ) -> ocp.CheckpointManager:
     """A manager for ``directory`` keeping the last ``max_to_keep`` steps."""
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False
+        max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False,
+        cleanup_tmp_directories=True,
     )
     return ocp.CheckpointManager(os.path.abspath(directory), options=options)
 
@@ -129,3 +136,48 @@ def restore_checkpoint(
         "meta": dict(out["meta"]),
         "step": int(step),
     }
+
+
+def read_meta(manager: ocp.CheckpointManager, step: int | None = None) -> dict | None:
+    """The ``meta`` item of ``step`` (default: the latest) alone; None without checkpoints."""
+    step = manager.latest_step() if step is None else step
+    if step is None:
+        return None
+    return dict(manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+                ["meta"])
+
+
+def param_shapes(params: Any) -> dict[str, list]:
+    """``{path: [shape, dtype]}`` of a parameter tree, JSON-ready (stored in ``meta``)."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(params)
+    return {jax.tree_util.keystr(path, simple=True, separator="/"):
+            [list(x.shape), str(x.dtype)] for path, x in flat}
+
+
+def check_resume(saved: dict, current: dict, fields: dict[str, tuple[str, ...] | None]) -> None:
+    """Raises ValueError if ``saved`` and ``current`` meta differ in a checked field.
+
+    Args:
+      saved: the checkpoint's meta (:func:`read_meta`).
+      current: the resuming run's meta.
+      fields: section -> the field names to compare (None: all fields of the section).
+        Sections missing from ``saved`` (older checkpoints) are not checked.
+
+    The message names every differing field as ``section.field`` with both values.
+    """
+    diffs = []
+    for section, names in fields.items():
+        if section not in saved:
+            continue
+        old, new = saved[section], current.get(section)
+        if not isinstance(old, dict) or not isinstance(new, dict):
+            if old != new:
+                diffs.append(f"{section}: checkpoint {old!r}, this run {new!r}")
+            continue
+        keys = sorted(set(old) | set(new)) if names is None else names
+        for k in keys:
+            if k in old and old.get(k) != new.get(k):
+                diffs.append(f"{section}.{k}: checkpoint {old.get(k)!r}, this run {new.get(k)!r}")
+    if diffs:
+        raise ValueError("cannot resume: the checkpoint was written with a different config ("
+                         + "; ".join(diffs) + "). Use the same config or a fresh out_dir.")

@@ -7,7 +7,9 @@
 The config file is ``{"model": {DecoderConfig fields}, "train": {TrainConfig
 fields}}``; flags override it. ``model.dtype`` / ``param_dtype`` are dtype names
 ("bfloat16"). Writes ``OUT/checkpoints/``, ``OUT/metrics.jsonl`` and ``OUT/config.json``
-and prints the final record as JSON.
+(a valid ``--config``) and prints the final record as JSON. ``--resume`` continues from
+the latest complete checkpoint; it fails, naming the fields, if the model or optimizer
+config differs from the checkpoint's.
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 
 from lcjax.data.tokenizer import VOCAB_SIZE
-from lcjax.train.loop import TrainConfig, config_dict, train
+from lcjax.train.loop import TrainConfig, train
 
 # flag -> TrainConfig field
 _TRAIN_FLAGS = {
@@ -26,6 +27,7 @@ _TRAIN_FLAGS = {
     "min_lr_ratio": float, "weight_decay": float, "grad_clip": float, "seed": int,
     "data_seed": int, "heldout_fraction": float, "split_seed": int, "eval_every": int,
     "eval_batches": int, "log_every": int, "ckpt_every": int, "keep_checkpoints": int,
+    "grad_accum": int,
 }
 # flag -> DecoderConfig field
 _MODEL_FLAGS = {
@@ -47,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="continue from the latest checkpoint in --out")
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
                         help="no progress bar")
+    parser.add_argument("--document-mask", dest="document_mask", action="store_true",
+                        default=None, help="attention stays inside each packed document")
     defaults = TrainConfig()
     for name, typ in _TRAIN_FLAGS.items():
         parser.add_argument("--" + name.replace("_", "-"), type=typ, dest=name,
@@ -84,7 +88,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[dict, TrainConfig]:
     model = {**DEFAULT_MODEL, **spec.get("model", {})}
     model.update({k: v for k in _MODEL_FLAGS if (v := getattr(args, "model_" + k)) is not None})
     train_fields = dict(spec.get("train", {}))
-    flags = [*_TRAIN_FLAGS, "out_dir", "resume", "progress"]
+    flags = [*_TRAIN_FLAGS, "out_dir", "resume", "progress", "document_mask"]
     train_fields.update({k: v for k in flags if (v := getattr(args, k)) is not None})
     if (train_fields.get("eval_batches") or 0) < 0:
         train_fields["eval_batches"] = None
@@ -97,12 +101,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[dict, TrainConfig]:
 def run(args: argparse.Namespace) -> int:
     """Runs ``lcjax train``; returns the exit status."""
     model_fields, cfg = configs_from_args(args)
-    model_cfg = _model_config(model_fields)
-    if cfg.out_dir:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        with open(os.path.join(cfg.out_dir, "config.json"), "w", encoding="utf-8") as f:
-            json.dump({"model": config_dict(model_cfg), "train": config_dict(cfg)}, f, indent=2)
-    result = train(model_cfg, cfg)
+    result = train(_model_config(model_fields), cfg)
     tps = result.tokens_per_s
     final = {"step": result.step, "tokens_per_s": None if tps != tps else round(tps, 1)}
     if result.history:

@@ -1,16 +1,32 @@
-"""Training loop for next-token language models on packed byte data.
+"""The one training loop: packed documents or any dataset of batch dicts, a loss hook and
+an eval hook, gradient accumulation, exact orbax resume. See ``docs/training.md``.
 
-AdamW (decoupled weight decay on matrices only) after global-norm clipping, with
-linear warmup then cosine decay. The learning rate of update ``k = 1..S`` is::
+    train(model_cfg, cfg, train_docs=docs)                      # packed byte windows
+    train(model_cfg, cfg, dataset=ds, loss_fn=my_loss)          # any batches, any loss
+
+A batch is a dict of arrays whose leading axis is the batch: int ``inputs`` and
+``targets`` ``[B, T]`` (PAD targets carry no loss), optional bool ``loss_mask``, float
+``weights``, int ``positions`` and ``segment_ids`` ``[B, T]`` (negative = padding), and
+any other keys the loss hook reads. ``loss_fn(model, batch, rng) -> (loss, metrics)``
+(default :func:`lcjax.train.metrics.nll_loss`, the weighted mean NLL) is differentiated;
+the loss logged at step ``k`` is the one computed before update ``k``. ``metrics`` are
+scalars (or ``(value, weight)`` pairs) logged under their own names;
+``metrics["loss_weight"]``, if given, is the normaliser of the loss, used to combine
+micro-batches and eval batches exactly.
+
+Optimizer: AdamW (decoupled weight decay on matrices only) after global-norm clipping,
+with linear warmup then cosine decay. The learning rate of update ``k = 1..S`` is::
 
     lr_k = lr * k / W                                                 k <= W
     lr_k = lr_end + (lr - lr_end) * (1 + cos(pi * (k - W) / (S - W))) / 2      k > W
 
 with ``W = warmup_steps``, ``S = steps`` and ``lr_end = lr * min_lr_ratio``.
 The step is one ``jax.jit``-compiled pure function over ``nnx.split`` state
-(parameters, other model state, optax state) whose buffers are donated. A run
-with ``out_dir`` checkpoints everything, including the grain iterator state, so
-a resumed run reproduces the uninterrupted one bit for bit.
+(parameters, other model state, optax state) whose buffers are donated; with
+``grad_accum = N`` it splits each batch into N micro-batches of consecutive rows and
+scans over them, so the update equals that of the whole batch. A run with ``out_dir``
+checkpoints everything, including the dataset iterator state, so a resumed run
+reproduces the uninterrupted one bit for bit.
 """
 
 from __future__ import annotations
@@ -21,24 +37,38 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax import lax
 from tqdm.auto import tqdm
 
 from lcjax.data import pipeline, tokenizer
 from lcjax.data.corpus import shakespeare_split
 from lcjax.train import checkpoint, metrics
 
+LossFn = Callable[[nnx.Module, dict, jax.Array], tuple[jax.Array, Mapping[str, jax.Array]]]
+# names a loss hook's metrics may not take: the loop's own record fields
+RESERVED_METRICS = ("step", "loss", "lr", "grad_norm", "tokens_per_s")
+# keys of the batch schema that have the shape [B, T] of ``inputs``
+BATCH_KEYS = ("inputs", "targets", "loss_mask", "weights", "positions", "segment_ids")
+_TRAIN_RNG, _EVAL_RNG = 0x7472, 0x6576  # fold_in salts of the hooks' rng streams
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Hyper-parameters of a run. ``batch_size`` is global; ``seq_len`` is ``T``."""
+    """Hyper-parameters of a run. ``batch_size`` is global; ``seq_len`` is ``T``.
+
+    ``batch_size``, ``seq_len``, ``data_seed``, ``heldout_fraction``, ``split_seed`` and
+    ``document_mask`` shape the packed-documents path; a ``dataset=`` decides its own
+    batches. ``grad_accum`` splits every batch into that many micro-batches.
+    """
 
     steps: int = 1000
     batch_size: int = 8
@@ -63,9 +93,12 @@ class TrainConfig:
     out_dir: str | None = None  # checkpoints/ and metrics.jsonl; None: neither
     resume: bool = False
     progress: bool = True
+    grad_accum: int = 1  # micro-batches per update: each batch is split into this many
+    document_mask: bool = False  # packed documents: attention stays inside each document
 
     def __post_init__(self):
-        for name in ("steps", "batch_size", "seq_len", "log_every", "keep_checkpoints"):
+        for name in ("steps", "batch_size", "seq_len", "log_every", "keep_checkpoints",
+                     "grad_accum"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name} must be >= 1; got {getattr(self, name)}")
         if not 0 <= self.warmup_steps < self.steps:
@@ -81,8 +114,11 @@ class TrainResult:
 
     Attributes:
       history: one record per step run in this call: ``step`` (1-based update
-        number), ``loss`` (nats/token), ``lr``, ``grad_norm``.
-      evals: held-out records: ``step``, ``eval_loss``, ``eval_bpb``, ``eval_tokens``.
+        number), ``loss`` (the loss hook's value before the update; nats/token by
+        default), the hook's metrics under their own names, ``lr``, ``grad_norm``,
+        ``tokens_per_s``.
+      evals: held-out records: ``step``, ``eval_loss``, ``eval_tokens`` (real targets),
+        ``eval_bpb`` (default eval hook only) and ``eval_<name>`` per eval metric.
       step: the last completed step.
       model: the trained model.
       tokens_per_s: training throughput over the steps after the first log interval
@@ -103,6 +139,13 @@ class TrainResult:
 
 OPT_FIELDS = ("lr", "warmup_steps", "steps", "min_lr_ratio", "weight_decay", "b1", "b2", "eps",
               "grad_clip")
+# what a resume must share with the checkpoint: section of the meta -> fields (None: all)
+RESUME_FIELDS = {
+    "model_config": None,
+    "params": None,
+    "train_config": (*OPT_FIELDS, "seed", "data_seed", "batch_size", "seq_len",
+                     "document_mask", "heldout_fraction", "split_seed"),
+}
 
 
 def optimizer_hparams(cfg: TrainConfig) -> dict[str, float]:
@@ -150,84 +193,268 @@ def make_optimizer(
     )
 
 
-def make_train_step(graphdef: nnx.GraphDef) -> Callable:
-    """Jitted ``(params, rest, opt_state, batch, hparams) -> (params, rest, opt_state, stats)``.
+def _value_and_grad(loss_fn: LossFn, graphdef, params, rest, batch, rng):
+    """``(loss, metrics, new_rest, grads)`` of ``loss_fn`` at ``params`` (grads w.r.t. them)."""
+    model = nnx.merge(graphdef, params, rest)
 
-    ``batch`` holds int32 ``inputs`` and ``targets`` ``[B, T]``; ``hparams`` is
-    :func:`optimizer_hparams`; ``stats`` holds scalar ``loss`` (mean nats over
-    real targets) and ``grad_norm`` (before clipping). The first three arguments
-    are donated.
+    def f(m):
+        loss, mets = loss_fn(m, batch, rng)
+        return loss, _check_metrics(loss, mets)
+
+    (loss, mets), grads = nnx.value_and_grad(f, has_aux=True)(model)  # carries RNG counts
+    _, _, rest = nnx.split(model, nnx.Param, ...)
+    return loss.astype(jnp.float32), mets, rest, grads
+
+
+def _check_metrics(loss: Any, mets: Any) -> dict[str, tuple[jax.Array, jax.Array | None]]:
+    """The hook's metrics as ``name -> (value, weight or None)``, float32 scalars.
+
+    A metric is a scalar (combined over micro-batches and eval batches with the
+    ``loss_weight``) or a ``(value, weight)`` pair (combined with its own weight).
+    TypeError/ValueError for a malformed hook result.
     """
+    if jnp.shape(loss) != ():
+        raise ValueError(f"the loss hook must return a scalar loss; got shape {jnp.shape(loss)}")
+    if not isinstance(mets, Mapping):
+        raise TypeError(f"the loss hook must return (loss, metrics: dict); got {type(mets)}")
+    out = {}
+    for k, v in mets.items():
+        if not isinstance(k, str) or k in RESERVED_METRICS:
+            raise ValueError(f"metric name {k!r} is reserved or not a string "
+                             f"(reserved: {RESERVED_METRICS})")
+        v, w = v if isinstance(v, tuple | list) and k != metrics.LOSS_WEIGHT else (v, None)
+        if jnp.shape(v) != () or (w is not None and jnp.shape(w) != ()):
+            raise ValueError(f"metric {k!r} must be a scalar or a (scalar, weight) pair")
+        f32 = lambda x: lax.stop_gradient(jnp.asarray(x).astype(jnp.float32))
+        out[k] = (f32(v), None if w is None else f32(w))
+    return out
 
-    def step(params, rest, opt_state, batch, hparams):
-        model = nnx.merge(graphdef, params, rest)
-        loss_fn = lambda m: metrics.mean_loss(m(batch["inputs"]), batch["targets"])
-        loss, grads = nnx.value_and_grad(loss_fn)(model)  # carries RNG-count updates
-        _, params, rest = nnx.split(model, nnx.Param, ...)
+
+def _accumulate(loss_fn: LossFn, graphdef, params, rest, batch, rng, n: int):
+    """:func:`_value_and_grad` over ``n`` micro-batches (consecutive rows), combined exactly.
+
+    Micro-batch ``i`` (rng ``fold_in(rng, i)``) weighs ``w_i = metrics["loss_weight"]``
+    (1 if absent): loss, metrics and gradients are ``sum_i w_i x_i / sum_i w_i``, which
+    for a loss normalised by ``w_i`` is the loss of the whole batch normalised by
+    ``sum_i w_i``. A ``(value, weight)`` metric is combined with its own weight.
+    Gradients accumulate in float32.
+    """
+    micro = jax.tree.map(lambda x: x.reshape(n, x.shape[0] // n, *x.shape[1:]), batch)
+
+    def one(params, rest, mb, i):
+        loss, mets, rest, grads = _value_and_grad(
+            loss_fn, graphdef, params, rest, mb, jax.random.fold_in(rng, i))
+        lw = mets.pop(metrics.LOSS_WEIGHT, (jnp.float32(1.0), None))[0]
+        grads = jax.tree.map(lambda g: g.astype(jnp.float32) * lw, grads)
+        weighted = {k: (w * v, w) for k, (v, mw) in mets.items()
+                    for w in [lw if mw is None else mw]}
+        return rest, (lw, lw * loss, weighted, grads)
+
+    first = jax.tree.map(lambda x: x[0], micro)
+    shapes = jax.eval_shape(lambda p, r: one(p, r, first, 0)[1], params, rest)
+    zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+    def body(carry, xs):  # params ride in the carry: nnx variables must be of this trace
+        params, rest, acc = carry
+        rest, contrib = one(params, rest, *xs)
+        return (params, rest, jax.tree.map(jnp.add, acc, contrib)), None
+
+    (_, rest, (w, loss, mets, grads)), _ = lax.scan(
+        body, (params, rest, zero), (micro, jnp.arange(n)))
+    den = lambda w: jnp.where(w > 0, w, 1.0)
+    grads = jax.tree.map(lambda g, p: (g / den(w)).astype(p.dtype), grads, params)
+    return loss / den(w), {k: v / den(mw) for k, (v, mw) in mets.items()}, rest, grads
+
+
+def make_train_step(graphdef: nnx.GraphDef, loss_fn: LossFn | None = None,
+                    grad_accum: int = 1) -> Callable:
+    """Jitted ``(params, rest, opt_state, batch, hparams, rng) -> (params, rest, opt_state,
+    stats)``.
+
+    ``batch`` is a batch dict (module docstring); ``hparams`` is
+    :func:`optimizer_hparams`; ``rng`` is the key handed to ``loss_fn`` (default
+    :func:`metrics.nll_loss`). ``stats`` holds scalar ``loss`` (before the update),
+    ``grad_norm`` (before clipping) and the hook's metrics (without ``loss_weight``).
+    With ``grad_accum = N`` the ``B`` rows are split into N micro-batches of ``B / N``
+    consecutive rows, scanned in order (see :func:`_accumulate`). The first three
+    arguments are donated.
+    """
+    loss_fn = metrics.nll_loss if loss_fn is None else loss_fn
+
+    def step(params, rest, opt_state, batch, hparams, rng):
+        if grad_accum == 1:
+            loss, mets, rest, grads = _value_and_grad(loss_fn, graphdef, params, rest, batch,
+                                                      rng)
+            mets = {k: v for k, (v, _) in mets.items() if k != metrics.LOSS_WEIGHT}
+        else:
+            loss, mets, rest, grads = _accumulate(loss_fn, graphdef, params, rest, batch, rng,
+                                                  grad_accum)
         tx = make_optimizer(**hparams)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        return params, rest, opt_state, {"loss": loss, "grad_norm": optax.global_norm(grads)}
+        return params, rest, opt_state, {"loss": loss, "grad_norm": optax.global_norm(grads),
+                                         **mets}
 
     return jax.jit(step, donate_argnums=(0, 1, 2))
 
 
-def make_eval_step(graphdef: nnx.GraphDef) -> Callable:
-    """Jitted ``(params, rest, batch) -> (sum_nats, num_real_tokens)`` (float32, int32).
+def make_eval_step(graphdef: nnx.GraphDef, eval_fn: LossFn | None = None) -> Callable:
+    """Jitted ``(params, rest, batch, rng) -> (loss, metrics)`` of ``eval_fn`` (default
+    :func:`metrics.nll_loss`), float32 scalars.
 
-    The model runs in evaluation mode (``model.eval()``: no dropout).
+    The model runs in evaluation mode (``model.eval()``: no dropout); its state changes
+    (RNG counts) are dropped.
     """
+    eval_fn = metrics.nll_loss if eval_fn is None else eval_fn
 
-    def step(params, rest, batch):
+    def step(params, rest, batch, rng):
         model = nnx.merge(graphdef, params, rest)
         model.eval()
-        logits = model(batch["inputs"])
-        nll, mask = metrics.token_nll(logits, batch["targets"])
-        return nll.sum(), mask.sum()
+        loss, mets = eval_fn(model, batch, rng)
+        return jnp.asarray(loss).astype(jnp.float32), _check_metrics(loss, mets)
 
     return jax.jit(step)
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled(graphdef: nnx.GraphDef) -> tuple[Callable, Callable]:
-    """(train_step, eval_step) shared by all runs of one model: each shape compiles once."""
-    return make_train_step(graphdef), make_eval_step(graphdef)
+def _train_step(graphdef: nnx.GraphDef, loss_fn: LossFn | None, grad_accum: int) -> Callable:
+    """One compiled train step per (model, loss hook, grad_accum): each shape compiles once."""
+    return make_train_step(graphdef, loss_fn, grad_accum)
+
+
+@functools.lru_cache(maxsize=16)
+def _eval_step(graphdef: nnx.GraphDef, eval_fn: LossFn | None) -> Callable:
+    return make_eval_step(graphdef, eval_fn)
+
+
+def as_batch(batch: Any, grad_accum: int = 1) -> dict:
+    """Checks a batch dict against the schema (module docstring); numpy/jax arrays out.
+
+    Raises:
+      ValueError: a missing ``inputs``/``targets``, a schema key whose shape is not that
+        of ``inputs`` ``[B, T]``, a non-numeric value, a value without the leading batch
+        axis, or ``B`` not divisible by ``grad_accum``.
+    """
+    if not isinstance(batch, Mapping):
+        raise TypeError(f"a batch must be a dict of arrays; got {type(batch).__name__}")
+    missing = [k for k in ("inputs", "targets") if k not in batch]
+    if missing:
+        raise ValueError(f"batch lacks {missing}; it has {sorted(batch)}")
+    out = {k: v if isinstance(v, jax.Array) else np.asarray(v) for k, v in batch.items()}
+    shape = out["inputs"].shape
+    if len(shape) != 2:
+        raise ValueError(f"batch['inputs'] must be [B, T]; got shape {shape}")
+    for k, v in out.items():
+        if v.dtype.kind not in "biuf":
+            raise ValueError(f"batch[{k!r}] must be numeric or bool; got dtype {v.dtype}")
+        if k in BATCH_KEYS and v.shape != shape:
+            raise ValueError(f"batch[{k!r}] has shape {v.shape}; inputs have {shape}")
+        if v.ndim == 0 or v.shape[0] != shape[0]:
+            raise ValueError(f"batch[{k!r}] (shape {v.shape}) must have the batch size "
+                             f"{shape[0]} as its leading axis")
+    if shape[0] % grad_accum:
+        raise ValueError(f"a batch of {shape[0]} rows does not split into "
+                         f"grad_accum={grad_accum} micro-batches")
+    return out
 
 
 def _pad_batch(batch: dict, rows: int) -> dict:
-    """Pads a short last batch to ``rows`` rows of PAD (which carry no targets)."""
+    """Pads a short last batch to ``rows`` rows: PAD inputs/targets (no loss), segment id
+    -1 (padding), zeros elsewhere (no ``loss_mask``, no ``weights``)."""
     n = batch["inputs"].shape[0]
     if n == rows:
         return batch
-    pad = ((0, rows - n), (0, 0))
-    return {k: np.pad(v, pad, constant_values=tokenizer.PAD) for k, v in batch.items()}
+    fill = {"inputs": tokenizer.PAD, "targets": tokenizer.PAD, "segment_ids": -1}
+    return {k: np.pad(np.asarray(v), [(0, rows - n)] + [(0, 0)] * (v.ndim - 1),
+                      constant_values=fill.get(k, 0)) for k, v in batch.items()}
 
 
 def evaluate(
     eval_step: Callable,
     params: Any,
     rest: Any,
-    dataset: Any,
+    dataset: Iterable[dict],
     *,
-    batch_size: int,
     max_batches: int | None = None,
+    rng: jax.Array | None = None,
+    bpb: bool = True,
 ) -> dict:
-    """Held-out loss over ``dataset`` (at most ``max_batches`` batches).
+    """Held-out loss and metrics of ``eval_step`` (:func:`make_eval_step`) over ``dataset``.
+
+    Batches (at most ``max_batches``; a short one is padded to the first one's rows) are
+    combined weighted by their ``loss_weight`` metric (1 if absent; a ``(value, weight)``
+    metric by its own weight), so the default hook gives total nats / total real targets.
+    Batch ``i`` gets ``fold_in(rng, i)``.
 
     Returns:
-      ``{"eval_loss": nats/token, "eval_bpb": bits/byte, "eval_tokens": count}``.
+      ``{"eval_loss", "eval_bpb" (if bpb: eval_loss / ln 2, bits per byte of a byte
+      model), "eval_tokens" (non-PAD targets), "eval_<metric>"...}``.
     """
-    total, count = 0.0, 0
+    rng = jax.random.key(0) if rng is None else rng
+    sums: dict[str, tuple[float, float]] = {}  # name -> (sum of weight * value, weight)
+    tokens, rows = 0, None
     for i, batch in enumerate(dataset):
         if max_batches is not None and i >= max_batches:
             break
-        s, c = jax.device_get(eval_step(params, rest, _pad_batch(batch, batch_size)))
-        total, count = total + float(s), count + int(c)
-    return {
-        "eval_loss": total / max(count, 1),
-        "eval_bpb": metrics.bits_per_byte(total, count),
-        "eval_tokens": count,
-    }
+        batch = as_batch(batch)
+        rows = batch["inputs"].shape[0] if rows is None else rows
+        tokens += int((np.asarray(batch["targets"]) != tokenizer.PAD).sum())
+        loss, mets = jax.device_get(
+            eval_step(params, rest, _pad_batch(batch, rows), jax.random.fold_in(rng, i)))
+        lw = float(mets.pop(metrics.LOSS_WEIGHT, (1.0, None))[0])
+        for k, (v, w) in {"loss": (loss, None), **mets}.items():
+            w = lw if w is None else float(w)
+            s, t = sums.get(k, (0.0, 0.0))
+            sums[k] = (s + w * float(v), t + w)
+    mean = {k: s / t if t > 0 else math.nan for k, (s, t) in sums.items()}
+    out = {"eval_loss": mean.pop("loss", math.nan)}
+    if bpb:
+        out["eval_bpb"] = out["eval_loss"] / math.log(2)
+    out["eval_tokens"] = tokens
+    out.update({f"eval_{k}": v for k, v in mean.items()})
+    return out
+
+
+class _Batches:
+    """A dataset's batches in order, with a JSON-ready state for the checkpoint.
+
+    A ``grain.MapDataset`` is read through :func:`pipeline.make_iterator`; an iterable
+    whose iterator has ``get_state``/``set_state`` (grain ``IterDataset``) is restored
+    through them; any other iterable is re-iterated and fast-forwarded past the batches
+    already consumed (state ``{"batches": n}``), which needs it to yield the same
+    sequence again.
+    """
+
+    def __init__(self, dataset: Any, state: dict | None):
+        if isinstance(dataset, grain.MapDataset):
+            self._it = pipeline.make_iterator(dataset, state)
+        else:
+            self._it = iter(dataset)
+        self._stateful = all(callable(getattr(self._it, a, None))
+                             for a in ("get_state", "set_state"))
+        self.count = 0
+        if state is not None and not isinstance(dataset, grain.MapDataset):
+            if self._stateful:
+                self._it.set_state(state)
+            else:
+                for _ in range(state["batches"]):
+                    self._next()
+
+    def _next(self) -> Any:
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            raise ValueError(
+                f"the dataset ran out after {self.count} batches; train() takes one batch "
+                "per step (repeat it, e.g. grain's ds.repeat())") from None
+        self.count += 1
+        return batch
+
+    def __next__(self) -> Any:
+        return self._next()
+
+    def state(self) -> dict:
+        return self._it.get_state() if self._stateful else {"batches": self.count}
 
 
 def _jsonable(x: Any) -> Any:
@@ -257,7 +484,7 @@ def _default_model_fn(model_cfg: Any, rngs: nnx.Rngs) -> nnx.Module:
     return DecoderLM(model_cfg, rngs=rngs)
 
 
-def _check_model_cfg(model_cfg: Any, cfg: TrainConfig) -> None:
+def _check_model_cfg(model_cfg: Any) -> None:
     vocab = getattr(model_cfg, "vocab_size", tokenizer.VOCAB_SIZE)
     if vocab < tokenizer.VOCAB_SIZE:
         raise ValueError(f"model vocab_size={vocab} < byte tokenizer's {tokenizer.VOCAB_SIZE}")
@@ -269,67 +496,115 @@ def train(
     *,
     train_docs: Sequence[pipeline.DocLike] | None = None,
     eval_docs: Sequence[pipeline.DocLike] | None = None,
+    dataset: Iterable[dict] | None = None,
+    eval_dataset: Iterable[dict] | None = None,
+    loss_fn: LossFn | None = None,
+    eval_fn: LossFn | None = None,
     model_fn: Callable[[Any, nnx.Rngs], nnx.Module] | None = None,
     stop_at: int | None = None,
 ) -> TrainResult:
-    """Trains a language model on packed byte windows; resumes from ``cfg.out_dir``.
+    """Trains a model on packed documents or on a dataset of batch dicts; resumes from
+    ``cfg.out_dir``.
 
     Args:
       model_cfg: the model's config (e.g. ``lcjax.nn.DecoderConfig``).
       cfg: the run's hyper-parameters.
-      train_docs, eval_docs: documents; both None = the Shakespeare split
-        ``shakespeare_split(cfg.heldout_fraction, cfg.split_seed)``. Empty or None
-        ``eval_docs`` (with ``train_docs`` given) disables evaluation.
-      model_fn: ``(model_cfg, rngs) -> module`` mapping int ``[B, T]`` tokens to
-        logits ``[B, T, V]``; default ``lcjax.nn.DecoderLM``.
+      train_docs, eval_docs: documents, packed into windows of ``cfg.seq_len`` (with
+        ``segment_ids``/``positions`` when ``cfg.document_mask``); with neither these nor
+        ``dataset``, the Shakespeare split ``shakespeare_split(cfg.heldout_fraction,
+        cfg.split_seed)``. Empty or None ``eval_docs`` (with ``train_docs`` given)
+        disables evaluation.
+      dataset: instead of ``train_docs``: a ``grain.MapDataset`` or any iterable of batch
+        dicts (module docstring), one per step, consumed in order (it decides shuffling
+        and epochs; running out is an error). Its iterator state is checkpointed.
+      eval_dataset: instead of ``eval_docs``: a re-iterable of batch dicts, read from the
+        start at each evaluation (at most ``cfg.eval_batches`` batches).
+      loss_fn: ``(model, batch, rng) -> (loss, metrics)``, differentiated w.r.t. the
+        parameters; default :func:`metrics.nll_loss`. ``rng`` is a fresh key per step
+        (and per micro-batch) derived from ``cfg.seed`` and the step.
+      eval_fn: the same shape, for evaluation; default :func:`metrics.nll_loss`.
+      model_fn: ``(model_cfg, rngs) -> module``; default ``lcjax.nn.DecoderLM``. The
+        default hooks call it as ``model(inputs)`` plus ``positions=``/``segment_ids=``
+        when the batch carries them.
       stop_at: stop (and checkpoint) after this step though the schedule runs
         to ``cfg.steps`` — what an interrupted run does.
 
     Returns:
       A :class:`TrainResult`.
+
+    Raises:
+      ValueError: conflicting arguments; a fresh run (``resume=False``) into an
+        ``out_dir`` that has checkpoints; a resume whose model config, parameter shapes
+        or optimizer/data config (:data:`RESUME_FIELDS`) differ from the checkpoint's.
     """
-    _check_model_cfg(model_cfg, cfg)
+    if dataset is not None and train_docs is not None:
+        raise ValueError("give train_docs or dataset, not both")
+    if eval_dataset is not None and eval_docs is not None:
+        raise ValueError("give eval_docs or eval_dataset, not both")
+    if dataset is not None and cfg.document_mask:
+        raise ValueError("TrainConfig.document_mask applies to packed documents; a dataset "
+                         "masks attention by carrying segment_ids")
     if jax.process_count() > 1:  # the pipeline shards by process; global batches are not built
         raise NotImplementedError("train() runs in one process; see lcjax.data.make_dataset")
-    if train_docs is None and eval_docs is None:
-        train_docs, eval_docs = shakespeare_split(cfg.heldout_fraction, cfg.split_seed)
+    if dataset is None:
+        _check_model_cfg(model_cfg)
+        if train_docs is None and eval_docs is None:
+            train_docs, eval_docs = shakespeare_split(cfg.heldout_fraction, cfg.split_seed)
+        if train_docs is None:
+            raise ValueError("eval_docs without train_docs (or dataset)")
+        dataset = pipeline.make_dataset(
+            train_docs, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.data_seed,
+            segments=cfg.document_mask,
+        )
+    if eval_docs and cfg.eval_batches != 0:
+        eval_dataset = pipeline.make_dataset(
+            eval_docs, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.data_seed,
+            num_epochs=1, drop_remainder=False, segments=cfg.document_mask,
+        )
+    if cfg.eval_batches == 0:
+        eval_dataset = None
     last = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
 
     model = (model_fn or _default_model_fn)(model_cfg, nnx.Rngs(cfg.seed))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    train_step, eval_step = _compiled(graphdef)
+    train_step = _train_step(graphdef, loss_fn, cfg.grad_accum)
+    eval_step = _eval_step(graphdef, eval_fn)
     hparams = optimizer_hparams(cfg)
-    tx = make_optimizer(**hparams)
-    opt_state = tx.init(params)
-    train_ds = pipeline.make_dataset(
-        train_docs, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.data_seed
-    )
+    opt_state = make_optimizer(**hparams).init(params)
+    meta = json.loads(json.dumps({
+        "model_config": config_dict(model_cfg), "train_config": config_dict(cfg),
+        "params": checkpoint.param_shapes(params),
+    }))
     data_state, step = None, 0
 
-    manager = None
+    manager = log_path = None
     if cfg.out_dir is not None:
         manager = checkpoint.checkpoint_manager(
             os.path.join(cfg.out_dir, "checkpoints"), max_to_keep=cfg.keep_checkpoints
         )
-        if cfg.resume:
+        latest = manager.latest_step()
+        if latest is not None and not cfg.resume:
+            manager.close()
+            raise ValueError(f"{cfg.out_dir} has checkpoints (latest step {latest}): resume "
+                             "with resume=True (--resume) or train into a fresh out_dir")
+        if latest is not None:
+            checkpoint.check_resume(checkpoint.read_meta(manager, latest), meta, RESUME_FIELDS)
             restored = checkpoint.restore_checkpoint(
-                manager, params=params, rest=rest, opt_state=opt_state
+                manager, params=params, rest=rest, opt_state=opt_state, step=latest
             )
-            if restored is not None:
-                params, rest, opt_state = (restored[k] for k in ("params", "rest", "opt_state"))
-                data_state, step = restored["data_state"], restored["step"]
-    meta = {"model_config": config_dict(model_cfg), "train_config": config_dict(cfg)}
-    log_path = None if cfg.out_dir is None else os.path.join(cfg.out_dir, "metrics.jsonl")
+            params, rest, opt_state = (restored[k] for k in ("params", "rest", "opt_state"))
+            data_state, step = restored["data_state"], restored["step"]
+        log_path = os.path.join(cfg.out_dir, "metrics.jsonl")
+        if jax.process_index() == 0:
+            metrics.truncate_jsonl(log_path, step)  # what a killed run logged past `step`
+            with open(os.path.join(cfg.out_dir, "config.json"), "w", encoding="utf-8") as f:
+                json.dump({"model": meta["model_config"], "train": meta["train_config"]}, f,
+                          indent=2)
 
-    data_it = pipeline.make_iterator(train_ds, data_state)
+    batches = _Batches(dataset, data_state)
     sched = lr_schedule(cfg)
-    eval_ds = None
-    if eval_docs and cfg.eval_batches != 0:
-        eval_ds = pipeline.make_dataset(
-            eval_docs, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.data_seed,
-            num_epochs=1, drop_remainder=False,
-        )
-    local_batch = cfg.batch_size // jax.process_count()
+    seed_key = jax.random.key(cfg.seed)
+    train_rng, eval_rng = (jax.random.fold_in(seed_key, salt) for salt in (_TRAIN_RNG, _EVAL_RNG))
 
     history, evals, pending = [], [], []
     timed_tokens, timed_s = 0, 0.0
@@ -340,39 +615,44 @@ def train(
         nonlocal t0, first_flush, timed_tokens, timed_s
         if not pending:
             return
-        stats = jax.device_get([s for _, s in pending])
+        stats = jax.device_get([s for _, s, _ in pending])
         dt = time.perf_counter() - t0
-        tokens = len(pending) * cfg.batch_size * cfg.seq_len
+        tokens = sum(n for _, _, n in pending)
         tps = tokens / dt
         if not first_flush:  # the first interval includes compilation
             timed_tokens, timed_s = timed_tokens + tokens, timed_s + dt
-        lrs = np.asarray(sched(np.array([k for k, _ in pending])))
+        lrs = np.asarray(sched(np.array([k for k, _, _ in pending])))
         records = [
-            {"step": k, "loss": float(s["loss"]), "lr": float(lr),
-             "grad_norm": float(s["grad_norm"]), "tokens_per_s": tps}
-            for (k, _), s, lr in zip(pending, stats, lrs)
+            {"step": k, "loss": float(s.pop("loss")), **{m: float(v) for m, v in s.items()
+                                                         if m != "grad_norm"},
+             "lr": float(lr), "grad_norm": float(s["grad_norm"]), "tokens_per_s": tps}
+            for (k, _, _), s, lr in zip(pending, stats, lrs)
         ]
         history.extend(records)
         if log_path and jax.process_index() == 0:
             metrics.append_jsonl(log_path, records)
         bar.update(len(pending))
-        bar.set_postfix(loss=f"{records[-1]['loss']:.4f}", tok_s=f"{tps:.3g}")
+        shown = {k: v for k, v in records[-1].items() if k not in ("step", "lr", "tokens_per_s")}
+        bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()} | {"tok_s": f"{tps:.3g}"})
         pending.clear()
         t0, first_flush = time.perf_counter(), False
 
     while step < last:
-        batch = next(data_it)
-        params, rest, opt_state, stats = train_step(params, rest, opt_state, batch, hparams)
+        batch = as_batch(next(batches), cfg.grad_accum)
+        params, rest, opt_state, stats = train_step(
+            params, rest, opt_state, batch, hparams, jax.random.fold_in(train_rng, step + 1))
         step += 1
-        pending.append((step, stats))
+        pending.append((step, stats, batch["inputs"].size))
         if step % cfg.log_every == 0 or step == last:
             flush()
         at_end = step == cfg.steps
-        if eval_ds is not None and (at_end or (cfg.eval_every and step % cfg.eval_every == 0)):
+        if eval_dataset is not None and (
+            at_end or (cfg.eval_every and step % cfg.eval_every == 0)
+        ):
             flush()
             record = {"step": step, **evaluate(
-                eval_step, params, rest, eval_ds, batch_size=local_batch,
-                max_batches=cfg.eval_batches,
+                eval_step, params, rest, eval_dataset, max_batches=cfg.eval_batches,
+                rng=eval_rng, bpb=eval_fn is None,
             )}
             evals.append(record)
             if log_path and jax.process_index() == 0:
@@ -385,7 +665,7 @@ def train(
             flush()
             checkpoint.save_checkpoint(
                 manager, step, params=params, rest=rest, opt_state=opt_state,
-                data_state=data_it.get_state(), meta=meta,
+                data_state=batches.state(), meta=meta,
             )
             t0 = time.perf_counter()
     flush()

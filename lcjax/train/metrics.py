@@ -1,4 +1,10 @@
-"""Losses and metrics: next-token NLL with PAD masking, bits per byte, JSONL logs.
+"""Losses and metrics: next-token NLL with PAD masking, the default loss hook, bits per
+byte, JSONL logs.
+
+A loss hook is ``loss_fn(model, batch, rng) -> (loss, metrics)``; :func:`nll_loss` is the
+default. ``metrics["loss_weight"]`` (optional) is what the loss is a mean over: the train
+loop weights micro-batches (``grad_accum``) and eval batches by it, so a weighted mean
+normalised per micro-batch combines into the weighted mean of the whole batch.
 
 Bits per byte of a byte-level model is the mean next-token loss in nats over the
 real (non-PAD) targets divided by ``ln 2``: one token is one byte, so no
@@ -10,7 +16,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +48,63 @@ def mean_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return nll.sum() / jnp.maximum(mask.sum(), 1)
 
 
+LOSS_WEIGHT = "loss_weight"  # the metric a loss hook reports its normaliser under
+
+
+def target_weights(batch: Mapping[str, Any]) -> jax.Array:
+    """float32 ``[B, T]`` weight of each target of a batch dict.
+
+    ``(targets != PAD) * loss_mask * weights``, each optional factor counting as 1 when the
+    batch does not carry it: PAD targets never count, ``loss_mask`` (bool) selects and
+    ``weights`` (float) weighs.
+    """
+    w = (batch["targets"] != PAD).astype(jnp.float32)
+    if "loss_mask" in batch:
+        w = w * batch["loss_mask"].astype(jnp.float32)
+    if "weights" in batch:
+        w = w * batch["weights"].astype(jnp.float32)
+    return w
+
+
+def model_logits(model: Any, batch: Mapping[str, Any]) -> jax.Array:
+    """``model(inputs, positions=..., segment_ids=...)``, passing only the keys the batch has.
+
+    A model that takes tokens alone works with batches that carry neither key.
+    """
+    kw = {k: batch[k] for k in ("positions", "segment_ids") if k in batch}
+    return model(batch["inputs"], **kw)
+
+
+def weighted_nll(
+    logits: jax.Array, targets: jax.Array, weights: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """``(sum(w * nll) / sum(w), sum(w))``: the weighted mean NLL (nats) and its normaliser.
+
+    Returns 0 for a batch with no weight.
+    """
+    nll, _ = token_nll(logits, targets)
+    total = weights.sum()
+    return (nll * weights).sum() / jnp.where(total > 0, total, 1.0), total
+
+
+def nll_loss(model: Any, batch: Mapping[str, Any], rng: jax.Array | None = None):
+    """The default loss (and eval) hook: weighted mean next-token NLL.
+
+    Args:
+      model: maps ``inputs`` (and ``positions``/``segment_ids`` when the batch has them)
+        to logits ``[B, T, V]``.
+      batch: the batch dict (see :func:`target_weights` for the weights).
+      rng: unused.
+
+    Returns:
+      ``(loss, {"loss_weight": total weight})``.
+    """
+    del rng
+    loss, total = weighted_nll(model_logits(model, batch), batch["targets"],
+                               target_weights(batch))
+    return loss, {LOSS_WEIGHT: total}
+
+
 def bits_per_byte(sum_nats: float, num_tokens: int) -> float:
     """``sum_nats / (num_tokens * ln 2)``: bits per byte of a byte-level model."""
     return float(sum_nats) / max(int(num_tokens), 1) / math.log(2)
@@ -60,3 +124,18 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """All records of a JSONL file."""
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def truncate_jsonl(path: str | os.PathLike, max_step: int) -> None:
+    """Drops the records of ``path`` whose ``step`` is above ``max_step`` (no-op if absent).
+
+    A resumed run calls it with the restored step, so steps logged after the checkpoint by
+    the interrupted run are not logged twice. The file is replaced atomically.
+    """
+    if not os.path.exists(path):
+        return
+    kept = [r for r in read_jsonl(path) if r.get("step", 0) <= max_step]
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in kept)
+    os.replace(tmp, path)
