@@ -16,7 +16,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conformance import ConformanceSuite, cases
+from conformance import (
+    FORWARD_CASES,
+    ConformanceSuite,
+    assert_close,
+    cases,
+    make_inputs,
+    reference_result,
+    variant_fn,
+)
 from flax import nnx
 
 from lcjax import attention
@@ -126,9 +134,23 @@ def registered():
 
 
 class TestToyConformance(ConformanceSuite):
-    """The whole conformance suite, on the toy's two implementations."""
+    """The whole conformance suite on the toy (its "dense" implementation: "blocked" is
+    blockwise attention of q / τ, and would repeat the blockwise checks' cost)."""
 
-    VARIANTS = [(NAME, "blocked"), (NAME, "dense")]
+    VARIANTS = [(NAME, "dense")]
+
+
+def test_the_blocked_toy_gets_its_config_and_the_dense_one_does_not():
+    case = FORWARD_CASES["ragged_cross"]
+    inputs = make_inputs(case)
+    want = reference_result(TOY, case)
+    for impl in TOY.implementations:  # test_options' block sizes reach "blocked" only
+        assert_close(variant_fn(TOY, impl, case)(**inputs), want,
+                     TOY.tolerance["float32"], impl.name)
+    with pytest.raises(ValueError, match="ToyBlocks"):
+        TOY(inputs["q"], inputs["k"], inputs["v"], block_q=0)
+    with pytest.raises(NotImplementedError, match=r"does not take option\(s\) \['block_q'\]"):
+        TOY(inputs["q"], inputs["k"], inputs["v"], block_q=8, implementation="dense")
 
 
 def test_the_registry_and_the_suite_see_the_toy():
