@@ -14,6 +14,7 @@ import sys
 SUBCOMMANDS = {
     "train": ("lcjax.train.cli", "train a language model (config file or flags)"),
     "bench": ("lcjax.bench.cli", "benchmarks: `lcjax bench attention`, `lcjax bench entmax`"),
+    "eval": ("lcjax.eval.cli", "long-context evaluation of a model folder or an endpoint"),
 }
 
 

@@ -181,3 +181,92 @@ def check_resume(saved: dict, current: dict, fields: dict[str, tuple[str, ...] |
     if diffs:
         raise ValueError("cannot resume: the checkpoint was written with a different config ("
                          + "; ".join(diffs) + "). Use the same config or a fresh out_dir.")
+
+
+def restore_params(manager: ocp.CheckpointManager, params: Any, *, step: int | None = None,
+                   rest: Any = None) -> dict | None:
+    """Restores only the model state of ``step`` (default: the latest): no optimizer state.
+
+    Args:
+      manager: from :func:`checkpoint_manager`.
+      params: a tree (or abstract tree) giving the structure, shapes and dtypes of the
+        parameters.
+      rest: the same for the other model state, or None / an empty tree to skip it.
+
+    Returns:
+      None if there is no checkpoint, else ``{"params", "rest", "meta", "step"}``
+      (``rest`` is the given ``rest`` when the checkpoint has none or it was skipped).
+    """
+    step = manager.latest_step() if step is None else step
+    if step is None:
+        return None
+    items = {"params": ocp.args.StandardRestore(_abstract(params)),
+             "meta": ocp.args.JsonRestore()}
+    has_rest = bool(jax.tree.leaves(rest))
+    if has_rest:
+        items["rest"] = ocp.args.StandardRestore(_abstract(rest))
+    out = manager.restore(step, args=ocp.args.Composite(**items))
+    return {
+        "params": _uncommit(out["params"]),
+        "rest": _data_to_keys(_uncommit(out["rest"]), rest) if has_rest else rest,
+        "meta": dict(out["meta"]),
+        "step": int(step),
+    }
+
+
+def model_config_from_dict(fields: dict) -> Any:
+    """A ``lcjax.nn.DecoderConfig`` from its JSON form (``config.json``'s ``"model"``, which
+    :func:`lcjax.train.config_dict` wrote: dtypes by name, tuples as lists)."""
+    import jax.numpy as jnp
+
+    from lcjax.nn import DecoderConfig
+
+    fields = dict(fields)
+    for key in ("dtype", "param_dtype"):
+        if isinstance(fields.get(key), str):
+            fields[key] = jnp.dtype(fields[key])
+    if isinstance(fields.get("attention_learn"), list):
+        fields["attention_learn"] = tuple(fields["attention_learn"])
+    return DecoderConfig(**fields)
+
+
+def load_model(run_dir: str | os.PathLike, *, step: int | None = None,
+               attention: str | None = None) -> Any:
+    """The ``lcjax.nn.DecoderLM`` of a training run folder (``lcjax train --out DIR``).
+
+    Reads ``DIR/config.json`` (the model config) and the parameters of checkpoint ``step``
+    (default: the latest) from ``DIR/checkpoints``. ``attention`` replaces the config's
+    attention variant (e.g. ``"blockwise"`` for a long-context prefill); the variant must
+    take the same parameters as the trained one.
+
+    Raises:
+      ValueError: no ``config.json``, or no checkpoint in ``DIR/checkpoints``.
+    """
+    import json
+
+    from flax import nnx
+
+    from lcjax.nn import DecoderLM
+
+    run_dir = os.fspath(run_dir)
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.isfile(path):
+        raise ValueError(f"load_model: `run_dir` {run_dir!r} has no config.json (expected the "
+                         "folder of `lcjax train --out DIR`)")
+    with open(path, encoding="utf-8") as f:
+        fields = json.load(f)["model"]
+    if attention is not None:
+        fields["attention"] = attention
+    model = DecoderLM(model_config_from_dict(fields), rngs=nnx.Rngs(0))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    ckpt = os.path.join(run_dir, "checkpoints")
+    if not os.path.isdir(ckpt):
+        raise ValueError(f"load_model: `run_dir` {run_dir!r} has no checkpoints/ folder")
+    manager = checkpoint_manager(ckpt)
+    try:
+        restored = restore_params(manager, params, step=step, rest=rest)
+    finally:
+        manager.close()
+    if restored is None:
+        raise ValueError(f"load_model: no checkpoint in {ckpt!r}")
+    return nnx.merge(graphdef, restored["params"], restored["rest"])

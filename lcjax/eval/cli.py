@@ -1,0 +1,97 @@
+"""``lcjax eval``: evaluate a model folder or an OpenAI-compatible endpoint on a suite.
+
+    lcjax eval --suite ruler --model runs/a --lengths 1k,2k,4k --out reports/eval_a
+    lcjax eval --suite nolima --endpoint http://127.0.0.1:8000 --api-model m --chat \\
+        --concurrency 8 --lengths 4k --out out/ --resume
+
+Writes ``OUT/results.jsonl`` (one record per finished item; ``--resume`` skips those),
+``OUT/results.json``, ``OUT/results.md`` and ``OUT/<task>_heatmap.png``, and prints the
+overall scores as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from lcjax.eval.items import DEFAULT_DEPTHS, parse_depths, parse_lengths
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the ``lcjax eval`` flags to ``parser``."""
+    parser.add_argument("--suite", required=True, help="registered suite: ruler, nolima, ...")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--model", help="run folder of `lcjax train --out DIR`")
+    target.add_argument("--endpoint", help="base URL of an OpenAI-compatible server")
+    parser.add_argument("--lengths", type=parse_lengths, required=True,
+                        help="comma list of lengths in tokens, k = 1024 (e.g. 1k,2k,4k)")
+    parser.add_argument("--depths", type=parse_depths, default=DEFAULT_DEPTHS,
+                        help="comma list of needle depths in [0, 1] (default "
+                        f"{','.join(f'{d:g}' for d in DEFAULT_DEPTHS)})")
+    parser.add_argument("--n-per-cell", type=int, default=4, help="items per task, length, depth")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tasks", type=_names, default=None, help="comma list (default: all)")
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--resume", action="store_true",
+                        help="skip the items already in OUT/results.jsonl")
+    parser.add_argument("--no-retry-errors", dest="retry_errors", action="store_false",
+                        help="with --resume, keep items recorded with an error")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="default: the longest answer + 16")
+    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    m = parser.add_argument_group("model (--model)")
+    m.add_argument("--attention", default=None, help="attention variant for decoding "
+                   "(default: the trained one; e.g. blockwise)")
+    m.add_argument("--batch-size", type=int, default=8)
+    e = parser.add_argument_group("endpoint (--endpoint)")
+    e.add_argument("--api-model", default=None, help="the request's model field")
+    e.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
+    e.add_argument("--api-key-env", default="OPENAI_API_KEY",
+                   help="environment variable with the API key (may be unset)")
+    e.add_argument("--concurrency", type=int, default=4)
+    e.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    e.add_argument("--retries", type=int, default=3)
+    e.add_argument("--backoff", type=float, default=1.0, help="first retry wait, seconds")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs ``lcjax eval``; returns the exit status."""
+    from lcjax.bench.report import command_line
+    from lcjax.bench.timing import machine_info
+    from lcjax.eval.endpoint import EndpointConfig
+    from lcjax.eval.evaluate import evaluate
+    from lcjax.eval.report import write_report
+
+    if args.endpoint:
+        target = EndpointConfig(args.endpoint, model=args.api_model, chat=args.chat,
+                                api_key_env=args.api_key_env or None, timeout=args.timeout,
+                                retries=args.retries, backoff=args.backoff,
+                                concurrency=args.concurrency)
+    else:
+        target = args.model
+    results = evaluate(
+        target, args.suite, args.lengths, args.depths, args.n_per_cell, args.seed,
+        tasks=args.tasks, results_file=os.path.join(args.out, "results.jsonl"),
+        resume=args.resume, retry_errors=args.retry_errors, batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens, attention=args.attention, progress=args.progress)
+    command = command_line(["lcjax", "eval"], [
+        ("--suite", args.suite), ("--model", args.model), ("--endpoint", args.endpoint),
+        ("--api-model", args.api_model), ("--chat", args.chat or None),
+        ("--lengths", args.lengths), ("--depths", args.depths),
+        ("--n-per-cell", args.n_per_cell), ("--seed", args.seed), ("--tasks", args.tasks),
+        ("--attention", args.attention), ("--out", args.out)])
+    write_report(results, args.out, command=command, machine=machine_info())
+    print(json.dumps({"overall": results.summary["overall"], "out": args.out}))
+    return 0
+
+
+if __name__ == "__main__":  # python -m lcjax.eval.cli ...
+    p = argparse.ArgumentParser(prog="lcjax eval")
+    add_arguments(p)
+    sys.exit(run(p.parse_args()))

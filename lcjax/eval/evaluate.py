@@ -1,0 +1,182 @@
+"""``evaluate``: one evaluator for lcjax models, Python callables and OpenAI-compatible
+endpoints, over the tasks of a suite, with a resumable results file.
+
+    results = evaluate(model_or_dir_or_fn_or_endpoint, "ruler", lengths=(1024, 2048),
+                       depths=(0, 0.5, 1), n_per_cell=4, seed=0,
+                       results_file="out/results.jsonl", resume=True)
+    results.summary["tasks"]["niah_single_1"]["cells"]   # per length and depth
+    write_report(results, "out")                         # results.json/.md, heat maps
+
+The target is dispatched on its type: an ``lcjax.nn.DecoderLM``, a training run folder
+(``lcjax train --out DIR``, read by :func:`lcjax.train.checkpoint.load_model`), an
+:class:`~lcjax.eval.endpoint.EndpointConfig`, or any callable
+``generate(prompts: list[str]) -> list[str]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from lcjax.data.suites import Suite
+from lcjax.eval.endpoint import EndpointConfig, endpoint_runner
+from lcjax.eval.items import DEFAULT_DEPTHS, EvalItem, build_items, resolve_suite
+from lcjax.eval.results import ResultsFile, make_record, read_results, summarize
+from lcjax.eval.runners import Runner, callable_runner, model_runner, with_attention
+
+__all__ = ["EvalResults", "evaluate", "max_answer_tokens", "make_runner"]
+
+ANSWER_MARGIN = 16
+
+
+@dataclasses.dataclass
+class EvalResults:
+    """What :func:`evaluate` returns: the run's ``config``, one record per item (in item
+    order; see :mod:`lcjax.eval.results`) and their :func:`~lcjax.eval.results.summarize`."""
+
+    config: dict
+    records: list[dict]
+
+    @property
+    def summary(self) -> dict:
+        return summarize(self.records)
+
+    def to_dict(self) -> dict:
+        return {"config": self.config, "summary": self.summary, "records": self.records}
+
+
+def max_answer_tokens(items: Sequence[EvalItem], margin: int = ANSWER_MARGIN) -> int:
+    """New tokens to generate: the longest answer in bytes (a byte-token count, an upper
+    bound for other tokenizers) plus ``margin``."""
+    return max(len(it.answer) for it in items) + margin
+
+
+def _is_model(target) -> bool:
+    return hasattr(target, "config") and hasattr(target, "init_cache")
+
+
+def make_runner(target: Any, *, max_new_tokens: int, batch_size: int = 8,
+                attention: str | None = None) -> tuple[Runner, str]:
+    """``(runner, backend description)`` for a model, run folder, endpoint or callable."""
+    if isinstance(target, str | os.PathLike) and not isinstance(target, EndpointConfig):
+        if not os.path.isdir(target):
+            raise ValueError(f"evaluate: `target` {os.fspath(target)!r} is not a directory "
+                             "(give a model, a run folder, an EndpointConfig or a callable)")
+        from lcjax.train.checkpoint import load_model
+
+        model = load_model(target, attention=attention)
+        return (model_runner(model, max_new_tokens=max_new_tokens, batch_size=batch_size),
+                f"model {os.path.abspath(target)} attention={model.config.attention}")
+    if _is_model(target):
+        model = target if attention is None else with_attention(target, attention)
+        return (model_runner(model, max_new_tokens=max_new_tokens, batch_size=batch_size),
+                f"model {type(model).__name__} attention={model.config.attention}")
+    if attention is not None:
+        raise ValueError("evaluate: `attention` applies to lcjax models only")
+    if isinstance(target, EndpointConfig):
+        return endpoint_runner(target, max_tokens=max_new_tokens), "endpoint " + target.describe()
+    if callable(target):
+        name = getattr(target, "__qualname__", type(target).__name__)
+        return callable_runner(target, batch_size=batch_size), f"callable {name}"
+    raise ValueError(f"evaluate: cannot evaluate a {type(target).__name__}: give an lcjax "
+                     "model, a run folder, an EndpointConfig or a callable")
+
+
+def _check_header(path: str, saved: dict | None, header: dict) -> None:
+    if saved is None:
+        return
+    diffs = [f"{k}: file {saved.get(k)!r}, this run {header[k]!r}"
+             for k in header if saved.get(k) != header[k]]
+    if diffs:
+        raise ValueError(f"results file {path!r} was written by another run ("
+                         + "; ".join(diffs) + "): use a fresh file")
+
+
+def evaluate(
+    target: Any,
+    suite: str | Suite,
+    lengths: Sequence[int],
+    depths: Sequence[float] = DEFAULT_DEPTHS,
+    n_per_cell: int = 4,
+    seed: int = 0,
+    *,
+    tasks: Sequence[str] | None = None,
+    tokenizer: Any = None,
+    results_file: str | os.PathLike | None = None,
+    resume: bool = False,
+    retry_errors: bool = True,
+    batch_size: int = 8,
+    max_new_tokens: int | None = None,
+    attention: str | None = None,
+    progress: bool = True,
+) -> EvalResults:
+    """Evaluate ``target`` on every item of ``suite`` (:func:`lcjax.eval.items.build_items`).
+
+    Args:
+      target: an ``lcjax.nn.DecoderLM`` (greedy decoding of ``[BOS] + prompt`` over the byte
+        tokenizer), a run folder, an :class:`EndpointConfig`, or a callable
+        ``generate(prompts: list[str]) -> list[str]`` (called ``batch_size`` prompts at a time).
+      suite: a registered suite name ("ruler", "nolima") or a ``Suite``.
+      lengths, depths, n_per_cell, seed, tasks, tokenizer: the items (``build_items``).
+      results_file: JSONL file the records are appended to as items finish (None: kept in
+        memory only).
+      resume: read ``results_file`` and skip the items it holds (same key and prompt). A
+        file with records and ``resume=False`` is an error, as is a file from a run with
+        another suite, seed or backend.
+      retry_errors: with ``resume``, evaluate again the items recorded with an error.
+      batch_size: rows per model batch / prompts per callable call.
+      max_new_tokens: answer budget; default :func:`max_answer_tokens`.
+      attention: for a model or run folder, the attention variant to decode with.
+      progress: show a tqdm progress bar.
+
+    Returns:
+      :class:`EvalResults`, records in item order. A failed item (an exception in the
+      callable, a failed or malformed endpoint reply) is a record with ``error`` set and
+      scores 0; nothing about one item stops the run.
+    """
+    suite = resolve_suite(suite)
+    items = build_items(suite, lengths, depths, n_per_cell, seed, tasks=tasks,
+                        tokenizer=tokenizer)
+    if max_new_tokens is None:
+        max_new_tokens = max_answer_tokens(items)
+    runner, backend = make_runner(target, max_new_tokens=max_new_tokens,
+                                  batch_size=batch_size, attention=attention)
+    header = {"suite": suite.name, "seed": int(seed), "backend": backend,
+              "max_new_tokens": int(max_new_tokens)}
+    done: dict[tuple, dict] = {}
+    if results_file is not None:
+        saved_header, saved = read_results(results_file)
+        if saved and not resume:
+            raise ValueError(f"results file {os.fspath(results_file)!r} has {len(saved)} "
+                             "records: pass resume=True (--resume) or a fresh file")
+        _check_header(os.fspath(results_file), saved_header, header)
+        done = {it.key: saved[it.key] for it in items if it.key in saved
+                and saved[it.key].get("prompt_sha") == it.prompt_sha
+                and not (retry_errors and saved[it.key].get("error") is not None)}
+    todo = [it for it in items if it.key not in done]
+    out = ResultsFile(results_file, header) if results_file is not None else None
+    bar = tqdm(total=len(items), initial=len(done), disable=not progress, desc="eval",
+               unit="item")
+    errors = sum(r.get("error") is not None for r in done.values())
+    try:
+        for i, text, error in runner([it.prompt for it in todo]):
+            record = make_record(todo[i], text, error)
+            done[todo[i].key] = record
+            if out is not None:
+                out.append(record)
+            errors += error is not None
+            bar.update(1)
+            bar.set_postfix(errors=errors)
+    finally:
+        bar.close()
+        if out is not None:
+            out.close()
+    config = {**header, "tasks": list(dict.fromkeys(it.task for it in items)),
+              "lengths": [int(n) for n in lengths], "depths": [float(d) for d in depths],
+              "n_per_cell": int(n_per_cell), "items": len(items),
+              "resumed": len(items) - len(todo)}
+    return EvalResults(config, [done[it.key] for it in items])
