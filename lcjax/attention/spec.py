@@ -258,9 +258,11 @@ class AttentionSpec:
 
     ``aux``: key -> description (shape and dtype) of the ``aux`` dict; every
     implementation returns exactly these keys with ``return_aux=True``.
-    ``test_options``: keyword options the conformance suite and benchmarks pass on every
-    call (e.g. small block sizes so tiny shapes exercise several blocks); a config field
-    goes only to the implementations that take it (:meth:`options_for`).
+    ``test_options``: keyword options the conformance suite and the device check's
+    correctness rows pass on every call (e.g. small block sizes so tiny shapes exercise
+    several blocks); a config field goes only to the implementations that take it
+    (:meth:`options_for`). ``benchmark_options``: the options timed runs at long lengths
+    pass (``experiments/gpu_check.py``); empty means each implementation's own defaults.
     ``tolerance`` / ``grad_tolerance``: absolute forward / gradient tolerance against
     ``reference`` per dtype name (scaled by max(1, max |reference|)).
     ``params``: the variant's parameter factory, ``params(config, *, rngs) -> nnx.Module
@@ -281,6 +283,7 @@ class AttentionSpec:
     aux: Mapping[str, str] = dataclasses.field(default_factory=dict)
     params: Callable[..., Any] | str | None = None
     test_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    benchmark_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     tolerance: Mapping[str, float] = dataclasses.field(
         default_factory=lambda: {"float64": 1e-10, "float32": 2e-5, "bfloat16": 3e-2,
                                  "float16": 3e-3})
@@ -309,7 +312,8 @@ class AttentionSpec:
             if extra:
                 raise ValueError(f"AttentionSpec {self.name!r}: implementation {impl.name!r} "
                                  f"declares features the spec lacks: {extra}")
-        for field in ("aux", "test_options", "tolerance", "grad_tolerance"):
+        for field in ("aux", "test_options", "benchmark_options", "tolerance",
+                      "grad_tolerance"):
             object.__setattr__(self, field, MappingProxyType(dict(getattr(self, field))))
 
     @property
