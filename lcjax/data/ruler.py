@@ -1,4 +1,4 @@
-"""RULER-style synthetic long-context tasks, sized in bytes for byte-level models.
+"""RULER-style synthetic long-context tasks, sized in tokens of any tokenizer.
 
 Our own code after the task definitions of RULER (Hsieh et al., 2024, "RULER: What's the
 Real Context Size of Your Long-Context Language Models?", NVIDIA/RULER, Apache-2.0):
@@ -13,24 +13,44 @@ Real Context Size of Your Long-Context Language Models?", NVIDIA/RULER, Apache-2
 * **Variable tracking** (:func:`variable_tracking`). Chains ``VAR ABCDE = 12345.``,
   ``VAR FGHIJ = VAR ABCDE.``, ... (``num_hops`` hops, ``num_chains`` chains, the first is
   asked for) hidden in order in a haystack; the answer is every variable of the chain.
+* **Common words extraction** (:func:`common_words`): a numbered list of words in which
+  ``num_words`` common words appear ``freq_common`` times and every other word
+  ``freq_rare < freq_common`` times; the answer is the common words.
+* **Frequent words extraction** (:func:`frequent_words`): "coded text" of made-up words
+  with Zipf(``alpha``) frequencies, the most frequent being the noise word ``....`` that
+  the question says to ignore; the answer is the next ``num_words`` words, most frequent
+  first. Counts are strictly decreasing down to rank ``num_words + 1`` (no ties).
+* **Question answering** (:func:`qa`), built from the Shakespeare corpus (no download):
+  documents are speeches ``[SPEAKER] text`` and cast notes ``SPEAKER is a character in
+  Title.``; single-hop (``hops=1``): who speaks a quoted line; multi-hop (``hops=2``):
+  in which work appears the speaker of a quoted line (the speech, then its cast note).
 
-A :class:`Sample` is ``(prompt bytes, answer bytes)`` plus metadata: the realised depth and
-the byte offset of every needle, the haystack size, the references for the metrics.
-``len(prompt) + len(answer) == length`` exactly: the haystack gets whatever bytes the
-template, the needles and the answer leave, cut at a byte (the last haystack sentence may
-be partial). Needles go only at *boundaries* of the haystack (sentence starts for
-``"noise"`` and ``"needle"``, word starts for ``"essay"``), the one nearest to the requested
-depth. Depth is the fraction of haystack bytes before the needle: 0 = right after the
-prompt prefix, 1 = right before the question; the realised depth is within half a
-boundary gap of the request (``Sample.depths``).
+**Lengths are in tokens.** ``tokenizer`` is None (UTF-8 bytes), a callable
+``encode(str) -> ids`` or a Hugging Face ``tokenizers.Tokenizer``
+(:func:`lcjax.data.suites.as_tokenizer`); ``Sample.length`` is the tokens of ``prompt``
+plus those of ``answer``, at most ``length`` and, for a length of a few hundred haystack
+units, within 2% of it. The haystack is a sequence of whole *units* (noise sentences,
+Shakespeare passages that end a sentence or a verse line, distractor needles, list items,
+documents): the generator takes the largest number of units that fits (an interpolation
+search over full token counts) and pads the end of the haystack with spaces while that
+stays within ``length`` — so with bytes ``Sample.length == length`` exactly, and a
+haystack is never cut inside a unit.
 
+Needles go only between units, at the boundary nearest the requested depth. Depth is the
+fraction of haystack bytes before the needle: 0 = right after the prompt prefix, 1 = right
+before the question (after the padding); the realised depth (``Sample.depths``) is within
+half a unit of the request.
+
+A :class:`Sample` is ``(prompt bytes, answer bytes)`` plus metadata: the realised depths
+and byte offsets of the needles, the haystack size, the references for the metrics.
 :func:`make_batch` turns samples into byte-token arrays ``[B, T]``: ``[BOS] + prompt +
 answer`` (``+ [EOS]`` with ``eos=True``) as next-token ``inputs``/``targets``, right-padded
 with PAD, and a ``loss_mask`` that is True exactly where the target is an answer byte, so
-with ``eos=False`` a sample of ``length`` bytes is a row of exactly ``T = length`` tokens.
+with ``eos=False`` a byte-sized sample of ``length`` is a row of exactly ``T = length``.
 :func:`answer_accuracy` scores argmax predictions under teacher forcing: an answer is
 exactly matched under teacher forcing iff greedy decoding from the prompt produces it.
 :func:`string_match_all` / :func:`string_match_part` are RULER's metrics (percent).
+:data:`SUITE` lists RULER's 13-task mix (registered as suite ``"ruler"``).
 
 Every generator takes a seed (int or ``np.random.Generator``) and is deterministic under it.
 """
@@ -40,31 +60,52 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from lcjax.data.suites import Suite, SuiteTask, TokenCounter, as_tokenizer, register_suite
 from lcjax.data.tokenizer import BOS, EOS, PAD
 
 __all__ = [
+    "CWE_PREFIX",
+    "GENERATORS",
+    "CWE_QUESTION",
+    "FWE_NOISE",
+    "FWE_PREFIX",
+    "FWE_QUESTION",
     "NEEDLE",
     "NIAH_PREFIX",
     "NIAH_QUESTION",
     "NOISE",
+    "QA_PREFIX",
+    "QA_QUESTIONS",
+    "SUITE",
     "TASKS",
     "VT_PREFIX",
     "VT_QUESTION",
+    "Placed",
+    "Pool",
     "Sample",
     "answer_accuracy",
+    "common_words",
     "find_values",
+    "fit_length",
+    "frequent_words",
     "generate",
     "generate_many",
     "haystack",
+    "haystack_pool",
+    "join_query",
     "make_batch",
     "niah",
+    "place_needles",
+    "qa",
+    "speeches",
     "string_match_all",
     "string_match_part",
+    "suite",
     "variable_tracking",
 ]
 
@@ -79,13 +120,32 @@ VT_PREFIX = "Memorize and track the chain(s) of variable assignment hidden in th
 VT_QUESTION = ("\nQuestion: Find all variables that are assigned the value {value} in the text "
                "above. Answer: According to the chain(s) of variable assignment in the text "
                "above, {num} variables are assigned the value {value}, they are: ")
-NOISE = (b"The grass is green. The sky is blue. The sun is yellow. Here we go. "
-         b"There and back again. ")
+CWE_PREFIX = ("Below is a numbered list of words. In these words, some appear more often than "
+              "others. Memorize the ones that appear most often.\n")
+CWE_QUESTION = ("\nQuestion: What are the {num} most common words in the above list? Answer: "
+                "The top {num} words that appear most often in the list are: ")
+FWE_NOISE = "...."
+FWE_PREFIX = ("Read the following coded text and track the frequency of each coded word. Find "
+              "the {num} most frequently appeared coded words.\n")
+FWE_QUESTION = ("\nQuestion: Do not provide any explanation. Please ignore the dots '....'. "
+                "What are the {num} most frequently appeared words in the above coded text? "
+                "Answer: According to the coded text above, the {num} most frequently appeared "
+                "words are: ")
+QA_PREFIX = ("Answer the question based on the given documents. Only give me the answer and do "
+             "not output any other words.\n\nThe following are given documents.\n\n")
+QA_QUESTIONS = {
+    1: "\nAnswer the question based on the given documents.\n\nQuestion: Who speaks the line "
+       "\"{quote}\"? Answer: ",
+    2: "\nAnswer the question based on the given documents.\n\nQuestion: In which work is the "
+       "speaker of the line \"{quote}\" a character? Answer: ",
+}
+NOISE_SENTENCES = ("The grass is green. ", "The sky is blue. ", "The sun is yellow. ",
+                   "Here we go. ", "There and back again. ")
+NOISE = "".join(NOISE_SENTENCES).encode()
 
 HAYSTACKS = ("noise", "essay", "needle")
 KEY_TYPES = ("words", "numbers", "uuids")
 VALUE_TYPES = ("numbers", "uuids")
-
 _ADJECTIVES = (
     "able", "bitter", "brave", "calm", "clever", "cold", "crisp", "curious", "damp", "dark",
     "eager", "early", "empty", "fair", "fancy", "fierce", "fresh", "gentle", "glad", "grand",
@@ -107,24 +167,29 @@ _NOUNS = (
 )
 
 
+
 @dataclasses.dataclass(frozen=True)
 class Sample:
     """One task instance.
 
     Attributes:
       prompt: the input bytes (prefix, context with the needles, question).
-      answer: the bytes a model must produce after ``prompt`` (references joined by ", "
-        for NIAH, by " " for variable tracking).
+      answer: the bytes a model must produce after ``prompt`` (references joined by ", ",
+        by " " for variable tracking).
       references: the individual answers, for :func:`string_match_all` / ``_part``.
-      task: generator name (``"niah"`` or ``"vt"``).
-      length: ``len(prompt) + len(answer)``.
-      haystack_bytes: haystack bytes in the context (needles excluded).
+      task: generator name (``"niah"``, ``"vt"``, ``"cwe"``, ``"fwe"``, ``"qa"``, ...).
+      length: tokens of ``prompt`` plus tokens of ``answer`` (of ``tokenizer``).
+      haystack_bytes: haystack bytes in the context (needles excluded, padding included).
       depths: realised depth of each needle in ``[0, 1]`` (haystack bytes before it over
         ``haystack_bytes``), in needle order: the targets first (see ``num_targets``).
       offsets: byte offset of each needle in ``prompt``, same order.
-      needles: the needle sentences, same order (``prompt[o:o + len(n)] == n``).
+      needles: the needle texts, same order (``prompt[o:o + len(n)] == n``).
       num_targets: how many leading needles carry the answer.
-      info: task details (keys, values, variables, requested depths).
+      info: task details (keys, values, variables, requested depths, units, padding).
+      tokenizer: name of the tokenizer ``length`` counts (``"bytes"`` by default).
+      question: the question at the end of the prompt (bytes; ``prompt.endswith``).
+      needle: the one context sentence that holds the answer (NoLiMa-style tasks), else b"".
+      control: True for a literal-match control item (NoLiMa-style tasks).
     """
 
     prompt: bytes
@@ -138,6 +203,10 @@ class Sample:
     needles: tuple[bytes, ...]
     num_targets: int
     info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    tokenizer: str = "bytes"
+    question: bytes = b""
+    needle: bytes = b""
+    control: bool = False
 
     @property
     def text(self) -> bytes:
@@ -178,6 +247,8 @@ def _draw(rng, kind: str, digits: int) -> str:
         return _uuid(rng)
     if kind == "letters":
         return "".join(chr(65 + c) for c in rng.integers(0, 26, digits))
+    if kind == "coded":  # a made-up lowercase word of 3-6 letters (frequent words)
+        return "".join(chr(97 + c) for c in rng.integers(0, 26, int(rng.integers(3, 7))))
     raise ValueError(f"unknown kind {kind!r}")
 
 
@@ -194,89 +265,220 @@ def _unique(rng, kind: str, count: int, digits: int, taken: set[str]) -> list[st
     raise ValueError(f"cannot draw {count} distinct {kind} of size {digits}")
 
 
-# --- haystacks ------------------------------------------------------------------------------
+def _fresh_words(seed: int, kind: str, taken: set[str]) -> Iterator[str]:
+    """An endless stream of distinct strings of ``kind``, none in ``taken``."""
+    rng, taken = np.random.default_rng(seed), set(taken)
+    while True:
+        yield _unique(rng, kind, 1, 0, taken)[0]
+
+
+def _subseed(rng: np.random.Generator) -> int:
+    """An integer seed for a sub-stream (lazy pools, per-size shuffles)."""
+    return int(rng.integers(0, 2**62))
+
+
+# --- haystack units -------------------------------------------------------------------------
+
+
+class Pool:
+    """A lazily extended, deterministic sequence of haystack units (strings).
+
+    ``take(k)`` returns the first ``k`` units, drawing more from ``source`` as needed; the
+    units do not depend on how far the pool was extended before.
+    """
+
+    def __init__(self, source: Iterator[str]):
+        self._source = source
+        self._units: list[str] = []
+
+    def take(self, k: int) -> list[str]:
+        while len(self._units) < k:
+            self._units.append(next(self._source))
+        return self._units[:k]
 
 
 @functools.cache
-def _essay() -> bytes:
+def _essay_units() -> tuple[str, ...]:
+    """Shakespeare (every text, in corpus order) split into passages at real boundaries.
+
+    A passage is a run of lines ending with a line that ends a sentence or clause
+    (``. ! ? : ; ] )``), a blank line, or the third line of a longer sentence (a verse line
+    end); each keeps its newline.
+    """
     from lcjax.data.corpus import load_shakespeare
 
-    return b"\n\n".join(d.text.encode("utf-8") for d in load_shakespeare())
+    blob = "\n\n".join(d.text.strip("\n") for d in load_shakespeare())
+    units, cur = [], []
+    for line in blob.split("\n"):
+        cur.append(line)
+        tail = line.rstrip()
+        if not tail or tail[-1] in ".!?:;])" or len(cur) >= 3:
+            units.append("\n".join(cur) + "\n")
+            cur = []
+    if cur:
+        units.append("\n".join(cur) + "\n")
+    return tuple(units)
 
 
-def _repeat_to(unit: bytes, n: int) -> bytes:
-    return (unit * (n // len(unit) + 1))[:n]
+def _cycle(units: Sequence[str], start: int) -> Iterator[str]:
+    i = start
+    while True:
+        yield units[i % len(units)]
+        i += 1
 
 
-def _boundaries(hay: bytes, kind: str) -> np.ndarray:
-    """Sorted offsets in [0, len(hay)] where a needle may go (0 and len(hay) always)."""
-    a = np.frombuffer(hay, np.uint8)
-    if kind == "essay":
-        inner = np.flatnonzero((a == 32) | (a == 10)) + 1
-    else:  # sentence starts: after ". "
-        inner = np.flatnonzero((a[:-1] == ord(".")) & (a[1:] == ord(" "))) + 2
-    return np.unique(np.r_[0, inner, len(hay)])
+def _distractor_needles(seed: int, exclude: Sequence[str], key_type: str, value_type: str,
+                        value_digits: int, type_name: str, needle: str) -> Iterator[str]:
+    rng = np.random.default_rng(seed)
+    taken = set(exclude)
+    while True:
+        key = _unique(rng, key_type, 1, 7, taken)[0]
+        value = _unique(rng, value_type, 1, value_digits, taken)[0]
+        yield needle.format(type=type_name, key=key, value=value) + " "
 
 
-def haystack(kind: str, n_bytes: int, seed=0, *, exclude_keys: Sequence[str] = (),
-             key_type: str = "words", value_type: str = "numbers", value_digits: int = 7,
-             type_name: str = "numbers", needle: str = NEEDLE) -> tuple[bytes, np.ndarray]:
-    """``n_bytes`` of haystack and the offsets where a needle may be inserted.
+def haystack_pool(kind: str, seed=0, *, exclude_keys: Sequence[str] = (),
+                  key_type: str = "words", value_type: str = "numbers", value_digits: int = 7,
+                  type_name: str = "numbers", needle: str = NEEDLE) -> tuple[Pool, str]:
+    """The unit pool of a haystack kind and the separator a needle gets after it.
 
-    ``"noise"``: :data:`NOISE` repeated; ``"essay"``: Shakespeare from a random offset;
-    ``"needle"``: distractor needles with fresh keys (never one of ``exclude_keys``).
-    Returns ``(bytes of length n_bytes, sorted int offsets in [0, n_bytes])``.
+    ``"noise"``: :data:`NOISE_SENTENCES` cycled from the first (separator ``" "``);
+    ``"essay"``: Shakespeare passages from a random one, wrapping around (``"\\n"``);
+    ``"needle"``: distractor needles with fresh keys, never one of ``exclude_keys`` (``" "``).
     """
+    if kind == "noise":
+        return Pool(_cycle(NOISE_SENTENCES, 0)), " "
+    if kind == "essay":
+        units = _essay_units()
+        return Pool(_cycle(units, int(_rng(seed).integers(len(units))))), "\n"
+    if kind == "needle":
+        return Pool(_distractor_needles(_subseed(_rng(seed)), exclude_keys, key_type,
+                                        value_type, value_digits, type_name, needle)), " "
+    raise ValueError(f"haystack: `kind` must be one of {HAYSTACKS}, got {kind!r}")
+
+
+def haystack(kind: str, n_bytes: int, seed=0, **pool_kwargs) -> tuple[bytes, np.ndarray]:
+    """The longest run of whole units of a haystack (:func:`haystack_pool`) within
+    ``n_bytes`` bytes, and the offsets of its unit boundaries (0 and the end included)."""
     if n_bytes < 0:
         raise ValueError(f"haystack: `n_bytes` must be >= 0, got {n_bytes}")
-    rng = _rng(seed)
-    if kind == "noise":
-        hay = _repeat_to(NOISE, n_bytes)
-    elif kind == "essay":
-        blob = _essay()
-        if n_bytes > len(blob):
-            blob = _repeat_to(blob + b"\n\n", n_bytes)
-        start = int(rng.integers(0, len(blob) - n_bytes + 1))
-        hay = blob[start:start + n_bytes]
-    elif kind == "needle":
-        taken = set(exclude_keys)
-        parts, size = [], 0
-        while size < n_bytes:
-            key = _unique(rng, key_type, 1, 7, taken)[0]
-            value = _unique(rng, value_type, 1, value_digits, taken)[0]
-            s = needle.format(type=type_name, key=key, value=value).encode() + b" "
-            parts.append(s)
-            size += len(s)
-        hay = b"".join(parts)[:n_bytes]
-    else:
-        raise ValueError(f"haystack: `kind` must be one of {HAYSTACKS}, got {kind!r}")
-    return hay, _boundaries(hay, kind)
+    pool, _ = haystack_pool(kind, seed, **pool_kwargs)
+    parts, size, k = [], 0, 0
+    while True:
+        unit = pool.take(k + 1)[k].encode()
+        if size + len(unit) > n_bytes:
+            break
+        parts.append(unit)
+        size += len(unit)
+        k += 1
+    return b"".join(parts), np.cumsum([0] + [len(p) for p in parts])
 
 
-def _insert(prefix: bytes, hay: bytes, bounds: np.ndarray, needles: list[bytes],
-            depths: list[float]) -> tuple[bytes, tuple[int, ...], tuple[float, ...]]:
-    """Context = prefix + hay with each needle (+ " ") at the boundary nearest its depth.
+# --- placing needles and fitting the length -------------------------------------------------
 
-    Needles at the same boundary keep their list order. Returns (prefix + context, prompt
-    offsets and realised depths of the needles in list order).
+
+@dataclasses.dataclass(frozen=True)
+class Placed:
+    """A context built by :func:`place_needles`: ``text`` (prefix + context), the byte
+    ``offsets`` of the needles in it, their realised ``depths`` and the haystack bytes."""
+
+    text: str
+    offsets: tuple[int, ...]
+    depths: tuple[float, ...]
+    haystack_bytes: int
+
+
+def place_needles(prefix: str, units: Sequence[str], needles: Sequence[str],
+                  depths: Sequence[float], sep: str = " ", pad: int = 0) -> Placed:
+    """``prefix`` + the units with each needle (+ ``sep``) at the unit boundary nearest its
+    depth (ties: the earlier boundary; needles at one boundary keep their order).
+
+    ``pad`` spaces extend the last unit (the haystack's end, before any needle at depth 1).
+    Depth is measured in haystack bytes (units and padding, needles excluded).
     """
-    n = len(hay)
-    where = []
-    for d in depths:
-        i = int(np.argmin(np.abs(bounds - d * n)))  # first of equally near boundaries
-        where.append(int(bounds[i]))
+    units = list(units)
+    if pad:
+        units = units[:-1] + [units[-1] + " " * pad] if units else [" " * pad]
+    sizes = [len(u.encode()) for u in units]
+    bounds = np.cumsum([0] + sizes)
+    total = int(bounds[-1])
+    where = [int(np.argmin(np.abs(bounds - d * total))) for d in depths]
     order = sorted(range(len(needles)), key=lambda j: (where[j], j))
-    parts, offsets, pos, out_len = [prefix], [0] * len(needles), 0, len(prefix)
+    parts, offsets, size, upto = [prefix], [0] * len(needles), len(prefix.encode()), 0
     for j in order:
-        parts.append(hay[pos:where[j]])
-        out_len += where[j] - pos
-        pos = where[j]
-        offsets[j] = out_len
-        parts.append(needles[j] + b" ")
-        out_len += len(needles[j]) + 1
-    parts.append(hay[pos:])
-    realised = tuple(w / n if n else 0.0 for w in where)
-    return b"".join(parts), tuple(offsets), realised
+        chunk = "".join(units[upto:where[j]])
+        parts.append(chunk)
+        size += int(bounds[where[j]] - bounds[upto])
+        upto = where[j]
+        offsets[j] = size
+        parts.append(needles[j] + sep)
+        size += len((needles[j] + sep).encode())
+    parts.append("".join(units[upto:]))
+    realised = tuple(float(bounds[w]) / total if total else 0.0 for w in where)
+    return Placed("".join(parts), tuple(offsets), realised, total)
+
+
+def _tokens(tok: TokenCounter, prompt: str, answer: str) -> int:
+    return tok.count(prompt) + tok.count(answer)
+
+
+def fit_length(render: Callable[[int, int], tuple[str, str, Any]], length: int,
+               tokenizer=None, *, name: str = "generate", probe: int = 16
+               ) -> tuple[int, int, tuple[str, str, Any]]:
+    """The largest unit count ``k`` (then the most padding) whose render fits ``length``.
+
+    ``render(k, pad) -> (prompt, answer, extra)`` builds a sample from ``k`` haystack units
+    and ``pad`` padding spaces; its size is ``tokens(prompt) + tokens(answer)``, assumed
+    nondecreasing in ``k``. The search interpolates on full token counts (a bisection step
+    every other step), so it needs a handful of encodings.
+
+    Returns ``(k, pad, render(k, pad))``. Raises ``ValueError`` when even ``k = 0`` is over.
+    """
+    tok = as_tokenizer(tokenizer)
+    memo: dict[int, int] = {}
+
+    def size(k: int) -> int:
+        if k not in memo:
+            memo[k] = _tokens(tok, *render(k, 0)[:2])
+        return memo[k]
+
+    base = size(0)
+    if base > length:
+        raise ValueError(f"{name}: length {length} is too short: the template, needles and "
+                         f"answer take {base} tokens of {tok.name}")
+    lo, hi = 0, None  # size(lo) <= length < size(hi)
+    k, step = probe, 0
+    while hi is None or hi - lo > 1:
+        if hi is not None:
+            k = min(max(k, lo + 1), hi - 1)
+            if step % 2:
+                k = (lo + hi) // 2
+        if size(k) <= length:
+            lo = k
+        else:
+            hi = k
+        rate = max((size(k) - base) / max(k, 1), 1e-3)
+        k = lo + max(1, int((length - size(lo)) / rate))
+        if hi is None:
+            k = max(k, 2 * lo)
+        step += 1
+    pad, best = 0, size(lo)
+    for _ in range(6):  # pad with spaces: exact for bytes, a few tries otherwise
+        if best >= length:
+            break
+        trial = pad + (length - best)
+        n = _tokens(tok, *render(lo, trial)[:2])
+        if n <= length and n > best:
+            pad, best = trial, n
+        elif n == best:
+            break  # spaces cost no tokens
+        else:
+            trial = pad + max(1, (length - best) // 2)
+            n = _tokens(tok, *render(lo, trial)[:2])
+            if n > length or n <= best:
+                break
+            pad, best = trial, n
+    return lo, pad, render(lo, pad)
 
 
 def _check_depth(d, name: str) -> float:
@@ -297,31 +499,70 @@ def _needle_depths(rng, depth, count: int, name: str) -> list[float]:
     return [_check_depth(depth, name)] + [float(x) for x in rng.random(count - 1)]
 
 
-def _fill(name: str, length: int, fixed: int) -> int:
-    hay = length - fixed
-    if hay < 0:
-        raise ValueError(f"{name}: length {length} is too short: template, needles and answer "
-                         f"take {fixed} bytes")
-    return hay
-
-
-def _join_query(keys: Sequence[str]) -> str:
+def join_query(keys: Sequence[str]) -> str:
+    """``"a"``, ``"a, and b"``, ``"a, b, and c"``: how a question lists its keys."""
     return keys[0] if len(keys) == 1 else ", ".join(keys[:-1]) + ", and " + keys[-1]
 
 
-# --- tasks ----------------------------------------------------------------------------------
+def _top_up(units: list[str], pool: Pool, k: int, render_units, length: int,
+            tok: TokenCounter, tries: int = 16):
+    """Append later pool units (after unit ``k``, which did not fit) while the sample stays
+    within ``length``: for tokenizers where padding spaces cost nothing. Returns (units,
+    how many were skipped, the render)."""
+    units, best = list(units), render_units(units, 0)
+    size, skipped = _tokens(tok, *best[:2]), 1
+    for j in range(k + 1, k + 1 + tries):
+        if size >= length:
+            break
+        trial = render_units(units + [pool.take(j + 1)[j]], 0)
+        n = _tokens(tok, *trial[:2])
+        if n <= length:
+            units, best, size = units + [pool.take(j + 1)[j]], trial, n
+        else:
+            skipped += 1
+    return units, (skipped if len(units) > k else 0), best
+
+
+def _needle_sample(task: str, length: int, tokenizer, *, prefix: str, question: str,
+                   answer_of: Callable[[Placed], tuple[tuple[bytes, ...], bytes]],
+                   pool: Pool, sep: str, needles: Sequence[str], depths: Sequence[float],
+                   num_targets: int, info: dict) -> Sample:
+    """Fit prefix + haystack with needles + question + answer to ``length`` tokens."""
+    tok = as_tokenizer(tokenizer)
+
+    def render_units(units, pad):
+        placed = place_needles(prefix, units, needles, depths, sep, pad)
+        refs, answer = answer_of(placed)
+        return placed.text + question, answer.decode(), (placed, refs)
+
+    k, pad, best = fit_length(lambda k, pad: render_units(pool.take(k), pad), length, tok,
+                              name=task)
+    units, skipped = pool.take(k), 0
+    if _tokens(tok, *best[:2]) < length and pad == 0:
+        units, skipped, best = _top_up(units, pool, k, render_units, length, tok)
+    prompt, answer, (placed, refs) = best
+    return Sample(prompt.encode(), answer.encode(), refs, task, _tokens(tok, prompt, answer),
+                  placed.haystack_bytes, placed.depths, placed.offsets,
+                  tuple(n.encode() for n in needles), num_targets,
+                  {**info, "requested_depths": tuple(depths), "units": len(units),
+                   "skipped_units": skipped, "padding": pad},
+                  tok.name, question.encode())
+
+
+# --- tasks: needle in a haystack, variable tracking -----------------------------------------
 
 
 def niah(seed, length: int, *, num_keys: int = 1, num_values: int = 1, num_queries: int = 1,
          key_type: str = "words", value_type: str = "numbers", value_digits: int = 7,
          haystack_kind: str = "noise", depth: float | Sequence[float] | None = None,
          needle: str = NEEDLE, prefix: str = NIAH_PREFIX, question: str = NIAH_QUESTION,
-         type_name: str | None = None) -> Sample:
-    """A needle-in-a-haystack sample of exactly ``length`` bytes (prompt + answer).
+         type_name: str | None = None, tokenizer=None) -> Sample:
+    """A needle-in-a-haystack sample of ``length`` tokens (prompt + answer; see the module
+    docstring: exact for bytes, within a unit otherwise).
 
     Args:
       seed: int or ``np.random.Generator``.
-      length: bytes of prompt + answer.
+      length: tokens of prompt + answer.
       num_keys: keys with needles in the context (the first ``num_queries`` are asked).
       num_values: values (needles) per asked key; other keys get one needle each.
       num_queries: keys asked for.
@@ -333,9 +574,11 @@ def niah(seed, length: int, *, num_keys: int = 1, num_values: int = 1, num_queri
       needle, prefix, question: templates with ``{type}``, ``{key}``, ``{value}`` (needle)
         and ``{type}``, ``{query}`` (prefix, question); the prompt ends with the question.
       type_name: the ``{type}`` word; default "numbers" or "uuids" after ``value_type``.
+      tokenizer: what ``length`` counts (:func:`lcjax.data.suites.as_tokenizer`).
 
     Returns:
-      a :class:`Sample`; ``answer`` is the asked values joined by ", " (query order).
+      a :class:`Sample`; ``answer`` is the asked values joined by ", ": key by key in query
+      order, each key's values in their order of appearance in the prompt.
     """
     name = "niah"
     if not 1 <= num_queries <= num_keys or num_values < 1:
@@ -357,32 +600,34 @@ def niah(seed, length: int, *, num_keys: int = 1, num_values: int = 1, num_queri
                          taken) for i, k in enumerate(keys)}
     pairs = [(k, v) for k in queried for v in values[k]]
     pairs += [(k, values[k][0]) for k in keys[num_queries:]]
-    needles = [needle.format(type=type_name, key=k, value=v).encode() for k, v in pairs]
-    refs = tuple(v.encode() for k in queried for v in values[k])
-    answer = b", ".join(refs)
-    query = _join_query(queried)
-    pre = prefix.format(type=type_name, query=query).encode()
-    post = question.format(type=type_name, query=query).encode()
+    needles = [needle.format(type=type_name, key=k, value=v) for k, v in pairs]
+    query = join_query(queried)
     depths = _needle_depths(rng, depth, len(needles), name)
-    n_hay = _fill(name, length, len(pre) + len(post) + len(answer)
-                  + sum(len(s) + 1 for s in needles))
-    hay, bounds = haystack(haystack_kind, n_hay, rng, exclude_keys=keys, key_type=key_type,
-                           value_type=value_type, value_digits=value_digits,
-                           type_name=type_name, needle=needle)
-    body, offsets, realised = _insert(pre, hay, bounds, needles, depths)
-    prompt = body + post
-    return Sample(prompt, answer, refs, name, len(prompt) + len(answer), n_hay, realised,
-                  offsets, tuple(needles), len(refs),
-                  {"keys": tuple(keys), "queries": tuple(queried),
-                   "values": {k: tuple(v) for k, v in values.items()},
-                   "requested_depths": tuple(depths), "haystack": haystack_kind})
+    pool, sep = haystack_pool(haystack_kind, rng, exclude_keys=keys, key_type=key_type,
+                              value_type=value_type, value_digits=value_digits,
+                              type_name=type_name, needle=needle)
+    n_targets = len(queried) * num_values
+
+    def answer_of(placed: Placed):
+        refs = []
+        for i in range(len(queried)):
+            js = range(i * num_values, (i + 1) * num_values)
+            refs += [pairs[j][1].encode() for j in sorted(js, key=lambda j: placed.offsets[j])]
+        return tuple(refs), b", ".join(refs)
+
+    return _needle_sample(
+        name, length, tokenizer, prefix=prefix.format(type=type_name, query=query),
+        question=question.format(type=type_name, query=query), answer_of=answer_of,
+        pool=pool, sep=sep, needles=needles, depths=depths, num_targets=n_targets,
+        info={"keys": tuple(keys), "queries": tuple(queried),
+              "values": {k: tuple(v) for k, v in values.items()}, "haystack": haystack_kind})
 
 
 def variable_tracking(seed, length: int, *, num_chains: int = 1, num_hops: int = 4,
                       var_len: int = 5, value_digits: int = 5, haystack_kind: str = "noise",
                       depth: float | Sequence[float] | None = None, prefix: str = VT_PREFIX,
-                      question: str = VT_QUESTION) -> Sample:
-    """A variable-tracking sample of exactly ``length`` bytes (prompt + answer).
+                      question: str = VT_QUESTION, tokenizer=None) -> Sample:
+    """A variable-tracking sample of ``length`` tokens (prompt + answer).
 
     Chain c: ``VAR X0 = <value>.``, ``VAR X1 = VAR X0.``, ..., ``VAR X{hops} = VAR X{hops-1}.``
     (names of ``var_len`` capital letters, values of ``value_digits`` digits, all distinct),
@@ -394,6 +639,7 @@ def variable_tracking(seed, length: int, *, num_chains: int = 1, num_hops: int =
         there, its later statements at sorted uniform depths after it) or one depth per
         statement, chain by chain (chain 0 first), nondecreasing within each chain.
       prefix, question: templates; ``question`` takes ``{value}`` and ``{num}``.
+      tokenizer: what ``length`` counts.
     """
     name = "variable_tracking"
     if num_chains < 1 or num_hops < 0 or var_len < 1:
@@ -410,8 +656,8 @@ def variable_tracking(seed, length: int, *, num_chains: int = 1, num_hops: int =
     vals = _unique(rng, "numbers", num_chains, value_digits, taken)
     needles = []
     for chain, val in zip(chains, vals):
-        needles.append(f"VAR {chain[0]} = {val}.".encode())
-        needles += [f"VAR {b} = VAR {a}.".encode() for a, b in zip(chain, chain[1:])]
+        needles.append(f"VAR {chain[0]} = {val}.")
+        needles += [f"VAR {b} = VAR {a}." for a, b in zip(chain, chain[1:])]
     if depth is None:
         depths = [float(x) for _ in chains for x in np.sort(rng.random(per))]
     elif isinstance(depth, Sequence | np.ndarray):
@@ -424,47 +670,295 @@ def variable_tracking(seed, length: int, *, num_chains: int = 1, num_hops: int =
         depths = [d0] + [float(x) for x in np.sort(d0 + (1 - d0) * rng.random(per - 1))]
         depths += [float(x) for _ in chains[1:] for x in np.sort(rng.random(per))]
     refs = tuple(v.encode() for v in chains[0])
-    answer = b" ".join(refs)
-    pre = prefix.encode()
-    post = question.format(value=vals[0], num=per).encode()
-    n_hay = _fill(name, length, len(pre) + len(post) + len(answer)
-                  + sum(len(s) + 1 for s in needles))
-    hay, bounds = haystack(haystack_kind, n_hay, rng)
-    body, offsets, realised = _insert(pre, hay, bounds, needles, depths)
-    prompt = body + post
-    return Sample(prompt, answer, refs, "vt", len(prompt) + len(answer), n_hay, realised,
-                  offsets, tuple(needles), per,
-                  {"chains": tuple(tuple(c) for c in chains), "values": tuple(vals),
-                   "requested_depths": tuple(depths), "haystack": haystack_kind})
+    pool, sep = haystack_pool(haystack_kind, rng)
+    return _needle_sample(
+        "vt", length, tokenizer, prefix=prefix,
+        question=question.format(value=vals[0], num=per),
+        answer_of=lambda placed: (refs, b" ".join(refs)), pool=pool, sep=sep,
+        needles=needles, depths=depths, num_targets=per,
+        info={"chains": tuple(tuple(c) for c in chains), "values": tuple(vals),
+              "haystack": haystack_kind})
 
 
-# RULER's task set (names as in NVIDIA/RULER's synthetic.yaml), with our haystacks.
-TASKS: dict[str, tuple[Any, dict]] = {
-    "niah_single_1": (niah, dict(haystack_kind="noise")),
-    "niah_single_2": (niah, dict(haystack_kind="essay")),
-    "niah_single_3": (niah, dict(haystack_kind="essay", value_type="uuids")),
-    "niah_multikey_1": (niah, dict(haystack_kind="essay", num_keys=4)),
-    "niah_multikey_2": (niah, dict(haystack_kind="needle")),
-    "niah_multikey_3": (niah, dict(haystack_kind="needle", key_type="uuids",
-                                   value_type="uuids")),
-    "niah_multivalue": (niah, dict(haystack_kind="essay", num_values=4)),
-    "niah_multiquery": (niah, dict(haystack_kind="essay", num_keys=4, num_queries=4)),
-    "vt": (variable_tracking, dict(num_chains=1, num_hops=4)),
+# --- tasks: common and frequent words extraction -------------------------------------------
+
+
+@functools.cache
+def _corpus_words() -> tuple[str, ...]:
+    """Distinct lowercase alphabetic words (4-10 letters) of the Shakespeare corpus, sorted."""
+    from lcjax.data.corpus import load_shakespeare
+
+    words = set()
+    for d in load_shakespeare():
+        words.update(re.findall(r"\b[a-z]{4,10}\b", d.text))
+    return tuple(sorted(words))
+
+
+def _numbered(words: Sequence[str], pad: int) -> str:
+    body = " ".join(f"{i + 1}. {w}" for i, w in enumerate(words))
+    return body + " " * pad
+
+
+def common_words(seed, length: int, *, num_words: int = 10, freq_common: int | None = None,
+                 freq_rare: int = 3, prefix: str = CWE_PREFIX, question: str = CWE_QUESTION,
+                 tokenizer=None) -> Sample:
+    """RULER's common words extraction at ``length`` tokens.
+
+    A numbered list ``1. word 2. word ...`` (shuffled) holds ``num_words`` common words
+    ``freq_common`` times each and as many other words as fit ``freq_rare`` times each
+    (all distinct words of the Shakespeare corpus). ``freq_common`` None: RULER's 30, or
+    less when the common words would take over half the length (at least
+    ``freq_rare + 1``). So rank ``num_words`` beats rank ``num_words + 1`` by
+    ``freq_common - freq_rare >= 1`` occurrences. The answer lists the common words in their
+    order of first appearance.
+    """
+    name = "cwe"
+    if num_words < 1 or freq_rare < 1:
+        raise ValueError(f"{name}: need num_words >= 1 and freq_rare >= 1, got "
+                         f"{num_words}, {freq_rare}")
+    if freq_common is not None and freq_common <= freq_rare:
+        raise ValueError(f"{name}: freq_common ({freq_common}) must exceed freq_rare "
+                         f"({freq_rare})")
+    tok = as_tokenizer(tokenizer)
+    rng = _rng(seed)
+    vocab = _corpus_words()
+    order = rng.permutation(len(vocab))
+    common = [vocab[i] for i in order[:num_words]]
+    rare = [vocab[i] for i in order[num_words:]]
+    shuffle_seed = _subseed(rng)
+    pre, post = prefix, question.format(num=num_words)
+    if freq_common is None:
+        per_item = tok.count(_numbered(common * 3, 0)) / (3 * num_words)
+        fit = int(0.5 * length / (per_item * num_words))
+        freq_common = int(np.clip(fit, freq_rare + 1, 30))
+
+    def render(k, pad):
+        if k > len(rare):
+            raise ValueError(f"{name}: length {length} needs more than {len(rare)} words")
+        items = common * freq_common + rare[:k] * freq_rare
+        perm = np.random.default_rng([shuffle_seed, k]).permutation(len(items))
+        words = [items[i] for i in perm]
+        first = sorted(common, key=words.index)
+        refs = tuple(w.encode() for w in first)
+        return pre + _numbered(words, pad) + post, ", ".join(first), (refs, len(words))
+
+    k, pad, (prompt, answer, (refs, n_items)) = fit_length(render, length, tok, name=name)
+    ctx = len(prompt.encode()) - len(pre.encode()) - len(post.encode())
+    return Sample(prompt.encode(), answer.encode(), refs, name, _tokens(tok, prompt, answer),
+                  ctx, (), (), (), len(refs),
+                  {"common": tuple(common), "freq_common": freq_common, "freq_rare": freq_rare,
+                   "num_rare": k, "items": n_items, "units": k, "padding": pad},
+                  tok.name, post.encode())
+
+
+def _zipf_counts(n: int, num_words: int, alpha: float) -> list[int] | None:
+    """Counts of ``n`` words whose rank r >= 1 has about ``n r^-alpha / zeta`` occurrences,
+    strictly decreasing over ranks 1..num_words+2, the rest of ``n`` as singletons; None
+    when ``n`` is too small for that."""
+    ranks = np.arange(1, n + 1, dtype=float)
+    weights = ranks ** -alpha
+    expected = np.floor(n * weights / weights.sum()).astype(int)
+    top = num_words + 2
+    counts = [max(int(c), 2) for c in expected[:top]] + [int(c) for c in expected[top:]
+                                                         if c >= 2]
+    for r in range(top - 2, -1, -1):  # strict margins down the top ranks
+        counts[r] = max(counts[r], counts[r + 1] + 1)
+    rest = n - sum(counts)
+    return None if rest < 0 else counts + [1] * rest
+
+
+def _fewest_words(num_words: int, alpha: float) -> int:
+    n = (num_words + 2) * (num_words + 5) // 2
+    while _zipf_counts(n, num_words, alpha) is None:
+        n += 1
+    return n
+
+
+def frequent_words(seed, length: int, *, num_words: int = 3, alpha: float = 2.0,
+                   prefix: str = FWE_PREFIX, question: str = FWE_QUESTION,
+                   tokenizer=None) -> Sample:
+    """RULER's frequent words extraction at ``length`` tokens.
+
+    Coded text: made-up lowercase words with Zipf(``alpha``) counts, shuffled and joined by
+    spaces; the most frequent "word" is :data:`FWE_NOISE` (``....``), which the question says
+    to ignore. The answer is the next ``num_words`` words, most frequent first; counts are
+    strictly decreasing from rank 1 to rank ``num_words + 2``, so there is no tie to break.
+    """
+    name = "fwe"
+    if num_words < 1 or alpha <= 1.0:
+        raise ValueError(f"{name}: need num_words >= 1 and alpha > 1, got {num_words}, {alpha}")
+    tok = as_tokenizer(tokenizer)
+    rng = _rng(seed)
+    vocab_seed = _subseed(rng)
+    coded = Pool(_fresh_words(vocab_seed, "coded", {FWE_NOISE}))
+    pre, post = prefix.format(num=num_words), question.format(num=num_words)
+    floor = _fewest_words(num_words, alpha)
+
+    def render(k, pad):
+        n = floor + k
+        counts = _zipf_counts(n, num_words, alpha)
+        words = [FWE_NOISE] + coded.take(len(counts) - 1)
+        items = [w for w, c in zip(words, counts) for _ in range(c)]
+        text = " ".join(items[i] for i in np.random.default_rng([vocab_seed, n]).permutation(n))
+        answers = words[1:num_words + 1]
+        return (pre + text + " " * pad + post, ", ".join(answers),
+                (tuple(a.encode() for a in answers), counts[:num_words + 2]))
+
+    k, pad, (prompt, answer, (refs, top)) = fit_length(render, length, tok, name=name)
+    ctx = len(prompt.encode()) - len(pre.encode()) - len(post.encode())
+    return Sample(prompt.encode(), answer.encode(), refs, name, _tokens(tok, prompt, answer),
+                  ctx, (), (), (), len(refs),
+                  {"words": floor + k, "top_counts": tuple(top), "alpha": alpha, "units": k,
+                   "padding": pad}, tok.name, post.encode())
+
+
+# --- tasks: question answering over the corpus ---------------------------------------------
+
+_SPEECH = re.compile(r"^([A-Z][A-Z' ]{1,30}[A-Z])\.\n((?:[^\n\[]+\n)+)\n", re.M)
+
+
+@functools.cache
+def speeches() -> tuple[tuple[str, str, str], ...]:
+    """``(speaker, work title, text)`` of the corpus's speeches by speakers named in one work.
+
+    From the modern editions (``SPEAKER.`` on its own line, then the lines of the speech);
+    speakers whose name also speaks in another work, or that are numbered or generic
+    (``FIRST LORD``, ``ALL``), are left out, so each name names one work. Speeches keep at
+    most their first three lines, joined by spaces.
+    """
+    from lcjax.data.corpus import load_shakespeare
+
+    found = []
+    for d in load_shakespeare():
+        if d.folio:
+            continue
+        for who, body in _SPEECH.findall(d.text):
+            lines = [ln.strip() for ln in body.strip("\n").split("\n")][:3]
+            found.append((who, d.title, " ".join(ln for ln in lines if ln)))
+    works: dict[str, set[str]] = {}
+    for who, title, _ in found:
+        works.setdefault(who, set()).add(title)
+    generic = re.compile(r"\b(FIRST|SECOND|THIRD|FOURTH|FIFTH|ALL|BOTH|LORDS?|SERVANTS?|"
+                         r"CITIZENS?|SOLDIERS?|MESSENGER|GENTLEMAN|LADY|BOY|PAGE)\b")
+    return tuple((who.title(), title, text) for who, title, text in found
+                 if len(works[who]) == 1 and not generic.search(who) and len(text) >= 20)
+
+
+def _speech_doc(who: str, text: str) -> str:
+    return f"[{who}] {text}\n\n"
+
+
+def _cast_doc(who: str, title: str) -> str:
+    return f"{who} is a character in {title}.\n\n"
+
+
+def _qa_distractors(seed: int, exclude: set[str], hops: int) -> Iterator[str]:
+    """Speech documents (and, for two hops, each speaker's cast note) of speakers not in
+    ``exclude`` (updated), in random order."""
+    rng = np.random.default_rng(seed)
+    docs = speeches()
+    for i in rng.permutation(len(docs)):
+        who, title, text = docs[i]
+        if who in exclude:
+            continue
+        exclude.add(who)
+        yield _speech_doc(who, text)
+        if hops == 2:
+            yield _cast_doc(who, title)
+
+
+def qa(seed, length: int, *, hops: int = 2, depth: float | Sequence[float] | None = None,
+       prefix: str = QA_PREFIX, question: str | None = None, tokenizer=None) -> Sample:
+    """A RULER-style QA sample built from the Shakespeare corpus, at ``length`` tokens.
+
+    Documents are speeches ``[Speaker] text`` (:func:`speeches`; distinct speakers) and, for
+    ``hops=2``, one cast note ``Speaker is a character in Title.`` per speaker. The question
+    quotes the first line of the gold speech (unique in the prompt). ``hops=1``: "Who speaks
+    the line ...?" (answer: the speaker). ``hops=2`` (HotpotQA-style bridge): "In which work
+    is the speaker of the line ... a character?" — find the speech, then the cast note of
+    its speaker (answer: the work's title). Gold documents are the needles (speech first,
+    then the cast note) at ``depth`` (None: uniform; a number: the speech there; one per
+    gold document); the distractor documents are the haystack units.
+    """
+    name = "qa"
+    if hops not in QA_QUESTIONS:
+        raise ValueError(f"{name}: hops must be 1 or 2, got {hops}")
+    rng = _rng(seed)
+    docs = speeches()
+    who, title, text = docs[int(rng.integers(len(docs)))]
+    quote = text.split("  ")[0]
+    words = quote.split()
+    quote = " ".join(words[:12])
+    needles = [_speech_doc(who, text).rstrip("\n")]
+    if hops == 2:
+        needles.append(_cast_doc(who, title).rstrip("\n"))
+    depths = _needle_depths(rng, depth, len(needles), name)
+    exclude = {who}
+    pool = Pool(doc for doc in _qa_distractors(_subseed(rng), exclude, hops)
+                if quote not in doc)
+    answer = who if hops == 1 else title
+    post = (question or QA_QUESTIONS[hops]).format(quote=quote)
+    refs = (answer.encode(),)
+    return _needle_sample(
+        f"qa_{hops}", length, tokenizer, prefix=prefix, question=post,
+        answer_of=lambda placed: (refs, refs[0]), pool=pool, sep="\n\n", needles=needles,
+        depths=depths, num_targets=len(needles),
+        info={"speaker": who, "work": title, "quote": quote, "hops": hops})
+
+
+# --- the task set and the suite -------------------------------------------------------------
+
+GENERATORS: dict[str, Callable[..., Sample]] = {
+    "niah": niah, "vt": variable_tracking, "cwe": common_words, "fwe": frequent_words,
+    "qa": qa,
 }
 
+# RULER's 13 tasks (names as in NVIDIA/RULER's synthetic.yaml): (generator, keywords), with
+# our haystacks and our corpus QA in place of SQuAD (qa_1) and HotpotQA (qa_2).
+SUITE: tuple[SuiteTask, ...] = (
+    SuiteTask("niah_single_1", "niah", dict(haystack_kind="noise")),
+    SuiteTask("niah_single_2", "niah", dict(haystack_kind="essay")),
+    SuiteTask("niah_single_3", "niah", dict(haystack_kind="essay", value_type="uuids")),
+    SuiteTask("niah_multikey_1", "niah", dict(haystack_kind="essay", num_keys=4)),
+    SuiteTask("niah_multikey_2", "niah", dict(haystack_kind="needle")),
+    SuiteTask("niah_multikey_3", "niah", dict(haystack_kind="needle", key_type="uuids",
+                                              value_type="uuids")),
+    SuiteTask("niah_multivalue", "niah", dict(haystack_kind="essay", num_values=4)),
+    SuiteTask("niah_multiquery", "niah", dict(haystack_kind="essay", num_keys=4,
+                                              num_queries=4)),
+    SuiteTask("vt", "vt", dict(num_chains=1, num_hops=4)),
+    SuiteTask("cwe", "cwe", dict(num_words=10), uses_depth=False),
+    SuiteTask("fwe", "fwe", dict(num_words=3, alpha=2.0), uses_depth=False),
+    SuiteTask("qa_1", "qa", dict(hops=1)),
+    SuiteTask("qa_2", "qa", dict(hops=2)),
+)
+TASKS: dict[str, tuple[Callable[..., Sample], dict]] = {
+    t.name: (GENERATORS[t.task], dict(t.overrides)) for t in SUITE}
 
-def generate(task: str, seed, length: int, **overrides) -> Sample:
-    """One sample of a task of :data:`TASKS` (``overrides`` replace its keywords)."""
-    if task not in TASKS:
-        raise ValueError(f"generate: unknown task {task!r}; known: {sorted(TASKS)}")
-    fn, kwargs = TASKS[task]
-    return fn(seed, length, **{**kwargs, **overrides})
+
+def generate(task: str, seed, length: int, *, tokenizer=None, **overrides) -> Sample:
+    """One sample of a task: a name of :data:`TASKS` (RULER's) or a generator of
+    :data:`GENERATORS` (``overrides`` replace its keywords); ``length`` in tokens of
+    ``tokenizer``."""
+    if task in TASKS:
+        fn, kwargs = TASKS[task]
+    elif task in GENERATORS:
+        fn, kwargs = GENERATORS[task], {}
+    else:
+        raise ValueError(f"generate: unknown task {task!r}; known: "
+                         f"{sorted(TASKS) + sorted(GENERATORS)}")
+    return fn(seed, length, tokenizer=tokenizer, **{**kwargs, **overrides})
 
 
 def generate_many(task: str, seed: int, length: int, n: int, **overrides) -> list[Sample]:
     """``n`` samples; sample i uses seed ``(seed, i)`` so any prefix of the list is stable."""
     return [generate(task, np.random.default_rng([seed, i]), length, **overrides)
             for i in range(n)]
+
+
+def suite() -> Suite:
+    """The RULER suite: :data:`SUITE` over :func:`generate` (registered as ``"ruler"``)."""
+    return Suite("ruler", generate, SUITE)
 
 
 # --- batches and metrics --------------------------------------------------------------------
@@ -562,3 +1056,4 @@ def find_values(prompt: bytes, key: str, *, type_name: str = "numbers",
     pattern = re.escape(needle.format(type=type_name, key=key, value="\0")).replace(
         re.escape("\0"), r"(.+?)")
     return [m.encode() for m in re.findall(pattern, prompt.decode("utf-8", "replace"))]
+register_suite("ruler", suite)

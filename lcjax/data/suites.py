@@ -20,7 +20,8 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["Suite", "SuiteTask", "get_suite", "register_suite", "suites"]
+__all__ = ["BYTES", "Suite", "SuiteTask", "TokenCounter", "as_tokenizer", "get_suite",
+           "register_suite", "suites"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,3 +79,54 @@ def get_suite(name: str) -> Suite:
 def suites() -> list[str]:
     """Names of the registered suites."""
     return sorted(_SUITES)
+
+
+# --- tokenizers: what ``length`` counts ---------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenCounter:
+    """How a suite counts tokens: ``encode(str) -> ids`` and a ``name`` for reports.
+
+    Build one with :func:`as_tokenizer`; ``count(text)`` is ``len(encode(text))``.
+    """
+
+    name: str
+    encode: Callable[[str], Any]
+
+    def count(self, text: str) -> int:
+        """Number of tokens of ``text``."""
+        return len(self.encode(text))
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8")
+
+
+BYTES = TokenCounter("bytes", _utf8)
+
+
+def as_tokenizer(spec: Any = None) -> TokenCounter:
+    """The :class:`TokenCounter` of a tokenizer spec.
+
+    ``spec`` is None (UTF-8 bytes, lcjax's byte tokenizer without specials), a
+    :class:`TokenCounter`, a Hugging Face ``tokenizers.Tokenizer`` (counted as
+    ``len(tok.encode(s, add_special_tokens=False).ids)``) or any callable
+    ``encode(str) -> sequence of ids`` (named after its ``name`` or ``__name__``).
+    """
+    if spec is None:
+        return BYTES
+    if isinstance(spec, TokenCounter):
+        return spec
+    if hasattr(spec, "encode") and hasattr(spec, "get_vocab_size"):  # tokenizers.Tokenizer
+        model = type(getattr(spec, "model", spec)).__name__.lower()
+
+        def encode(text: str, _tok=spec):
+            return _tok.encode(text, add_special_tokens=False).ids
+
+        return TokenCounter(f"hf-{model}-{spec.get_vocab_size()}", encode)
+    if callable(spec):
+        name = getattr(spec, "name", None) or getattr(spec, "__name__", type(spec).__name__)
+        return TokenCounter(str(name), spec)
+    raise ValueError(f"tokenizer: expected None, a callable encode(str) -> ids or a "
+                     f"tokenizers.Tokenizer; got {type(spec).__name__}")
