@@ -99,6 +99,7 @@ __all__ = [
     "haystack_pool",
     "join_query",
     "make_batch",
+    "needle_sample",
     "niah",
     "place_needles",
     "qa",
@@ -523,11 +524,13 @@ def _top_up(units: list[str], pool: Pool, k: int, render_units, length: int,
     return units, (skipped if len(units) > k else 0), best
 
 
-def _needle_sample(task: str, length: int, tokenizer, *, prefix: str, question: str,
+def needle_sample(task: str, length: int, tokenizer, *, prefix: str, question: str,
                    answer_of: Callable[[Placed], tuple[tuple[bytes, ...], bytes]],
                    pool: Pool, sep: str, needles: Sequence[str], depths: Sequence[float],
                    num_targets: int, info: dict) -> Sample:
-    """Fit prefix + haystack with needles + question + answer to ``length`` tokens."""
+    """A :class:`Sample` of ``prefix`` + haystack units of ``pool`` with ``needles`` (+ ``sep``)
+    at ``depths`` + ``question``, fitted to ``length`` tokens (:func:`fit_length`, then
+    padding or later units); ``answer_of(placed) -> (references, answer bytes)``."""
     tok = as_tokenizer(tokenizer)
 
     def render_units(units, pad):
@@ -615,7 +618,7 @@ def niah(seed, length: int, *, num_keys: int = 1, num_values: int = 1, num_queri
             refs += [pairs[j][1].encode() for j in sorted(js, key=lambda j: placed.offsets[j])]
         return tuple(refs), b", ".join(refs)
 
-    return _needle_sample(
+    return needle_sample(
         name, length, tokenizer, prefix=prefix.format(type=type_name, query=query),
         question=question.format(type=type_name, query=query), answer_of=answer_of,
         pool=pool, sep=sep, needles=needles, depths=depths, num_targets=n_targets,
@@ -671,7 +674,7 @@ def variable_tracking(seed, length: int, *, num_chains: int = 1, num_hops: int =
         depths += [float(x) for _ in chains[1:] for x in np.sort(rng.random(per))]
     refs = tuple(v.encode() for v in chains[0])
     pool, sep = haystack_pool(haystack_kind, rng)
-    return _needle_sample(
+    return needle_sample(
         "vt", length, tokenizer, prefix=prefix,
         question=question.format(value=vals[0], num=per),
         answer_of=lambda placed: (refs, b" ".join(refs)), pool=pool, sep=sep,
@@ -899,7 +902,7 @@ def qa(seed, length: int, *, hops: int = 2, depth: float | Sequence[float] | Non
     answer = who if hops == 1 else title
     post = (question or QA_QUESTIONS[hops]).format(quote=quote)
     refs = (answer.encode(),)
-    return _needle_sample(
+    return needle_sample(
         f"qa_{hops}", length, tokenizer, prefix=prefix, question=post,
         answer_of=lambda placed: (refs, refs[0]), pool=pool, sep="\n\n", needles=needles,
         depths=depths, num_targets=len(needles),
