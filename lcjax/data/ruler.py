@@ -394,12 +394,16 @@ def place_needles(prefix: str, units: Sequence[str], needles: Sequence[str],
     """``prefix`` + the units with each needle (+ ``sep``) at the unit boundary nearest its
     depth (ties: the earlier boundary; needles at one boundary keep their order).
 
-    ``pad`` spaces extend the last unit (the haystack's end, before any needle at depth 1).
+    ``pad`` spaces extend the last unit (before its closing newlines, so a needle after it
+    still starts a line).
     Depth is measured in haystack bytes (units and padding, needles excluded).
     """
     units = list(units)
-    if pad:
-        units = units[:-1] + [units[-1] + " " * pad] if units else [" " * pad]
+    if pad and units:  # spaces before the last unit's closing newlines
+        last = units[-1].rstrip("\n")
+        units[-1] = last + " " * pad + units[-1][len(last):]
+    elif pad:
+        units = [" " * pad]
     sizes = [len(u.encode()) for u in units]
     bounds = np.cumsum([0] + sizes)
     total = int(bounds[-1])
@@ -506,7 +510,7 @@ def join_query(keys: Sequence[str]) -> str:
 
 
 def _top_up(units: list[str], pool: Pool, k: int, render_units, length: int,
-            tok: TokenCounter, tries: int = 16):
+            tok: TokenCounter, tries: int = 48):
     """Append later pool units (after unit ``k``, which did not fit) while the sample stays
     within ``length``: for tokenizers where padding spaces cost nothing. Returns (units,
     how many were skipped, the render)."""
