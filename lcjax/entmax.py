@@ -108,6 +108,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from pallas_kernels import entmax_rules as rules
+
 __all__ = [
     "ALPHA_ARRAY_FLOOR",
     "ResolvedSolver",
@@ -419,26 +421,10 @@ def solver_sums(z, tau, kind: str, alpha_static, am1):
 
 
 def solver_step(kind, tau, f, stats, lo, hi):
-    """Safeguarded update: lo/hi from the sign of f, then a Newton-type step or bisection."""
-    lo = jnp.where(f > 0, tau, lo)
-    hi = jnp.where(f < 0, tau, hi)
-    mid = 0.5 * (lo + hi)
-    if kind == "bisect":
-        return mid, lo, hi
+    """Safeguarded update from the pass's ``stats`` = (k, s, ·): lo/hi from the sign of f,
+    then a Newton-type step or bisection (``pallas_kernels.entmax_rules.solver_step``)."""
     k, s, _ = stats
-    if kind == "newton":  # α = 2: f' = -K. f is convex, so a Newton step from either side
-        # lands at or below τ*, and so does lo: take the larger lower bound.
-        cand = jnp.maximum(tau + f / jnp.where(k > 0, k, 1.0), lo)
-        ok = k > 0
-    else:  # α = 1.5: root of K t² - 2S t + f (the exact local quadratic), else Halley
-        disc = s * s - k * f
-        quad = tau + f / (s + jnp.sqrt(jnp.maximum(disc, 0.0)))
-        halley = tau + 2.0 * f * s / (4.0 * s * s - f * k)
-        cand = jnp.where(disc >= 0, quad, halley)
-        ok = s > 0
-    ok = ok & jnp.isfinite(cand) & (cand >= lo) & (cand <= hi) & (cand != tau)
-    return jnp.where(ok, cand, mid), lo, hi
-
+    return rules.solver_step(kind, tau, f, k, s, lo, hi)
 
 def _solve(zfun, tau0, lo, hi, done0, kind, alpha_static, am1, n_iter, tol):
     """Iterate from τ₀ until |f(τ)| < tol or n_iter steps. Returns τ, f(τ), steps used.
@@ -539,36 +525,12 @@ def _histogram(z, bins, alpha_static):
 
 
 def polish_step(kind: str, tau, f, stats):
-    """One more step from the last pass's sums, for rows with |f| < tol: exact on the same
-    support for α = 1.5 (quadratic) and α = 2 (Newton), quadratically convergent for the
-    Newton step of any other α, so a blockwise solver hands on τ accurate to rounding, not
-    to tol, at no extra pass."""
-    if kind == "bisect":
-        return tau
+    """One more step from the last pass's ``stats`` for rows with |f| < tol: τ accurate to
+    rounding, not to tol, at no extra pass (``pallas_kernels.entmax_rules.polish_step``)."""
     k, s, _ = stats
-    if kind == "quadratic":
-        disc = s * s - k * f
-        cand = tau + f / (s + jnp.sqrt(jnp.maximum(disc, 0.0)))
-        ok = (s > 0) & (disc >= 0)
-    else:
-        cand = tau + f / jnp.where(k > 0, k, 1.0)
-        ok = k > 0
-    return jnp.where(ok & jnp.isfinite(cand), cand, tau)
+    return rules.polish_step(kind, tau, f, k, s)
 
-
-def hermite_root(f0, f1, d0, d1, h):
-    """Root in [0, 1] of the cubic Hermite interpolant (values f0,f1; slopes d0,d1 · h)."""
-    m0, m1 = d0 * h, d1 * h
-    s = jnp.clip(f0 / jnp.where(f0 - f1 > 0, f0 - f1, 1.0), 0.0, 1.0)  # secant start
-    for _ in range(4):
-        s2, s3 = s * s, s * s * s
-        val = (2 * s3 - 3 * s2 + 1) * f0 + (s3 - 2 * s2 + s) * m0
-        val = val + (3 * s2 - 2 * s3) * f1 + (s3 - s2) * m1
-        der = (6 * s2 - 6 * s) * (f0 - f1) + (3 * s2 - 4 * s + 1) * m0 + (3 * s2 - 2 * s) * m1
-        nxt = s - val / jnp.where(der < 0, der, -1.0)
-        s = jnp.where(der < 0, jnp.clip(nxt, 0.0, 1.0), s)
-    return s
-
+hermite_root = rules.hermite_root  # root in [0, 1] of the cubic Hermite interpolant
 
 def _threshold(zfun, am1, dead, n, cdt, cfg: _Config):
     """τ (shifted units, max z = 0), f(τ) = Σp - 1 (None for sort), steps used."""

@@ -87,6 +87,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels.entmax_rules import hermite_root, polish_step, solver_step
+
 __all__ = ["BlockSizes", "entmax_attention_pallas", "entmax_attention_reference",
            "unsupported_block_sizes"]
 
@@ -241,58 +243,6 @@ def _inv(l):
     return jnp.where(pos, 1.0 / jnp.where(pos, l, 1.0), 0.0)
 
 
-def _hermite_root(f0, f1, d0, d1, h):
-    """Root in [0, 1] of the cubic Hermite interpolant through (0, f0), (1, f1) with slopes
-    d0·h, d1·h: secant start, four guarded Newton steps (``docs/entmax.md``)."""
-    m0, m1 = d0 * h, d1 * h
-    s = jnp.clip(f0 / jnp.where(f0 - f1 > 0, f0 - f1, 1.0), 0.0, 1.0)
-    for _ in range(4):
-        s2 = s * s
-        s3 = s2 * s
-        val = (2 * s3 - 3 * s2 + 1) * f0 + (s3 - 2 * s2 + s) * m0
-        val = val + (3 * s2 - 2 * s3) * f1 + (s3 - s2) * m1
-        der = (6 * s2 - 6 * s) * (f0 - f1) + (3 * s2 - 4 * s + 1) * m0 + (3 * s2 - 2 * s) * m1
-        s = jnp.where(der < 0, jnp.clip(s - val / jnp.where(der < 0, der, -1.0), 0.0, 1.0), s)
-    return s
-
-
-def _solver_step(kind: str, tau, f, k, s, lo, hi):
-    """Safeguarded step (``docs/entmax.md``, "steps"): the bracket from the sign of f, then
-    the local quadratic root (α = 1.5; Halley where it has none) or Newton (-f' = k),
-    bisection where the candidate leaves the bracket."""
-    lo = jnp.where(f > 0, tau, lo)
-    hi = jnp.where(f < 0, tau, hi)
-    mid = 0.5 * (lo + hi)
-    if kind == "bisect":
-        return mid, lo, hi
-    if kind == "newton":
-        cand = jnp.maximum(tau + f / jnp.where(k > 0, k, 1.0), lo)
-        ok = k > 0
-    else:
-        disc = s * s - k * f
-        quad = tau + f / (s + jnp.sqrt(jnp.maximum(disc, 0.0)))
-        halley = tau + 2.0 * f * s / (4.0 * s * s - f * k)
-        cand = jnp.where(disc >= 0, quad, halley)
-        ok = s > 0
-    ok = ok & jnp.isfinite(cand) & (cand >= lo) & (cand <= hi) & (cand != tau)
-    return jnp.where(ok, cand, mid), lo, hi
-
-
-def _polish(kind: str, tau, f, k, s):
-    """The last step of a converged row, from the same sums (exact on a fixed support for
-    α ∈ {1.5, 2}): τ accurate to rounding, not to tol, at no extra pass."""
-    if kind == "bisect":
-        return tau
-    if kind == "quadratic":
-        disc = s * s - k * f
-        cand = tau + f / (s + jnp.sqrt(jnp.maximum(disc, 0.0)))
-        ok = (s > 0) & (disc >= 0)
-    else:
-        cand = tau + f / jnp.where(k > 0, k, 1.0)
-        ok = k > 0
-    return jnp.where(ok & jnp.isfinite(cand), cand, tau)
-
-
 def _resolve(solver: str, alpha: float) -> tuple[str, str]:
     """(step kind, initialisation) of ``solver`` at a static α (the rule of
     ``lcjax.entmax.SolverConfig.resolve``)."""
@@ -353,7 +303,7 @@ def _histogram_init(stats, alpha: float, bins: int, t0, w):
         t_b = jnp.where(kb > 0, b + fb / jnp.where(kb > 0, kb, 1.0), a)
         lo = jnp.clip(jnp.maximum(t_a, t_b) - eps, a, b)
     hi = b
-    tau0 = jnp.clip(a + (b - a) * _hermite_root(fa, fb, da, db, b - a), lo, hi)
+    tau0 = jnp.clip(a + (b - a) * hermite_root(fa, fb, da, db, b - a), lo, hi)
     return lo, hi, tau0
 
 
@@ -455,8 +405,8 @@ def _fwd_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref, l_ref, it_
         gaps0 = jnp.full(live_shape, NEG, _F32)
         kk, ss, pp, gaps = lax.fori_loop(0, nkb, stats_body(tau), (zeros, zeros, zeros, gaps0))
         f = pp - 1.0
-        new_tau, lo, hi = _solver_step(cfg.kind, tau, f, kk, ss, lo, hi)
-        polished = jnp.clip(_polish(cfg.kind, tau, f, kk, ss), lo, hi)
+        new_tau, lo, hi = solver_step(cfg.kind, tau, f, kk, ss, lo, hi)
+        polished = jnp.clip(polish_step(cfg.kind, tau, f, kk, ss), lo, hi)
         was_done = done > 0.5
         converged = jnp.abs(f) < cfg.tol
         stop = was_done | converged | (it >= cfg.n_iter) | (new_tau == tau)
