@@ -100,7 +100,7 @@ def restore_checkpoint(
     *,
     params: Any,
     rest: Any,
-    opt_state: Any,
+    opt_state: Any = None,
     step: int | None = None,
 ) -> dict | None:
     """Restores ``step`` (default: the latest) into the structure of the given trees.
@@ -108,34 +108,36 @@ def restore_checkpoint(
     Args:
       manager: from :func:`checkpoint_manager`.
       params, rest, opt_state: trees (or abstract trees) giving structure, shapes
-        and dtypes of what to restore.
+        and dtypes of what to restore; ``opt_state=None`` restores the model state only
+        (no optimizer or data state); ``rest`` None or empty skips the other model state.
       step: which checkpoint; None = latest.
 
     Returns:
-      None if there is no checkpoint, else a dict with ``params``, ``rest``,
-      ``opt_state``, ``data_state``, ``meta`` and ``step``.
+      None if there is no checkpoint, else a dict with ``params``, ``rest``, ``meta``,
+      ``step`` and, unless ``opt_state`` is None, ``opt_state`` and ``data_state``
+      (``rest`` is the given ``rest`` when the checkpoint has none or it was skipped).
     """
     step = manager.latest_step() if step is None else step
     if step is None:
         return None
-    items = {
-        "params": ocp.args.StandardRestore(_abstract(params)),
-        "opt_state": ocp.args.StandardRestore(_abstract(opt_state)),
-        "data": ocp.args.JsonRestore(),
-        "meta": ocp.args.JsonRestore(),
-    }
+    items = {"params": ocp.args.StandardRestore(_abstract(params)),
+             "meta": ocp.args.JsonRestore()}
+    if opt_state is not None:
+        items["opt_state"] = ocp.args.StandardRestore(_abstract(opt_state))
+        items["data"] = ocp.args.JsonRestore()
     has_rest = bool(jax.tree.leaves(rest))
     if has_rest:
         items["rest"] = ocp.args.StandardRestore(_abstract(rest))
     out = manager.restore(step, args=ocp.args.Composite(**items))
-    return {
+    result = {
         "params": _uncommit(out["params"]),
         "rest": _data_to_keys(_uncommit(out["rest"]), rest) if has_rest else rest,
-        "opt_state": _uncommit(out["opt_state"]),
-        "data_state": dict(out["data"]),
         "meta": dict(out["meta"]),
         "step": int(step),
     }
+    if opt_state is not None:
+        result.update(opt_state=_uncommit(out["opt_state"]), data_state=dict(out["data"]))
+    return result
 
 
 def read_meta(manager: ocp.CheckpointManager, step: int | None = None) -> dict | None:
@@ -197,21 +199,7 @@ def restore_params(manager: ocp.CheckpointManager, params: Any, *, step: int | N
       None if there is no checkpoint, else ``{"params", "rest", "meta", "step"}``
       (``rest`` is the given ``rest`` when the checkpoint has none or it was skipped).
     """
-    step = manager.latest_step() if step is None else step
-    if step is None:
-        return None
-    items = {"params": ocp.args.StandardRestore(_abstract(params)),
-             "meta": ocp.args.JsonRestore()}
-    has_rest = bool(jax.tree.leaves(rest))
-    if has_rest:
-        items["rest"] = ocp.args.StandardRestore(_abstract(rest))
-    out = manager.restore(step, args=ocp.args.Composite(**items))
-    return {
-        "params": _uncommit(out["params"]),
-        "rest": _data_to_keys(_uncommit(out["rest"]), rest) if has_rest else rest,
-        "meta": dict(out["meta"]),
-        "step": int(step),
-    }
+    return restore_checkpoint(manager, params=params, rest=rest, step=step)
 
 
 def model_config_from_dict(fields: dict) -> Any:
