@@ -68,6 +68,8 @@ __all__ = [
     "group_queries",
     "ungroup",
     "dot_product_attention",
+    "grouped_scores",
+    "softmax_rows",
     "blockwise_attention",
     "merge_attention",
 ]
@@ -203,6 +205,35 @@ def build_mask(
 # ----------------------------------------------------------------------------
 # Reference attention
 # ----------------------------------------------------------------------------
+def grouped_scores(q, k, *, causal: bool = False, mask=None, scale: float | None = None,
+                   q_segment_ids=None, kv_segment_ids=None, q_offset=0) -> jax.Array:
+    """Masked scores in the grouped layout: [B, Hkv, G, T, S] = scale · q·kᵀ in the
+    statistics dtype (float32, float64 for float64 inputs), ``-inf`` where masked
+    (``causal``, ``mask``, segment ids, combined by :func:`build_mask`). The one place the
+    dense references (:func:`dot_product_attention`, ``lcjax.attention.weights``) score."""
+    t, hk, d = q.shape[1], k.shape[2], q.shape[3]
+    acc = stat_dtype(q, k)
+    full_mask = build_mask(t, k.shape[1], causal=causal, mask=mask, q_segment_ids=q_segment_ids,
+                           kv_segment_ids=kv_segment_ids, q_offset=q_offset)
+    qg = group_queries(q, hk)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=acc)
+    scores = scores * acc.type(default_scale(d, scale))
+    if full_mask is not None:
+        scores = jnp.where(group_mask(full_mask, hk), scores, -jnp.inf)
+    return scores
+
+
+def softmax_rows(scores: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Softmax over the last axis with masked (``-inf``) entries: (probs, m, l) with the
+    safe row max m (0 for an empty row) and l = Σ e^{s - m} (both keepdims); an empty row
+    has probs 0 and l = 0 (so m + log l = -inf)."""
+    m = jnp.max(scores, axis=-1, keepdims=True)
+    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    p = jnp.exp(scores - m_safe)
+    l = jnp.sum(p, axis=-1, keepdims=True)
+    return p / jnp.where(l > 0, l, 1.0), m_safe, l
+
+
 def dot_product_attention(
     q,
     k,
@@ -233,26 +264,11 @@ def dot_product_attention(
       [B, T, H, Dv] in q's dtype (and the lse when asked).
     """
     shapes = validate_qkv(q, k, v, mask=mask, name="dot_product_attention")
-    scale = default_scale(shapes.head_dim, scale)
-    full_mask = build_mask(
-        shapes.q_len,
-        shapes.kv_len,
-        causal=causal,
-        mask=mask,
-        q_segment_ids=q_segment_ids,
-        kv_segment_ids=kv_segment_ids,
-        q_offset=q_offset,
-    )
     acc = stat_dtype(q, k, v)
-    qg = group_queries(q, shapes.kv_heads)
-    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=acc) * acc.type(scale)
-    if full_mask is not None:
-        scores = jnp.where(group_mask(full_mask, shapes.kv_heads), scores, -jnp.inf)
-    m = jnp.max(scores, axis=-1, keepdims=True)
-    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
-    p = jnp.exp(scores - m_safe)
-    l = jnp.sum(p, axis=-1, keepdims=True)
-    probs = p / jnp.where(l > 0, l, 1.0)
+    scores = grouped_scores(q, k, causal=causal, mask=mask, scale=scale,
+                            q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                            q_offset=q_offset)
+    probs, m_safe, l = softmax_rows(scores)
     out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v, preferred_element_type=acc)
     out = ungroup(out).astype(q.dtype)
     if not return_lse:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from lcjax.attention.core import build_mask, default_scale, dot_product_attention
+from lcjax.attention.core import dot_product_attention, grouped_scores, softmax_rows
 from lcjax.attention.spec import AttentionSpec
 
 __all__ = ["attention_scores", "attention_weights", "softmax_weights", "variant_weights"]
@@ -50,17 +50,11 @@ def attention_scores(q, k, *, causal: bool = False, mask=None, scale: float | No
     (module docstring); ``scale`` defaults to 1/sqrt(D).
     """
     _check_qk(q, k, "attention_scores")
-    b, t, h, d = q.shape
-    s, hk = k.shape[1], k.shape[2]
-    scale = default_scale(d, scale)
-    qg = q.astype(jnp.float32).reshape(b, t, hk, h // hk, d)
-    scores = jnp.einsum("BTKGD,BSKD->BKGTS", qg, k.astype(jnp.float32),
-                        precision=jax.lax.Precision.HIGHEST).reshape(b, h, t, s) * scale
-    full = build_mask(t, s, causal=causal, mask=mask, q_segment_ids=q_segment_ids,
-                      kv_segment_ids=kv_segment_ids, q_offset=q_offset)
-    if full is None:
-        return scores
-    return jnp.where(full, scores, -jnp.inf)
+    b, t, h, _ = q.shape
+    scores = grouped_scores(q.astype(jnp.float32), k.astype(jnp.float32), causal=causal,
+                            mask=mask, scale=scale, q_segment_ids=q_segment_ids,
+                            kv_segment_ids=kv_segment_ids, q_offset=q_offset)
+    return scores.reshape(b, h, t, k.shape[1])
 
 
 def attention_weights(q, k, *, causal: bool = False, mask=None, scale: float | None = None,
@@ -71,10 +65,7 @@ def attention_weights(q, k, *, causal: bool = False, mask=None, scale: float | N
     scores = attention_scores(q, k, causal=causal, mask=mask, scale=scale,
                               q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                               q_offset=q_offset)
-    m = jnp.max(scores, axis=-1, keepdims=True)
-    p = jnp.exp(scores - jnp.where(jnp.isfinite(m), m, 0.0))
-    total = jnp.sum(p, axis=-1, keepdims=True)
-    return p / jnp.where(total > 0, total, 1.0)
+    return softmax_rows(scores)[0]
 
 
 def softmax_weights(q, k, *, causal: bool = False, mask=None, scale: float | None = None,
