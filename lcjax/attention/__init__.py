@@ -23,6 +23,7 @@ from lcjax.attention.entmax import entmax_attention, sparsemax_attention
 from lcjax.attention.registry import available, get, register, spec, specs, unregister
 from lcjax.attention.softmax import BlockwiseConfig, jax_dot_product_attention
 from lcjax.attention.spec import AttentionSpec, Features, Implementation
+from lcjax.attention.token_sparse import token_sparse_attention  # registers token_sparse
 from lcjax.attention.weights import attention_scores, attention_weights, variant_weights
 
 __all__ = [
@@ -49,5 +50,6 @@ __all__ = [
     "variant_weights",
     "segment_mask",
     "sparsemax_attention",
+    "token_sparse_attention",
     "validate_qkv",
 ]

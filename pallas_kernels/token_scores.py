@@ -1,0 +1,267 @@
+r"""The scoring pass of Token Sparse Attention as Pallas kernels.
+
+Token Sparse Attention (public code dongwonjo/Token-Sparse-Attention,
+``sparse_attn/token_sparse/kernel.py``, two Triton kernels — read for the algorithm, not
+copied) scores every prefix key by the attention the last W queries pay it. With
+q [B, L, H, D], k [B, L, Hkv, D] (query head h reads kv head h // (H/Hkv)), window rows
+i ∈ [P, L), P = L - W, and s_ij = scale · q_i·k_j:
+
+    m_i = max_j s_ij,   l_i = Σ_j e^{s_ij - m_i}        (over all L keys; causal: j ≤ i)
+    a[j] = (1/W) Σ_i e^{s_ij - m_i} / l_i,   j < P      (prefix keys: visible to every row)
+
+Two kernels, each a pass over key blocks, so neither the [L, L] nor the [W, L] matrix is
+stored:
+
+1. ``_stats_kernel`` (grid (batch, head)): the W window rows of one head against every key
+   block of its kv head, online softmax statistics (m, l) per row;
+2. ``_columns_kernel`` (grid (batch, head, prefix key block)): the window rows against one
+   prefix key block, probabilities e^{s - m}/l, summed over the rows (column sums) and
+   divided by W.
+
+Masks are ``jnp.where`` on iotas (keys ≥ L, keys above the diagonal of a window row,
+padding rows ≥ W); masked scores are a finite -1e30, so no inf - inf arises. The window is
+one block of Wp rows (W padded to a power of two ≥ 16, or ≥ 8 in interpret mode); the keys
+of one kv head stay resident in the stats kernel (on TPU, long sequences need a larger VMEM
+limit). Targets: Mosaic (TPU) and Triton (GPU, ``plgpu.CompilerParams``), chosen per
+lowering platform with ``lax.platform_dependent``; on CPU use ``interpret=True``. No sort,
+cumsum or scatter inside the kernels.
+
+The scores feed a discrete selection: they carry no gradient (inputs are
+``lax.stop_gradient``-ed, so ``jax.grad`` through a caller is defined and never enters the
+kernels). :func:`token_scores_reference` is the dense pure-jnp computation beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import numbers
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as plgpu
+
+__all__ = ["BlockSizes", "token_scores_pallas", "token_scores_reference",
+           "unsupported_block_sizes"]
+
+_NAME = "token_scores_pallas"
+NEG = -1e30
+_F32 = jnp.float32
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BlockSizes:
+    """Tile sizes. ``block_kv``: keys per tile, a power of two ≥ 16 (≥ 8 in interpret
+    mode), clamped to the power-of-two rounded length; on TPU the column kernel's output
+    tiles want a multiple of 128 (the default) or the whole padded prefix."""
+
+    block_kv: int = 512
+
+    @classmethod
+    def get_default(cls) -> BlockSizes:
+        return cls(block_kv=512)
+
+
+class _Config(NamedTuple):
+    window: int  # W
+    length: int  # L
+    scale: float
+    causal: bool
+    groups: int
+    bk: int
+    interpret: bool
+
+
+def _nt(a, b):  # a [m, d] · b [n, d]ᵀ in float32
+    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=_F32)
+
+
+def _iota(shape, dim):
+    return lax.broadcasted_iota(jnp.int32, shape, dim)
+
+
+def _stats_kernel(q_ref, k_ref, m_ref, l_ref, *, cfg: _Config):
+    q = q_ref[...]
+    wp = q.shape[0]
+    bk = cfg.bk
+    n_blocks = k_ref.shape[0] // bk
+    q_pos = (cfg.length - cfg.window) + _iota((wp, 1), 0)
+
+    def body(j, carry):
+        m, l = carry
+        kb = k_ref[pl.ds(pl.multiple_of(j * bk, bk), bk), :]
+        s = _nt(q, kb) * cfg.scale
+        k_pos = j * bk + _iota((1, bk), 1)
+        valid = k_pos < cfg.length
+        if cfg.causal:
+            valid = valid & (k_pos <= q_pos)
+        s = jnp.where(valid, s, NEG)
+        m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+        l = l * jnp.exp(m - m_new) + jnp.sum(jnp.exp(s - m_new), axis=1, keepdims=True)
+        return m_new, l
+
+    init = (jnp.full((wp, 1), NEG, _F32), jnp.zeros((wp, 1), _F32))
+    m, l = lax.fori_loop(0, n_blocks, body, init)
+    m_ref[...] = m
+    l_ref[...] = l
+
+
+def _columns_kernel(q_ref, m_ref, l_ref, k_ref, o_ref, *, cfg: _Config):
+    j = pl.program_id(2)
+    q = q_ref[...]
+    wp, bk = q.shape[0], cfg.bk
+    s = _nt(q, k_ref[...]) * cfg.scale
+    l = l_ref[...]
+    p = jnp.exp(s - m_ref[...]) / jnp.where(l > 0, l, 1.0)
+    k_pos = j * bk + _iota((1, bk), 1)
+    keep = (_iota((wp, 1), 0) < cfg.window) & (k_pos < cfg.length - cfg.window)
+    p = jnp.where(keep, p, 0.0)
+    o_ref[...] = jnp.sum(p, axis=0, keepdims=True) * (1.0 / cfg.window)
+
+
+def _call(kernel, *, grid, in_specs, out_specs, out_shape, interpret: bool, name: str):
+    """A pallas_call for interpret mode, or per lowering platform: Mosaic TPU (all grid
+    axes parallel) / Triton on GPU."""
+
+    def build(params, interp=False):
+        return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs,
+                              out_shape=out_shape, compiler_params=params, interpret=interp,
+                              name=name)
+
+    if interpret:
+        return build(None, True)
+    tpu = pltpu.CompilerParams(dimension_semantics=("parallel",) * len(grid))
+    gpu = plgpu.CompilerParams(num_warps=4, num_stages=2)
+
+    def run(*args):
+        return lax.platform_dependent(
+            *args,
+            tpu=lambda *a: build(tpu)(*a),
+            cuda=lambda *a: build(gpu)(*a),
+            rocm=lambda *a: build(gpu)(*a),
+            default=lambda *a: build(None)(*a),
+        )
+
+    return run
+
+
+def _min_block(interpret: bool) -> int:
+    return 8 if interpret else 16
+
+
+def unsupported_block_sizes(block_sizes: BlockSizes, *, interpret: bool) -> str | None:
+    """Why the kernels cannot run these tiles (None if they can)."""
+    if not isinstance(block_sizes, BlockSizes):
+        return f"block_sizes must be a BlockSizes, got {type(block_sizes).__name__}"
+    low, val = _min_block(interpret), block_sizes.block_kv
+    if not isinstance(val, numbers.Integral) or val < low or val & (val - 1):
+        return f"block_sizes.block_kv must be a power of two >= {low}, got {val}"
+    return None
+
+
+def _pad_to(x, axis: int, size: int):
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, widths)
+
+
+def _check(q, k, window, name):
+    for arg, x in (("q", q), ("k", k)):
+        if getattr(x, "ndim", None) != 4:
+            raise ValueError(f"{name}: `{arg}` must be rank 4 [batch, len, heads, head_dim], "
+                             f"got shape {getattr(x, 'shape', None)}")
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(f"{name}: `{arg}` must be floating point, got dtype {x.dtype}")
+    (b, t, h, d), (bk_, s, hk, dk) = q.shape, k.shape
+    if bk_ != b or dk != d or hk == 0 or h % hk:
+        raise ValueError(f"{name}: `k` {k.shape} does not fit `q` {q.shape} (batch, head_dim, "
+                         f"heads % kv_heads == 0)")
+    if s != t:
+        raise ValueError(f"{name}: q_len {t} must equal kv_len {s} (self-attention prefill)")
+    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or not (
+            1 <= window < t):
+        raise ValueError(f"{name}: `window` must be an int in [1, len) = [1, {t}), got "
+                         f"{window!r}")
+    return b, t, h, d, hk
+
+
+def token_scores_pallas(
+    q: jax.Array,
+    k: jax.Array,
+    *,
+    window: int,
+    causal: bool = True,
+    scale: float | None = None,
+    block_sizes: BlockSizes | None = None,
+    interpret: bool = False,
+) -> jax.Array:
+    """Mean window attention on each prefix key (module docstring), unpooled.
+
+    Args:
+      q: [B, L, H, D]; k: [B, L, Hkv, D]; H % Hkv == 0.
+      window: W in [1, L).
+      causal: window row i sees keys j ≤ i (else all L keys).
+      scale: default 1/sqrt(D).
+      block_sizes: :class:`BlockSizes` (default ``BlockSizes.get_default()``).
+      interpret: run in the Pallas interpreter (required on CPU).
+
+    Returns:
+      float32 [B, H, L - W], no gradient.
+    """
+    b, t, h, d, hk = _check(q, k, window, _NAME)
+    bs = BlockSizes.get_default() if block_sizes is None else block_sizes
+    reason = unsupported_block_sizes(bs, interpret=bool(interpret))
+    if reason:
+        raise ValueError(f"{_NAME}: {reason}")
+    low = _min_block(bool(interpret))
+    bk = int(min(bs.block_kv, max(low, pl.next_power_of_2(t))))
+    wp = max(low, pl.next_power_of_2(window))
+    dp = max(16, pl.next_power_of_2(d))
+    p_len = t - window
+    nk, npb = -(-t // bk), -(-p_len // bk)
+    cfg = _Config(window=int(window), length=t,
+                  scale=1.0 / np.sqrt(d) if scale is None else float(scale),
+                  causal=bool(causal), groups=h // hk, bk=bk, interpret=bool(interpret))
+    q, k = lax.stop_gradient(q), lax.stop_gradient(k)
+    qw = _pad_to(_pad_to(jnp.swapaxes(q[:, t - window:], 1, 2), 2, wp), 3, dp)  # [B,H,Wp,Dp]
+    kp = _pad_to(_pad_to(jnp.swapaxes(k, 1, 2), 2, nk * bk), 3, dp)  # [B, Hkv, Sp, Dp]
+    g = cfg.groups
+    row = pl.BlockSpec((None, None, wp, 1), lambda b_, h_: (b_, h_, 0, 0))
+    m, l = _call(
+        functools.partial(_stats_kernel, cfg=cfg), grid=(b, h),
+        in_specs=[pl.BlockSpec((None, None, wp, dp), lambda b_, h_: (b_, h_, 0, 0)),
+                  pl.BlockSpec((None, None, nk * bk, dp),
+                               lambda b_, h_: (b_, lax.div(h_, g), 0, 0))],
+        out_specs=[row, row],
+        out_shape=[jax.ShapeDtypeStruct((b, h, wp, 1), _F32)] * 2,
+        interpret=cfg.interpret, name="token_scores_stats")(qw, kp)
+    row3 = pl.BlockSpec((None, None, wp, 1), lambda b_, h_, j: (b_, h_, 0, 0))
+    cols = _call(
+        functools.partial(_columns_kernel, cfg=cfg), grid=(b, h, npb),
+        in_specs=[pl.BlockSpec((None, None, wp, dp), lambda b_, h_, j: (b_, h_, 0, 0)),
+                  row3, row3,
+                  pl.BlockSpec((None, None, bk, dp),
+                               lambda b_, h_, j: (b_, lax.div(h_, g), j, 0))],
+        out_specs=pl.BlockSpec((None, None, 1, bk), lambda b_, h_, j: (b_, h_, 0, j)),
+        out_shape=jax.ShapeDtypeStruct((b, h, 1, npb * bk), _F32),
+        interpret=cfg.interpret, name="token_scores_columns")(qw, m, l, kp)
+    return cols[:, :, 0, :p_len]
+
+
+def token_scores_reference(q: jax.Array, k: jax.Array, *, window: int, causal: bool = True,
+                           scale: float | None = None) -> jax.Array:
+    """Dense pure-jnp scores: softmax of the W window rows over all keys, mean over the
+    rows, prefix columns: float32 [B, H, L - W]."""
+    b, t, h, d, hk = _check(q, k, window, "token_scores_reference")
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    kr = jnp.repeat(k, h // hk, axis=2).astype(_F32)
+    x = jnp.einsum("bwhd,bshd->bhws", q[:, t - window:].astype(_F32), kr) * scale
+    if causal:
+        rows = (t - window) + jnp.arange(window)
+        x = jnp.where(jnp.arange(t)[None, :] <= rows[:, None], x, -jnp.inf)
+    return jnp.mean(jax.nn.softmax(x, axis=-1), axis=2)[..., : t - window]
