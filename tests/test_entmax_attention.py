@@ -358,3 +358,50 @@ def test_flax_learnable_alpha_receives_gradient():
                                rtol=1e-6)
     with pytest.raises(ValueError, match="learn_alpha"):
         Attention(**{**kw, "attention": "softmax"}, learn_alpha=True, rngs=nnx.Rngs(0))
+
+
+# ----------------------------------------------------------------------------
+# The backward pass skips dead tiles
+# ----------------------------------------------------------------------------
+def _dead_key_block(n=32, tile=8, h=2, d=8):
+    """q, k ~ 2·N(0, 1) except the last key block, k = 0 there: its scores are 0 while every
+    row's max is far above 2 = 1/(α-1) (α = 1.5), so for every row, batch and head that key
+    block holds no weight. v random; ``poison``: v of that block set to 3e38 (finite), so
+    that any product of a tile's dO·vᵀ with it overflows to inf and 0·inf = NaN."""
+    rng = np.random.default_rng(11)
+    q = jnp.asarray(2 * rng.standard_normal((1, n, h, d)), jnp.float32)
+    k = np.asarray(2 * rng.standard_normal((1, n, h, d)), np.float32)
+    k[:, n - tile:] = 0.0
+    v = np.asarray(rng.standard_normal((1, n, h, d)), np.float32)
+    poison = v.copy()
+    poison[:, n - tile:] = 3e38
+    w = jnp.asarray(np.abs(rng.standard_normal((1, n, h, d))) + 0.5, jnp.float32)  # dO > 0
+    return q, jnp.asarray(k), jnp.asarray(v), jnp.asarray(poison), w
+
+
+def test_backward_skips_dead_tiles():
+    """Forward and backward with the dead key block's v replaced by 3e38: if any pass read
+    it, dp = dO·vᵀ would be inf there and s·(dp - ρ/σ) = 0·inf = NaN would spread into dq
+    and dk; the XLA path gives exactly the gradients of the clean v instead (and dv = 0 on
+    the dead keys). Negative control: the dense reference, which reads every tile, turns
+    NaN on the same input."""
+    q, k, v, poison, w = _dead_key_block()
+
+    def loss(q, k, v):
+        out, aux = entmax_attention(q, k, v, alpha=1.5, implementation="xla", block_q=8,
+                                    block_kv=8, return_aux=True)
+        return jnp.sum(out * w), aux["block_sparsity"]
+
+    grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+    ((val, sparsity), g_clean), ((val_p, _), g_poison) = grad(q, k, v), grad(q, k, poison)
+    assert float(sparsity) >= 0.25  # the last of 4 key blocks, at least
+    np.testing.assert_allclose(val, jnp.sum(dense_jit(q, k, v, 1.5, "sort")[0] * w),
+                               rtol=1e-5)
+    assert float(val_p) == float(val)
+    for name, a, b in zip("qkv", g_clean, g_poison):
+        assert bool(jnp.all(jnp.isfinite(b))), name
+        np.testing.assert_array_equal(a, b, err_msg=f"d{name}")
+    assert float(jnp.max(jnp.abs(g_clean[0]))) > 0.1  # a non-trivial gradient
+    assert not np.any(np.asarray(g_poison[2][:, -8:]))
+    dense_grad = jax.jit(jax.grad(lambda q, v: jnp.sum(dense(q, k, v, 1.5, "sort")[0] * w)))
+    assert not bool(jnp.all(jnp.isfinite(dense_grad(q, poison))))
