@@ -20,6 +20,7 @@ from lcjax.attention.core import (
     validate_qkv,
 )
 from lcjax.attention.entmax import entmax_attention, sparsemax_attention
+from lcjax.attention.plash import plash_attention
 from lcjax.attention.registry import available, get, register, spec, specs, unregister
 from lcjax.attention.softmax import BlockwiseConfig, jax_dot_product_attention
 from lcjax.attention.spec import AttentionSpec, Features, Implementation
@@ -46,6 +47,7 @@ __all__ = [
     "jax_dot_product_attention",
     "lengths_to_segment_ids",
     "merge_attention",
+    "plash_attention",
     "register",
     "variant_weights",
     "segment_mask",
