@@ -16,6 +16,7 @@ from lcjax.data.pipeline import (
     num_windows,
     pack_stream,
 )
+from lcjax.data.synthetic import SyntheticSource
 from lcjax.data.tfds import FeatureSource, tfds_source
 from lcjax.data.tokenizer import BOS, EOS, PAD, VOCAB_SIZE, decode, decode_bytes, encode
 
@@ -26,6 +27,7 @@ __all__ = [
     "VOCAB_SIZE",
     "Document",
     "FeatureSource",
+    "SyntheticSource",
     "decode",
     "decode_bytes",
     "encode",
