@@ -102,8 +102,14 @@ def restore_checkpoint(
     rest: Any,
     opt_state: Any = None,
     step: int | None = None,
+    uncommit: bool = True,
 ) -> dict | None:
     """Restores ``step`` (default: the latest) into the structure of the given trees.
+
+    Each array is restored onto the sharding of its counterpart in the given trees
+    (orbax reads only the shards each device needs), whatever mesh wrote it: give trees
+    placed on a new mesh (or ``jax.ShapeDtypeStruct``s with ``sharding=``) to restore onto
+    that mesh.
 
     Args:
       manager: from :func:`checkpoint_manager`.
@@ -111,6 +117,9 @@ def restore_checkpoint(
         and dtypes of what to restore; ``opt_state=None`` restores the model state only
         (no optimizer or data state); ``rest`` None or empty skips the other model state.
       step: which checkpoint; None = latest.
+      uncommit: in a single process, return uncommitted default-device arrays (like
+        freshly initialised ones, so jit reuses its executables); False keeps the
+        restored shardings (a run on a mesh).
 
     Returns:
       None if there is no checkpoint, else a dict with ``params``, ``rest``, ``meta``,
@@ -129,14 +138,15 @@ def restore_checkpoint(
     if has_rest:
         items["rest"] = ocp.args.StandardRestore(_abstract(rest))
     out = manager.restore(step, args=ocp.args.Composite(**items))
+    keep = _uncommit if uncommit else (lambda tree: tree)
     result = {
-        "params": _uncommit(out["params"]),
-        "rest": _data_to_keys(_uncommit(out["rest"]), rest) if has_rest else rest,
+        "params": keep(out["params"]),
+        "rest": _data_to_keys(keep(out["rest"]), rest) if has_rest else rest,
         "meta": dict(out["meta"]),
         "step": int(step),
     }
     if opt_state is not None:
-        result.update(opt_state=_uncommit(out["opt_state"]), data_state=dict(out["data"]))
+        result.update(opt_state=keep(out["opt_state"]), data_state=dict(out["data"]))
     return result
 
 

@@ -3,6 +3,8 @@
     lcjax train --config run.json
     lcjax train --steps 2000 --batch-size 16 --seq-len 256 --d-model 256 --out runs/a
     lcjax train --out runs/a --resume
+    lcjax train --mesh data=2,context=4 ...                  # 8 devices: batch x sequence
+    lcjax train --coordinator host0:8476 --num-processes 2 --process-id 0 --mesh ... # each host
 
 The config file is ``{"model": {DecoderConfig fields}, "train": {TrainConfig
 fields}}``; flags override it. ``model.dtype`` / ``param_dtype`` are dtype names
@@ -10,6 +12,13 @@ fields}}``; flags override it. ``model.dtype`` / ``param_dtype`` are dtype names
 (a valid ``--config``) and prints the final record as JSON. ``--resume`` continues from
 the latest complete checkpoint; it fails, naming the fields, if the model or optimizer
 config differs from the checkpoint's.
+
+``--mesh data=N,context=M`` (``TrainConfig.mesh``) shards the batch over ``N`` devices and
+the sequence over ``M`` (params replicated). ``--coordinator``/``--num-processes``/
+``--process-id`` (or ``LCJAX_COORDINATOR``/``LCJAX_NUM_PROCESSES``/``LCJAX_PROCESS_ID``)
+start JAX's multi-controller runtime first (:func:`lcjax.parallel.distributed.initialize`);
+``--distributed`` lets JAX detect the cluster (Cloud TPU pod slices, SLURM, ...). Every
+process runs the same command and builds only its rows of each batch.
 """
 
 from __future__ import annotations
@@ -51,6 +60,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="no progress bar")
     parser.add_argument("--document-mask", dest="document_mask", action="store_true",
                         default=None, help="attention stays inside each packed document")
+    parser.add_argument("--mesh", help="device mesh, e.g. data=2,context=4: batch sharded on "
+                        "data, sequence on context (default: one device)")
+    dist = parser.add_argument_group("multi-process (jax.distributed)")
+    dist.add_argument("--coordinator", help="host:port of process 0 (env LCJAX_COORDINATOR)")
+    dist.add_argument("--num-processes", type=int, metavar="INT",
+                      help="number of processes (env LCJAX_NUM_PROCESSES)")
+    dist.add_argument("--process-id", type=int, metavar="INT",
+                      help="this process, 0 .. N-1 (env LCJAX_PROCESS_ID)")
+    dist.add_argument("--distributed", action="store_true",
+                      help="let JAX detect the cluster (TPU pod slice, SLURM, ...)")
     defaults = TrainConfig()
     for name, typ in _TRAIN_FLAGS.items():
         parser.add_argument("--" + name.replace("_", "-"), type=typ, dest=name,
@@ -88,7 +107,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[dict, TrainConfig]:
     model = {**DEFAULT_MODEL, **spec.get("model", {})}
     model.update({k: v for k in _MODEL_FLAGS if (v := getattr(args, "model_" + k)) is not None})
     train_fields = dict(spec.get("train", {}))
-    flags = [*_TRAIN_FLAGS, "out_dir", "resume", "progress", "document_mask"]
+    flags = [*_TRAIN_FLAGS, "out_dir", "resume", "progress", "document_mask", "mesh"]
     train_fields.update({k: v for k in flags if (v := getattr(args, k)) is not None})
     if (train_fields.get("eval_batches") or 0) < 0:
         train_fields["eval_batches"] = None
@@ -98,9 +117,20 @@ def configs_from_args(args: argparse.Namespace) -> tuple[dict, TrainConfig]:
     return model, TrainConfig(**train_fields)
 
 
+def initialize_distributed(args: argparse.Namespace) -> bool:
+    """Starts the multi-process runtime from the flags (or the environment); True if the
+    run has several processes (see :func:`lcjax.parallel.distributed.initialize`)."""
+    from lcjax.parallel import distributed
+
+    return distributed.initialize(
+        getattr(args, "coordinator", None), getattr(args, "num_processes", None),
+        getattr(args, "process_id", None), auto=bool(getattr(args, "distributed", False)))
+
+
 def run(args: argparse.Namespace) -> int:
     """Runs ``lcjax train``; returns the exit status."""
     model_fields, cfg = configs_from_args(args)
+    initialize_distributed(args)
     result = train(_model_config(model_fields), cfg)
     tps = result.tokens_per_s
     final = {"step": result.step, "tokens_per_s": None if tps != tps else round(tps, 1)}
@@ -108,5 +138,8 @@ def run(args: argparse.Namespace) -> int:
         final["loss"] = result.history[-1]["loss"]
     if result.evals:
         final.update(result.evals[-1])
-    print(json.dumps(final))
+    import jax
+
+    if jax.process_index() == 0:
+        print(json.dumps(final))
     return 0

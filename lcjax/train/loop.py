@@ -47,10 +47,13 @@ import numpy as np
 import optax
 from flax import nnx
 from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
 from lcjax.data import pipeline, tokenizer
 from lcjax.data.corpus import shakespeare_split
+from lcjax.parallel import distributed
+from lcjax.parallel.mesh import CONTEXT, DATA, make_mesh, mesh_size, parse_mesh
 from lcjax.train import checkpoint, metrics
 
 LossFn = Callable[[nnx.Module, dict, jax.Array], tuple[jax.Array, Mapping[str, jax.Array]]]
@@ -95,6 +98,9 @@ class TrainConfig:
     progress: bool = True
     grad_accum: int = 1  # micro-batches per update: each batch is split into this many
     document_mask: bool = False  # packed documents: attention stays inside each document
+    # "data=2,context=4": batch rows sharded on "data", the sequence on "context" (params
+    # replicated); None: one device (several processes: data over every device)
+    mesh: str | None = None
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "seq_len", "log_every", "keep_checkpoints",
@@ -106,6 +112,8 @@ class TrainConfig:
                 f"need 0 <= warmup_steps < steps; got warmup_steps={self.warmup_steps}, "
                 f"steps={self.steps}"
             )
+        if self.mesh is not None:
+            parse_mesh(self.mesh)  # ValueError for a malformed spec, before anything runs
 
 
 @dataclasses.dataclass
@@ -267,7 +275,7 @@ def _accumulate(loss_fn: LossFn, graphdef, params, rest, batch, rng, n: int):
 
 
 def make_train_step(graphdef: nnx.GraphDef, loss_fn: LossFn | None = None,
-                    grad_accum: int = 1) -> Callable:
+                    grad_accum: int = 1, mesh: Mesh | None = None) -> Callable:
     """Jitted ``(params, rest, opt_state, batch, hparams, rng) -> (params, rest, opt_state,
     stats)``.
 
@@ -277,7 +285,11 @@ def make_train_step(graphdef: nnx.GraphDef, loss_fn: LossFn | None = None,
     ``grad_norm`` (before clipping) and the hook's metrics (without ``loss_weight``).
     With ``grad_accum = N`` the ``B`` rows are split into N micro-batches of ``B / N``
     consecutive rows, scanned in order (see :func:`_accumulate`). The first three
-    arguments are donated.
+    arguments are donated. With a ``mesh`` it runs under ``jax.set_mesh(mesh)`` and every
+    output is replicated on it (``out_shardings``); place the inputs with
+    :func:`lcjax.parallel.distributed.replicate` and
+    :func:`lcjax.parallel.distributed.global_batch`, and XLA partitions the step from the
+    batch's ``P("data", "context")``.
     """
     loss_fn = metrics.nll_loss if loss_fn is None else loss_fn
 
@@ -295,15 +307,35 @@ def make_train_step(graphdef: nnx.GraphDef, loss_fn: LossFn | None = None,
         return params, rest, opt_state, {"loss": loss, "grad_norm": optax.global_norm(grads),
                                          **mets}
 
-    return jax.jit(step, donate_argnums=(0, 1, 2))
+    return _under_mesh(jax.jit(step, donate_argnums=(0, 1, 2), **_replicated_outputs(mesh)),
+                       mesh)
 
 
-def make_eval_step(graphdef: nnx.GraphDef, eval_fn: LossFn | None = None) -> Callable:
+def _replicated_outputs(mesh: Mesh | None) -> dict:
+    return {} if mesh is None else {"out_shardings": NamedSharding(mesh, PartitionSpec())}
+
+
+def _under_mesh(fn: Callable, mesh: Mesh | None) -> Callable:
+    """``fn`` called under ``jax.set_mesh(mesh)``, so what it traces finds the mesh
+    (``jax.sharding.get_abstract_mesh()``: the context-parallel attention layers)."""
+    if mesh is None:
+        return fn
+
+    @functools.wraps(fn)
+    def call(*args):
+        with jax.set_mesh(mesh):
+            return fn(*args)
+
+    return call
+
+
+def make_eval_step(graphdef: nnx.GraphDef, eval_fn: LossFn | None = None,
+                   mesh: Mesh | None = None) -> Callable:
     """Jitted ``(params, rest, batch, rng) -> (loss, metrics)`` of ``eval_fn`` (default
     :func:`metrics.nll_loss`), float32 scalars.
 
     The model runs in evaluation mode (``model.eval()``: no dropout); its state changes
-    (RNG counts) are dropped.
+    (RNG counts) are dropped. With a ``mesh`` the outputs are replicated on it.
     """
     eval_fn = metrics.nll_loss if eval_fn is None else eval_fn
 
@@ -313,18 +345,57 @@ def make_eval_step(graphdef: nnx.GraphDef, eval_fn: LossFn | None = None) -> Cal
         loss, mets = eval_fn(model, batch, rng)
         return jnp.asarray(loss).astype(jnp.float32), _check_metrics(loss, mets)
 
-    return jax.jit(step)
+    return _under_mesh(jax.jit(step, **_replicated_outputs(mesh)), mesh)
 
 
 @functools.lru_cache(maxsize=16)
-def _train_step(graphdef: nnx.GraphDef, loss_fn: LossFn | None, grad_accum: int) -> Callable:
-    """One compiled train step per (model, loss hook, grad_accum): each shape compiles once."""
-    return make_train_step(graphdef, loss_fn, grad_accum)
+def _train_step(graphdef: nnx.GraphDef, loss_fn: LossFn | None, grad_accum: int,
+                mesh: Mesh | None = None) -> Callable:
+    """One compiled train step per (model, loss hook, grad_accum, mesh): each shape
+    compiles once."""
+    return make_train_step(graphdef, loss_fn, grad_accum, mesh)
 
 
 @functools.lru_cache(maxsize=16)
-def _eval_step(graphdef: nnx.GraphDef, eval_fn: LossFn | None) -> Callable:
-    return make_eval_step(graphdef, eval_fn)
+def _eval_step(graphdef: nnx.GraphDef, eval_fn: LossFn | None,
+               mesh: Mesh | None = None) -> Callable:
+    return make_eval_step(graphdef, eval_fn, mesh)
+
+
+def run_mesh(cfg: TrainConfig) -> Mesh | None:
+    """The run's ``("data", "context")`` mesh over all devices: ``cfg.mesh`` parsed
+    (``"data=2"`` alone gives ``context`` every remaining device); without one, None in a
+    single process and ``data=jax.device_count()`` (pure data parallelism) in several.
+
+    Raises:
+      ValueError: the mesh's size is not the number of devices (naming both).
+    """
+    if cfg.mesh is not None:
+        return make_mesh(**parse_mesh(cfg.mesh))
+    if jax.process_count() > 1:
+        return make_mesh(data=jax.device_count(), context=1)
+    return None
+
+
+def _check_mesh_shapes(cfg: TrainConfig, mesh: Mesh) -> None:
+    data, context = mesh_size(mesh, DATA), mesh_size(mesh, CONTEXT)
+    if cfg.batch_size % (data * cfg.grad_accum):
+        raise ValueError(f"TrainConfig.batch_size={cfg.batch_size} must be divisible by the "
+                         f"mesh's data={data} times grad_accum={cfg.grad_accum}")
+    if cfg.seq_len % context:
+        raise ValueError(f"TrainConfig.seq_len={cfg.seq_len} must be divisible by the mesh's "
+                         f"context={context}")
+
+
+def _place_batch(batch: dict, *, mesh: Mesh, grad_accum: int) -> dict:
+    """This process's rows -> the global batch on ``mesh``; its rows split into
+    ``grad_accum`` micro-batches (ValueError naming the numbers)."""
+    batch = distributed.global_batch(batch, mesh)
+    rows = batch["inputs"].shape[0]
+    if rows % grad_accum:
+        raise ValueError(f"a batch of {rows} rows does not split into grad_accum={grad_accum} "
+                         "micro-batches")
+    return batch
 
 
 def as_batch(batch: Any, grad_accum: int = 1) -> dict:
@@ -378,13 +449,16 @@ def evaluate(
     max_batches: int | None = None,
     rng: jax.Array | None = None,
     bpb: bool = True,
+    place: Callable[[dict], dict] | None = None,
 ) -> dict:
     """Held-out loss and metrics of ``eval_step`` (:func:`make_eval_step`) over ``dataset``.
 
     Batches (at most ``max_batches``; a short one is padded to the first one's rows) are
     combined weighted by their ``loss_weight`` metric (1 if absent; a ``(value, weight)``
     metric by its own weight), so the default hook gives total nats / total real targets.
-    Batch ``i`` gets ``fold_in(rng, i)``.
+    Batch ``i`` gets ``fold_in(rng, i)``. ``place`` maps each (padded) batch onto the
+    devices, e.g. ``lambda b: global_batch(b, mesh)``; the target count is taken from the
+    placed (global) batch.
 
     Returns:
       ``{"eval_loss", "eval_bpb" (if bpb: eval_loss / ln 2, bits per byte of a byte
@@ -398,9 +472,12 @@ def evaluate(
             break
         batch = as_batch(batch)
         rows = batch["inputs"].shape[0] if rows is None else rows
-        tokens += int((np.asarray(batch["targets"]) != tokenizer.PAD).sum())
+        batch = _pad_batch(batch, rows)
+        if place is not None:
+            batch = place(batch)
+        tokens += int(jax.device_get(jnp.sum(batch["targets"] != tokenizer.PAD)))
         loss, mets = jax.device_get(
-            eval_step(params, rest, _pad_batch(batch, rows), jax.random.fold_in(rng, i)))
+            eval_step(params, rest, batch, jax.random.fold_in(rng, i)))
         lw = float(mets.pop(metrics.LOSS_WEIGHT, (1.0, None))[0])
         for k, (v, w) in {"loss": (loss, None), **mets}.items():
             w = lw if w is None else float(w)
@@ -544,8 +621,10 @@ def train(
     if dataset is not None and cfg.document_mask:
         raise ValueError("TrainConfig.document_mask applies to packed documents; a dataset "
                          "masks attention by carrying segment_ids")
-    if jax.process_count() > 1:  # the pipeline shards by process; global batches are not built
-        raise NotImplementedError("train() runs in one process; see lcjax.data.make_dataset")
+    mesh = run_mesh(cfg)
+    shard_index, shard_count = (0, 1) if mesh is None else distributed.process_rows(mesh)
+    if mesh is not None and dataset is None:
+        _check_mesh_shapes(cfg, mesh)
     if dataset is None:
         _check_model_cfg(model_cfg)
         if train_docs is None and eval_docs is None:
@@ -554,23 +633,35 @@ def train(
             raise ValueError("eval_docs without train_docs (or dataset)")
         dataset = pipeline.make_dataset(
             train_docs, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.data_seed,
-            segments=cfg.document_mask,
+            segments=cfg.document_mask, shard_index=shard_index, shard_count=shard_count,
         )
+    eval_batches = cfg.eval_batches
     if eval_docs and cfg.eval_batches != 0:
+        # several processes: whole batches only, as many as the shortest shard has
         eval_dataset = pipeline.make_dataset(
             eval_docs, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.data_seed,
-            num_epochs=1, drop_remainder=False, segments=cfg.document_mask,
+            num_epochs=1, drop_remainder=shard_count > 1, segments=cfg.document_mask,
+            shard_index=shard_index, shard_count=shard_count,
         )
+        if shard_count > 1:
+            from jax.experimental import multihost_utils
+
+            fewest = int(np.min(multihost_utils.process_allgather(np.int32(len(eval_dataset)))))
+            eval_batches = fewest if eval_batches is None else min(eval_batches, fewest)
     if cfg.eval_batches == 0:
         eval_dataset = None
     last = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
 
     model = (model_fn or _default_model_fn)(model_cfg, nnx.Rngs(cfg.seed))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    train_step = _train_step(graphdef, loss_fn, cfg.grad_accum)
-    eval_step = _eval_step(graphdef, eval_fn)
+    train_step = _train_step(graphdef, loss_fn, cfg.grad_accum, mesh)
+    eval_step = _eval_step(graphdef, eval_fn, mesh)
     hparams = optimizer_hparams(cfg)
     opt_state = make_optimizer(**hparams).init(params)
+    place = None
+    if mesh is not None:  # replicated state, batches sharded P("data", "context")
+        params, rest, opt_state = distributed.replicate((params, rest, opt_state), mesh)
+        place = functools.partial(_place_batch, mesh=mesh, grad_accum=cfg.grad_accum)
     meta = json.loads(json.dumps({
         "model_config": config_dict(model_cfg), "train_config": config_dict(cfg),
         "params": checkpoint.param_shapes(params),
@@ -589,8 +680,9 @@ def train(
                              "with resume=True (--resume) or train into a fresh out_dir")
         if latest is not None:
             checkpoint.check_resume(checkpoint.read_meta(manager, latest), meta, RESUME_FIELDS)
-            restored = checkpoint.restore_checkpoint(
-                manager, params=params, rest=rest, opt_state=opt_state, step=latest
+            restored = checkpoint.restore_checkpoint(  # onto this run's mesh, whatever it
+                manager, params=params, rest=rest, opt_state=opt_state, step=latest,  # was
+                uncommit=mesh is None,
             )
             params, rest, opt_state = (restored[k] for k in ("params", "rest", "opt_state"))
             data_state, step = restored["data_state"], restored["step"]
@@ -638,7 +730,9 @@ def train(
         t0, first_flush = time.perf_counter(), False
 
     while step < last:
-        batch = as_batch(next(batches), cfg.grad_accum)
+        batch = as_batch(next(batches), cfg.grad_accum if mesh is None else 1)
+        if place is not None:
+            batch = place(batch)
         params, rest, opt_state, stats = train_step(
             params, rest, opt_state, batch, hparams, jax.random.fold_in(train_rng, step + 1))
         step += 1
@@ -651,8 +745,8 @@ def train(
         ):
             flush()
             record = {"step": step, **evaluate(
-                eval_step, params, rest, eval_dataset, max_batches=cfg.eval_batches,
-                rng=eval_rng, bpb=eval_fn is None,
+                eval_step, params, rest, eval_dataset, max_batches=eval_batches,
+                rng=eval_rng, bpb=eval_fn is None, place=place,
             )}
             evals.append(record)
             if log_path and jax.process_index() == 0:

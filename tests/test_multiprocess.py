@@ -1,0 +1,111 @@
+"""Two processes on 127.0.0.1, 4 CPU devices each (gloo collectives), train one model on a
+data=2,context=4 mesh spanning both: each process builds only its half of every batch, and
+the losses are those of one process on one device fed the same global batches; the
+checkpoint the two processes wrote resumes in one process and continues the same curve."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import grain
+import numpy as np
+
+from lcjax import data
+from lcjax.nn import DecoderConfig
+from lcjax.train import TrainConfig, train
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = dict(vocab_size=data.VOCAB_SIZE, d_model=32, num_layers=1, num_heads=2,
+             num_kv_heads=1, head_dim=16, mlp_hidden=64, max_len=64)
+TRAIN = dict(steps=4, batch_size=8, seq_len=16, lr=1e-2, warmup_steps=1, log_every=1,
+             eval_batches=0, progress=False)
+_rng = np.random.default_rng(3)
+DOCS = [_rng.integers(97, 123, n).astype(np.uint8).tobytes().decode() for n in (350, 260)]
+HELD_OUT = [_rng.integers(97, 123, 300).astype(np.uint8).tobytes().decode()]
+
+# one process of the job: LCJAX_* name the coordinator, the process count and this process
+WORKER = """
+import json, os, sys
+from lcjax.parallel import distributed
+assert distributed.initialize()                     # from LCJAX_COORDINATOR etc.
+import jax
+jax.config.update("jax_default_matmul_precision", "highest")
+from lcjax.nn import DecoderConfig
+from lcjax.parallel import distributed, make_mesh
+from lcjax.train import TrainConfig, train
+spec = json.loads(sys.argv[1])
+assert (jax.process_count(), jax.device_count(), jax.local_device_count()) == (2, 8, 4)
+mesh = make_mesh(data=2, context=4)
+res = train(DecoderConfig(**spec["model"]), TrainConfig(**spec["train"]),
+            train_docs=spec["docs"], eval_docs=spec["eval_docs"], stop_at=spec["stop_at"])
+rows = distributed.process_rows(mesh)
+print("RESULT " + json.dumps({"process": jax.process_index(), "rows": rows,
+                              "losses": res.losses, "evals": res.evals}), flush=True)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _global_batches(docs, n: int | None = None, **kw) -> grain.MapDataset:
+    """What the 2-process job reads: process p builds rows p*B/2 .. (p+1)*B/2 from its own
+    shard of the windows (``make_dataset(shard_index=p, shard_count=2)``)."""
+    kw = dict(seq_len=TRAIN["seq_len"], batch_size=TRAIN["batch_size"], shard_count=2, **kw)
+    halves = [data.make_dataset(docs, shard_index=p, **kw) for p in (0, 1)]
+    n = min(len(h) for h in halves) if n is None else n
+    return grain.MapDataset.range(n).map(
+        lambda i: {k: np.concatenate([h[i][k] for h in halves]) for k in halves[0][i]})
+
+
+def test_two_processes_train_like_one(tmp_path):
+    out = tmp_path / "run"
+    spec = {"model": MODEL, "docs": DOCS, "eval_docs": HELD_OUT, "stop_at": 2,
+            "train": {**TRAIN, "mesh": "data=2,context=4", "out_dir": str(out),
+                      "eval_batches": None, "eval_every": 2}}
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_"))}
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
+               LCJAX_COORDINATOR=f"127.0.0.1:{port}", LCJAX_NUM_PROCESSES="2")
+    procs = [subprocess.Popen(
+        [sys.executable, "-c", WORKER, json.dumps(spec)], cwd=ROOT,
+        env={**env, "LCJAX_PROCESS_ID": str(i)}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
+    try:
+        logs = [p.communicate(timeout=600)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, log[-3000:]
+    results = [json.loads(line[len("RESULT "):]) for log in logs
+               for line in log.splitlines() if line.startswith("RESULT ")]
+    assert sorted((r["process"], tuple(r["rows"])) for r in results) == [(0, (0, 2)),
+                                                                        (1, (1, 2))]
+    assert results[0]["losses"] == results[1]["losses"]  # one program, one loss
+
+    # one process, one device, the same global batches
+    held_out = _global_batches(HELD_OUT, num_epochs=1, drop_remainder=True)  # whole batches
+    assert len(held_out) == 2
+    cfg = TrainConfig(**{**TRAIN, "eval_batches": None, "eval_every": 2})
+    ref = train(DecoderConfig(**MODEL), cfg, dataset=_global_batches(DOCS, TRAIN["steps"]),
+                eval_dataset=held_out)
+    assert len(set(ref.losses)) == 4
+    np.testing.assert_allclose(results[0]["losses"], ref.losses[:2], rtol=1e-5)
+    (mp_eval,) = results[0]["evals"]
+    assert mp_eval["eval_tokens"] == ref.evals[0]["eval_tokens"] > 8 * 16
+    np.testing.assert_allclose(mp_eval["eval_loss"], ref.evals[0]["eval_loss"], rtol=1e-5)
+    # wrong rows would not match: one process's own data differs from the global batch
+    own = train(DecoderConfig(**MODEL), TrainConfig(**{**TRAIN, "steps": 2}), train_docs=DOCS)
+    assert abs(own.losses[1] - ref.losses[1]) > 1e-3
+
+    # the checkpoint both processes wrote, resumed in this process on one device
+    resumed = train(DecoderConfig(**MODEL), TrainConfig(**TRAIN, out_dir=str(out), resume=True),
+                    dataset=_global_batches(DOCS, TRAIN["steps"]))
+    assert [r["step"] for r in resumed.history] == [3, 4]
+    np.testing.assert_allclose(resumed.losses, ref.losses[2:], rtol=1e-5)
