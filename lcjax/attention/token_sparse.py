@@ -69,7 +69,7 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Bool, Float, Int
 
-from lcjax.attention.blocks import group_queries, pad_axis
+from lcjax.attention.blocks import group_queries, match_varying, pad_axis
 from lcjax.attention.core import default_scale, stat_dtype, validate_qkv
 from lcjax.attention.registry import get, register
 from lcjax.attention.registry import spec as spec_of
@@ -178,7 +178,8 @@ def _scores_xla(q, k, *, window: int, causal: bool, scale: float, block_kv: int)
         l = l * jnp.exp(m - m_new) + jnp.sum(jnp.exp(sc - m_new[..., None]), axis=-1)
         return (m_new, l), None
 
-    init = (jnp.full((b, hk, g, w), -jnp.inf, acc), jnp.zeros((b, hk, g, w), acc))
+    init = match_varying((jnp.full((b, hk, g, w), -jnp.inf, acc),
+                          jnp.zeros((b, hk, g, w), acc)), q, k)
     # every window row sees key 0, so m is finite after the first block
     (m, l), _ = lax.scan(stats, init, jnp.arange(nk))
     n_prefix = -(-p_len // bk)

@@ -7,6 +7,8 @@
         (default variants: every registered one, ``lcjax.attention.available()``)
     lcjax bench entmax [--quick] [--parts iterations,attention,sparsity,peer] [--out DIR]
         (see ``lcjax bench entmax --help`` and ``lcjax.bench.entmax``)
+    lcjax bench token_sparse [--quick] [--seq-lens 4096,...] [--coverages 0.01,0.1,...]
+        (see ``lcjax bench token_sparse --help`` and ``lcjax.bench.token_sparse``)
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 
 from lcjax.bench import entmax as entmax_bench
+from lcjax.bench import token_sparse as token_sparse_bench
 from lcjax.bench.attention import (
     DEFAULT_MAX_LEN,
     DEFAULT_SEQ_LENS,
@@ -73,6 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help=f"T in {QUICK_SEQ_LENS}, {QUICK_REPEATS} repeats (unless given)")
     entmax_bench.add_arguments(sub)
+    token_sparse_bench.add_arguments(sub)
 
 
 def _parse_max_len(specs) -> dict[str, int]:
@@ -105,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
     """Run the chosen benchmark, print its table and headline; 0 on completion."""
     if args.bench == "entmax":
         return entmax_bench.run_cli(args)
+    if args.bench == "token_sparse":
+        return token_sparse_bench.run_cli(args)
     if args.bench != "attention":
         raise ValueError(f"unknown benchmark {args.bench!r}")
     result = run_attention_benchmark(config_from_args(args))

@@ -42,7 +42,10 @@ class DecoderConfig:
     """Hyper-parameters of :class:`DecoderLM` (hashable: usable as a static jit argument).
 
     ``attention`` is a registry name or a callable under the attention contract;
-    ``attention_options`` are extra keywords for it (stored as a FrozenDict).
+    ``attention_options`` are extra keywords for it (stored as a FrozenDict). Either may
+    also be a tuple with one entry per layer (e.g. token-sparse attention in the
+    drift-selected layers, ``lcjax.attention.token_sparse.layer_attention``); a single
+    value applies to every layer. :meth:`layer_attention` gives layer ``i``'s pair.
     ``attention_learn``: names of variant quantities to learn in every layer, built by
     the variant spec's ``params`` factory (``lcjax.nn.variant_params``), e.g.
     ``("alpha",)`` for "entmax"; a variant whose spec always has parameters builds them
@@ -63,8 +66,9 @@ class DecoderConfig:
     max_len: int = 2048
     rope_base: float = 10000.0
     rope_layout: str = "half"
-    attention: str | Callable = "softmax"
-    attention_options: Mapping[str, Any] = dataclasses.field(default_factory=FrozenDict)
+    attention: str | Callable | tuple[str | Callable, ...] = "softmax"
+    attention_options: Mapping[str, Any] | tuple[Mapping[str, Any], ...] = dataclasses.field(
+        default_factory=FrozenDict)
     attention_learn: tuple[str, ...] = ()
     capture_attention_weights: bool = False
     norm_eps: float = 1e-6
@@ -73,7 +77,19 @@ class DecoderConfig:
     param_dtype: Any = jnp.float32
 
     def __post_init__(self):
-        object.__setattr__(self, "attention_options", FrozenDict(self.attention_options))
+        if isinstance(self.attention_options, (tuple, list)):
+            object.__setattr__(self, "attention_options",
+                               tuple(FrozenDict(o) for o in self.attention_options))
+        else:
+            object.__setattr__(self, "attention_options", FrozenDict(self.attention_options))
+        for name in ("attention", "attention_options"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                value = tuple(value)
+                object.__setattr__(self, name, value)
+            if isinstance(value, tuple) and len(value) != self.num_layers:
+                raise ValueError(f"DecoderConfig: `{name}` per layer needs num_layers = "
+                                 f"{self.num_layers} entries, got {len(value)}")
         if isinstance(self.attention_learn, str):
             raise ValueError(f"DecoderConfig: `attention_learn` must be a sequence of names, "
                              f"e.g. ({self.attention_learn!r},), got a string")
@@ -95,15 +111,23 @@ class DecoderConfig:
                              f"got {self.rope_layout!r}")
 
 
-class DecoderBlock(nnx.Module):
-    """Pre-norm block: x + Attn(norm(x)), then + SwiGLU(norm(.))."""
+    def layer_attention(self, i: int) -> tuple[str | Callable, Mapping[str, Any]]:
+        """(attention, attention_options) of layer ``i``."""
+        pick = lambda x: x[i] if isinstance(x, tuple) else x
+        return pick(self.attention), pick(self.attention_options)
 
-    def __init__(self, config: DecoderConfig, *, rngs: nnx.Rngs):
+
+class DecoderBlock(nnx.Module):
+    """Pre-norm block: x + Attn(norm(x)), then + SwiGLU(norm(.)); ``layer`` selects the
+    layer's attention when the config has one per layer."""
+
+    def __init__(self, config: DecoderConfig, *, rngs: nnx.Rngs, layer: int = 0):
         c = config
+        attention, attention_options = c.layer_attention(layer)
         self.attn_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype)
         self.attn = Attention(
             c.d_model, c.num_heads, c.num_kv_heads, c.head_dim,
-            attention=c.attention, attention_options=c.attention_options, causal=True,
+            attention=attention, attention_options=attention_options, causal=True,
             learn=c.attention_learn, capture_weights=c.capture_attention_weights,
             rope_base=c.rope_base, rope_layout=c.rope_layout,
             dtype=c.dtype, param_dtype=c.param_dtype, rngs=rngs,
@@ -124,11 +148,13 @@ class DecoderLM(nnx.Module):
 
     def __init__(self, config: DecoderConfig, *, rngs: nnx.Rngs):
         c = self.config = config
-        get(c.attention)  # ValueError for an unknown variant, before any parameter is made
+        for i in range(c.num_layers):  # ValueError for an unknown variant, before any parameter
+            get(c.layer_attention(i)[0])
         embed_init = nnx.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
         self.embed = nnx.Param(embed_init(rngs.params(), (c.vocab_size, c.d_model),
                                           c.param_dtype))
-        self.blocks = nnx.List([DecoderBlock(c, rngs=rngs) for _ in range(c.num_layers)])
+        self.blocks = nnx.List([DecoderBlock(c, rngs=rngs, layer=i)
+                                for i in range(c.num_layers)])
         self.final_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype)
         self.lm_head = None if c.tie_embeddings else nnx.Param(
             dense_init()(rngs.params(), (c.d_model, c.vocab_size), c.param_dtype))

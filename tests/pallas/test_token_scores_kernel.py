@@ -1,0 +1,77 @@
+"""Token-scores Pallas kernels (pallas_kernels.token_scores): interpret mode against the
+XLA scoring pass of lcjax.attention.token_sparse and the dense reference (GQA, causal and
+not, lengths and windows that are not multiples of the blocks), no gradient, argument
+errors, and lowering for TPU (Mosaic) and GPU (Triton) from this CPU."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lcjax.attention import token_sparse
+from pallas_kernels.token_scores import (
+    BlockSizes,
+    token_scores_pallas,
+    token_scores_reference,
+)
+
+B, L, H, HKV, D = 2, 45, 4, 2, 16  # L is not a multiple of the 16-key blocks
+
+
+def _qk(seed=0, length=L, d=D, dtype=jnp.float32):
+    kq, kk = jax.random.split(jax.random.key(seed))
+    q = jax.random.normal(kq, (B, length, H, d)) * 1.5
+    k = jax.random.normal(kk, (B, length, HKV, d)) * 1.5
+    return q.astype(dtype), k.astype(dtype)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_interpret_equals_xla_path_and_reference(causal):
+    q, k = _qk()
+    window = 7  # not a power of two: padded rows are dropped
+    kernel = jax.jit(functools.partial(token_scores_pallas, window=window, causal=causal,
+                                       block_sizes=BlockSizes(16), interpret=True))
+    got = kernel(q, k)
+    assert got.shape == (B, H, L - window) and got.dtype == jnp.float32
+    want = token_scores_reference(q, k, window=window, causal=causal)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-7)
+    xla = token_sparse.token_scores(q, k, window=window, pool=1, causal=causal, block_kv=16)
+    np.testing.assert_allclose(got, xla, rtol=2e-5, atol=1e-7)
+    # causal and not differ (the window rows' normalisers see different keys)
+    other = token_scores_reference(q, k, window=window, causal=not causal)
+    assert float(jnp.max(jnp.abs(got - other))) > 1e-4
+
+
+def test_bfloat16_and_head_dim_padding():
+    q, k = _qk(1, d=12, dtype=jnp.bfloat16)  # head_dim padded to 16 inside
+    got = token_scores_pallas(q, k, window=5, scale=0.4, block_sizes=BlockSizes(8),
+                              interpret=True)
+    want = token_scores_reference(q, k, window=5, scale=0.4)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_no_gradient_and_argument_errors():
+    q, k = _qk(2, length=20)
+    f = functools.partial(token_scores_pallas, window=4, block_sizes=BlockSizes(8),
+                          interpret=True)
+    dq = jax.grad(lambda q_: jnp.sum(f(q_, k)))(q)
+    assert float(jnp.max(jnp.abs(dq))) == 0.0
+    with pytest.raises(ValueError, match="window"):
+        token_scores_pallas(q, k, window=20, interpret=True)
+    with pytest.raises(ValueError, match="kv_len"):
+        token_scores_pallas(q, k[:, :10], window=4, interpret=True)
+    with pytest.raises(ValueError, match="block_kv"):
+        token_scores_pallas(q, k, window=4, block_sizes=BlockSizes(24), interpret=True)
+    with pytest.raises(ValueError, match="heads"):
+        token_scores_pallas(q[:, :, :3], k, window=4, interpret=True)
+
+
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+def test_lowers_for_real_targets(platform):
+    q, k = _qk(3, length=512, d=64, dtype=jnp.bfloat16)
+    f = functools.partial(token_scores_pallas, window=128, block_sizes=BlockSizes(128))
+    lowered = jax.jit(f).trace(q, k).lower(lowering_platforms=(platform,))
+    text = lowered.as_text()
+    assert "token_scores_stats" in text or "tpu_custom_call" in text or "triton" in text
