@@ -8,7 +8,9 @@ this package only imports them. See ``docs/attention.md`` for the contract, the 
 the dispatch rules and how to add a variant.
 """
 
-from lcjax.attention import softmax  # noqa: F401  (registers softmax, blockwise, jax)
+# softmax registers softmax, blockwise, jax; length_scaling (which imports softmax first,
+# then entmax) registers entmax, sparsemax, asentmax, ssmax — in that order
+from lcjax.attention import length_scaling, softmax  # noqa: F401
 from lcjax.attention.core import (
     blockwise_attention,
     build_mask,

@@ -12,7 +12,8 @@ pair. This module holds, once, what they all need:
   [B, Tp, Hkv, G, D], keys/values [B, Sp, Hkv, D]), :func:`group_queries`,
   :func:`ungroup`, :func:`rows_to_heads`;
 - masking: :class:`Masking` and :func:`pad_masking` (explicit mask and segment ids
-  padded to the blocks), :func:`block_scores` (the scaled float32 tile scores with
+  padded to the blocks, and the ALiBi slopes of :func:`alibi_slopes_array`),
+  :func:`block_scores` (the scaled float32 tile scores plus the ALiBi bias, with
   everything invisible at ``-inf``);
 - causal block ranges: :func:`kv_block_range` and :func:`q_block_range` (tiles entirely
   above the causal diagonal are never visited; fully visible tiles skip masking), and
@@ -39,6 +40,7 @@ from jaxtyping import Array, Bool, Float, Int
 __all__ = [
     "BlockPlan",
     "Masking",
+    "alibi_slopes_array",
     "block_plan",
     "block_scores",
     "fold_kv_blocks",
@@ -170,16 +172,40 @@ class Masking(NamedTuple):
 
     mask: bool [b, h|1, Tp|1, Sp|1]; q_segment_ids: int [B, Tp]; kv_segment_ids: int [B, Sp].
     Padding is marked as not attendable (False / segment -1).
+    alibi_slopes: float [H] (accumulation dtype), the ALiBi bias -m_h·|i + offset - j| added
+    to every tile's scores (Press et al., 2022; 0 = no bias for that head); alibi_offset:
+    int32 [] (may be traced, e.g. a KV-cache index), the position of query 0 relative to
+    key 0 for the bias, on top of the plan's ``q_offset``. Neither masks anything.
     """
 
     mask: Array | None = None
     q_segment_ids: Array | None = None
     kv_segment_ids: Array | None = None
+    alibi_slopes: Array | None = None
+    alibi_offset: Array | None = None
 
     @property
     def dense(self) -> bool:
         """Whether any per-element masking is present (beyond causal and padding)."""
-        return any(x is not None for x in self)
+        return any(x is not None for x in (self.mask, self.q_segment_ids, self.kv_segment_ids))
+
+
+def alibi_slopes_array(alibi_slopes, heads: int, *, dtype=jnp.float32,
+                       name: str = "attention") -> Array | None:
+    """The ``alibi_slopes`` option as a float array [heads] (None stays None).
+
+    Accepts a sequence or array of shape [heads] (a slope per query head; 0 = no bias);
+    ``ValueError`` naming ``name`` for another shape or a non-real dtype. Slopes are
+    constants of the method: they get no gradient.
+    """
+    if alibi_slopes is None:
+        return None
+    arr = jnp.asarray(alibi_slopes)
+    if arr.shape != (heads,) or not (jnp.issubdtype(arr.dtype, jnp.floating)
+                                     or jnp.issubdtype(arr.dtype, jnp.integer)):
+        raise ValueError(f"{name}: `alibi_slopes` must be a real array of shape [heads] = "
+                         f"({heads},), got shape {arr.shape} and dtype {arr.dtype}")
+    return lax.stop_gradient(arr.astype(dtype))
 
 
 def same_segment(q_segment_ids: Int[Array, "B T"], kv_segment_ids: Int[Array, "B S"]
@@ -190,9 +216,23 @@ def same_segment(q_segment_ids: Int[Array, "B T"], kv_segment_ids: Int[Array, "B
 
 
 def pad_masking(plan: BlockPlan, mask=None, q_segment_ids=None, kv_segment_ids=None, *,
+                alibi_slopes=None, alibi_offset=0, heads: int | None = None,
                 name: str = "attention") -> Masking:
     """The :class:`Masking` of a call: ``mask`` (bool, broadcastable to [B, H, T, S]) and
-    segment ids padded to the plan's ``q_padded`` x ``kv_padded``."""
+    segment ids padded to the plan's ``q_padded`` x ``kv_padded``; ``alibi_slopes``
+    ([heads], see :func:`alibi_slopes_array`; ``heads`` is then required) and
+    ``alibi_offset`` (int or int32 [], may be traced) for the ALiBi bias."""
+    if alibi_slopes is not None:
+        if heads is None:
+            raise ValueError(f"{name}: pad_masking needs `heads` with `alibi_slopes`")
+        alibi_slopes = alibi_slopes_array(alibi_slopes, heads, dtype=plan.acc, name=name)
+        offset = jnp.asarray(alibi_offset)
+        if offset.shape != () or not jnp.issubdtype(offset.dtype, jnp.integer):
+            raise ValueError(f"{name}: `alibi_offset` must be an integer scalar, got shape "
+                             f"{offset.shape} and dtype {offset.dtype}")
+        alibi_offset = offset.astype(jnp.int32)
+    else:
+        alibi_offset = None
     if (q_segment_ids is None) != (kv_segment_ids is None):
         raise ValueError(f"{name}: pass both `q_segment_ids` and `kv_segment_ids`, or neither")
     tp, sp = plan.q_padded, plan.kv_padded
@@ -209,7 +249,7 @@ def pad_masking(plan: BlockPlan, mask=None, q_segment_ids=None, kv_segment_ids=N
             mask = pad_axis(mask, 2, tp, False)
         if s_dim != 1:
             mask = pad_axis(mask, 3, sp, False)
-    return Masking(mask, q_segment_ids, kv_segment_ids)
+    return Masking(mask, q_segment_ids, kv_segment_ids, alibi_slopes, alibi_offset)
 
 
 def _slice_mask(mask, qi, kj, plan: BlockPlan):
@@ -226,18 +266,25 @@ def _slice_mask(mask, qi, kj, plan: BlockPlan):
 def block_scores(plan: BlockPlan, qb: Float[Array, "B Hkv G bq D"],
                  kb: Float[Array, "B Hkv bk D"], masking: Masking, qi, kj, *,
                  masked: bool) -> Float[Array, "B Hkv G bq bk"]:
-    """Scaled scores ``scale · qb · kbᵀ`` (accumulation dtype) of the tile (qi, kj), with
-    invisible pairs (key padding, above the causal diagonal, mask, other segment) at -inf.
+    """Scaled scores ``scale · qb · kbᵀ`` (accumulation dtype) of the tile (qi, kj), plus
+    the ALiBi bias ``-m_h·|i + q_offset + alibi_offset - j|`` when ``masking.alibi_slopes``
+    is set, with invisible pairs (key padding, above the causal diagonal, mask, other
+    segment) at -inf. This is the one tile-score function of every blockwise variant.
 
     With ``masked=False`` the caller guarantees that every pair of the tile is visible
-    (see :func:`kv_block_range`) and masking is skipped.
+    (see :func:`kv_block_range`) and masking is skipped (the bias is still added).
     """
     s = jnp.einsum("bkgtd,bksd->bkgts", qb, kb, preferred_element_type=plan.acc)
     s = s * plan.acc.type(plan.scale)
-    if not masked:
-        return s
     q_pos = qi * plan.block_q + jnp.arange(plan.block_q)
     k_pos = kj * plan.block_kv + jnp.arange(plan.block_kv)
+    if masking.alibi_slopes is not None:
+        hk, g = qb.shape[1], qb.shape[2]
+        dist = jnp.abs(q_pos[:, None] + plan.q_offset + masking.alibi_offset - k_pos[None, :])
+        slopes = masking.alibi_slopes.reshape(1, hk, g, 1, 1)
+        s = s - slopes * dist.astype(plan.acc)[None, None, None]
+    if not masked:
+        return s
     valid = jnp.broadcast_to(k_pos[None, :] < plan.kv_len, (plan.block_q, plan.block_kv))
     if plan.causal:
         valid = valid & (k_pos[None, :] <= q_pos[:, None] + plan.q_offset)

@@ -39,6 +39,7 @@ from jaxtyping import Array, Bool, Float, Int
 from lcjax.attention.blocks import (
     BlockPlan,
     Masking,
+    alibi_slopes_array,
     block_plan,
     block_scores,
     fold_kv_blocks,
@@ -61,6 +62,7 @@ __all__ = [
     "segment_mask",
     "lengths_to_segment_ids",
     "build_mask",
+    "alibi_bias",
     "default_scale",
     "stat_dtype",
     "varying_axes",
@@ -202,15 +204,33 @@ def build_mask(
     return out
 
 
+def alibi_bias(q_len: int, kv_len: int, alibi_slopes, *, q_offset=0,
+               dtype=jnp.float32) -> jax.Array:
+    """Dense ALiBi bias [H, q_len, kv_len]: ``-m_h · |i + q_offset - j|`` (Press, Smith &
+    Lewis, "Train Short, Test Long", ICLR 2022), added to the scaled scores.
+
+    ``alibi_slopes``: [H] (0 = no bias for that head); ``q_offset`` (int or traced int
+    scalar) is the position of query 0 relative to key 0 (a KV cache's index). Causal
+    attention only sees j ≤ i + q_offset, where this is the paper's -m·(i - j); for
+    bidirectional attention the distance is symmetric.
+    """
+    slopes = jnp.asarray(alibi_slopes, dtype)
+    dist = jnp.abs(jnp.arange(q_len)[:, None] + q_offset - jnp.arange(kv_len)[None, :])
+    return -slopes[:, None, None] * dist.astype(dtype)[None]
+
+
 # ----------------------------------------------------------------------------
 # Reference attention
 # ----------------------------------------------------------------------------
 def grouped_scores(q, k, *, causal: bool = False, mask=None, scale: float | None = None,
-                   q_segment_ids=None, kv_segment_ids=None, q_offset=0) -> jax.Array:
+                   q_segment_ids=None, kv_segment_ids=None, q_offset=0,
+                   alibi_slopes=None, alibi_offset=0) -> jax.Array:
     """Masked scores in the grouped layout: [B, Hkv, G, T, S] = scale · q·kᵀ in the
-    statistics dtype (float32, float64 for float64 inputs), ``-inf`` where masked
-    (``causal``, ``mask``, segment ids, combined by :func:`build_mask`). The one place the
-    dense references (:func:`dot_product_attention`, ``lcjax.attention.weights``) score."""
+    statistics dtype (float32, float64 for float64 inputs), plus the ALiBi bias of
+    :func:`alibi_bias` (``alibi_slopes`` [H], query 0 at ``q_offset + alibi_offset``),
+    ``-inf`` where masked (``causal``, ``mask``, segment ids, combined by
+    :func:`build_mask`). The one place the dense references (:func:`dot_product_attention`,
+    ``lcjax.attention.weights``) score."""
     t, hk, d = q.shape[1], k.shape[2], q.shape[3]
     acc = stat_dtype(q, k)
     full_mask = build_mask(t, k.shape[1], causal=causal, mask=mask, q_segment_ids=q_segment_ids,
@@ -218,6 +238,10 @@ def grouped_scores(q, k, *, causal: bool = False, mask=None, scale: float | None
     qg = group_queries(q, hk)
     scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=acc)
     scores = scores * acc.type(default_scale(d, scale))
+    slopes = alibi_slopes_array(alibi_slopes, q.shape[2], dtype=acc, name="attention")
+    if slopes is not None:
+        bias = alibi_bias(t, k.shape[1], slopes, q_offset=q_offset + alibi_offset, dtype=acc)
+        scores = scores + bias.reshape(1, hk, q.shape[2] // hk, t, k.shape[1])
     if full_mask is not None:
         scores = jnp.where(group_mask(full_mask, hk), scores, -jnp.inf)
     return scores
@@ -246,10 +270,12 @@ def dot_product_attention(
     kv_segment_ids=None,
     q_offset=0,
     return_lse: bool = False,
+    alibi_slopes=None,
+    alibi_offset=0,
 ):
     """Exact softmax attention, the reference every variant is tested against.
 
-    out[b,i,h] = sum_j softmax_j(scale * q[b,i,h] . k[b,j,h//G]) v[b,j,h//G]
+    out[b,i,h] = sum_j softmax_j(scale * q[b,i,h] . k[b,j,h//G] + bias_hij) v[b,j,h//G]
 
     Args:
       q: [B, T, H, D]; k: [B, S, Hkv, D]; v: [B, S, Hkv, Dv].
@@ -259,15 +285,19 @@ def dot_product_attention(
       q_segment_ids, kv_segment_ids: int [B, T], [B, S]; attend within a segment,
         negative ids are padding.
       return_lse: also return the float32 log-sum-exp [B, T, H] (``-inf`` for empty rows).
+      alibi_slopes: optional [H]; bias_hij = -m_h·|i + q_offset + alibi_offset - j|
+        (:func:`alibi_bias`; 0 without slopes). alibi_offset: int or traced int scalar.
 
     Returns:
       [B, T, H, Dv] in q's dtype (and the lse when asked).
     """
     shapes = validate_qkv(q, k, v, mask=mask, name="dot_product_attention")
     acc = stat_dtype(q, k, v)
+    alibi_slopes_array(alibi_slopes, shapes.heads, name="dot_product_attention")
     scores = grouped_scores(q, k, causal=causal, mask=mask, scale=scale,
                             q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-                            q_offset=q_offset)
+                            q_offset=q_offset, alibi_slopes=alibi_slopes,
+                            alibi_offset=alibi_offset)
     probs, m_safe, l = softmax_rows(scores)
     out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v, preferred_element_type=acc)
     out = ungroup(out).astype(q.dtype)
@@ -453,6 +483,8 @@ def blockwise_attention(
     block_q: int = 512,
     block_kv: int = 512,
     return_lse: bool = False,
+    alibi_slopes: Float[Array, " H"] | None = None,
+    alibi_offset: int | Int[Array, ""] = 0,
 ) -> Float[Array, "B T H Dv"] | tuple[Float[Array, "B T H Dv"], Float[Array, "B T H"]]:
     """Exact softmax attention by online softmax over key blocks (FlashAttention in XLA).
 
@@ -461,7 +493,9 @@ def blockwise_attention(
     blocks entirely above the diagonal are skipped (forward and backward). Lengths
     need not divide the block sizes (inputs are padded and the padding masked; the
     pieces are those of :mod:`lcjax.attention.blocks`). ``q_offset`` must be a Python
-    int here.
+    int here. ``alibi_slopes`` [H] / ``alibi_offset`` (may be traced): the ALiBi bias of
+    :func:`alibi_bias`, added in the one tile-score function
+    (:func:`lcjax.attention.blocks.block_scores`), forward and backward.
 
     Returns [B, T, H, Dv] (and the float32 lse [B, T, H] when ``return_lse``).
     """
@@ -470,7 +504,8 @@ def blockwise_attention(
     plan = block_plan(q_len=shapes.q_len, kv_len=shapes.kv_len, head_dim=shapes.head_dim,
                       scale=scale, causal=causal, block_q=block_q, block_kv=block_kv,
                       acc_dtype=stat_dtype(q, k, v), q_offset=q_offset, name=name)
-    masking = pad_masking(plan, mask, q_segment_ids, kv_segment_ids, name=name)
+    masking = pad_masking(plan, mask, q_segment_ids, kv_segment_ids, alibi_slopes=alibi_slopes,
+                          alibi_offset=alibi_offset, heads=shapes.heads, name=name)
     out, lse = _blockwise_core(plan, *pad_inputs(plan, q, k, v), masking)
     out = ungroup(out[:, : shapes.q_len]).astype(q.dtype)
     if not return_lse:

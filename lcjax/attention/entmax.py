@@ -20,8 +20,10 @@ steps, the tile rule, the backward and dα); the step and histogram rules are th
 Registered specs: ``"entmax"`` and ``"sparsemax"`` (α = 2), implementations ``"pallas"``
 (``pallas_kernels.entmax_attention``; it raises ``NotImplementedError`` with the reason
 where it cannot serve a call: no GPU/TPU unless ``interpret=True``, an array α, a mask or
-segment ids, float64) and ``"xla"`` (everything). Both take the one :class:`EntmaxConfig`
-(solver settings shared through :class:`lcjax.entmax.SolverConfig`, block sizes) and return
+segment ids, ALiBi slopes, float64) and ``"xla"`` (everything, including the ALiBi bias
+``alibi_slopes`` [H] / ``alibi_offset`` of the shared tile-score function). Both take the
+one :class:`EntmaxConfig` (solver settings shared through :class:`lcjax.entmax.SolverConfig`,
+block sizes) and return
 the same ``aux``: ``tau`` [B, T, H] float32 (entmax convention p = [(α-1)x - τ]₊^{1/(α-1)},
 +inf for an empty row, no gradient), ``iterations`` [B, T, H] int32 (solver steps after the
 initialisation) and ``block_sparsity`` (float32: the fraction of (batch, head, query block,
@@ -51,6 +53,7 @@ from jaxtyping import Array, Bool, Float, Int
 from lcjax.attention.blocks import (
     BlockPlan,
     Masking,
+    alibi_slopes_array,
     block_plan,
     block_scores,
     fold_kv_blocks,
@@ -61,7 +64,7 @@ from lcjax.attention.blocks import (
     rows_to_heads,
     ungroup,
 )
-from lcjax.attention.core import build_mask, stat_dtype, validate_qkv
+from lcjax.attention.core import alibi_bias, build_mask, stat_dtype, validate_qkv
 from lcjax.attention.registry import register
 from lcjax.attention.spec import AttentionSpec, Features, Implementation
 from lcjax.entmax import (
@@ -478,8 +481,11 @@ def _xla(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
          v: Float[Array, "B S Hkv Dv"], *, causal=False, mask=None, scale=None,
          q_segment_ids=None, kv_segment_ids=None, return_aux=False, alpha=1.5,
          solver=EntmaxConfig.solver, bins=EntmaxConfig.bins, n_iter=EntmaxConfig.n_iter,
-         tol=EntmaxConfig.tol, block_q=EntmaxConfig.block_q, block_kv=EntmaxConfig.block_kv):
-    """The XLA implementation (every feature; see the module docstring)."""
+         tol=EntmaxConfig.tol, block_q=EntmaxConfig.block_q, block_kv=EntmaxConfig.block_kv,
+         alibi_slopes=None, alibi_offset=0):
+    """The XLA implementation (every feature; see the module docstring). ``alibi_slopes``
+    [H] / ``alibi_offset``: the ALiBi bias of ``lcjax.attention.core.alibi_bias``, added in
+    the shared tile-score function (``blocks.block_scores``)."""
     config = EntmaxConfig(solver, bins, n_iter, tol, block_q, block_kv)
     shapes, a_static, a_arr = _prepare(q, k, v, alpha)
     acc = stat_dtype(q, k, v)
@@ -487,7 +493,8 @@ def _xla(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
                       scale=scale, causal=causal, block_q=config.block_q,
                       block_kv=config.block_kv, acc_dtype=acc, name=_NAME)
     cfg = _Cfg(plan, a_static, config.solver_config.resolve(a_static, acc))
-    masking = pad_masking(plan, mask, q_segment_ids, kv_segment_ids, name=_NAME)
+    masking = pad_masking(plan, mask, q_segment_ids, kv_segment_ids, alibi_slopes=alibi_slopes,
+                          alibi_offset=alibi_offset, heads=shapes.heads, name=_NAME)
     hk, g = shapes.kv_heads, shapes.groups
     if a_arr is None:
         alpha_hg = jnp.zeros((hk, g), acc)  # unused placeholder
@@ -525,7 +532,8 @@ def _pallas(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
             q_segment_ids=None, kv_segment_ids=None, return_aux=False, alpha=1.5,
             solver=EntmaxConfig.solver, bins=EntmaxConfig.bins, n_iter=EntmaxConfig.n_iter,
             tol=EntmaxConfig.tol, block_q=EntmaxConfig.block_q,
-            block_kv=EntmaxConfig.block_kv, block_sizes=None, interpret=None):
+            block_kv=EntmaxConfig.block_kv, block_sizes=None, interpret=None,
+            alibi_slopes=None, alibi_offset=0):
     """The Pallas kernel (``pallas_kernels.entmax_attention``), given every solver setting
     of the one :class:`EntmaxConfig`; ``NotImplementedError`` (before any computation)
     where it cannot serve the call. ``block_sizes``: the kernel's ``BlockSizes`` (backward
@@ -542,6 +550,7 @@ def _pallas(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
         ("a per-head (array) alpha", a_static is None),
         ("mask", mask is not None),
         ("q_segment_ids/kv_segment_ids", q_segment_ids is not None),
+        ("alibi_slopes (the XLA path adds ALiBi)", alibi_slopes is not None),
         ("float64 (the kernel computes in float32)", stat_dtype(q, k, v) == jnp.float64),
     ) if bad]
     if gaps:
@@ -569,10 +578,11 @@ def entmax_attention_reference(
     q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"], v: Float[Array, "B S Hkv Dv"],
     *, alpha=1.5, causal: bool = False, mask: Bool[Array, "..."] | None = None,
     scale: float | None = None, q_segment_ids: Int[Array, "B T"] | None = None,
-    kv_segment_ids: Int[Array, "B S"] | None = None,
+    kv_segment_ids: Int[Array, "B S"] | None = None, alibi_slopes=None, alibi_offset=0,
 ) -> Float[Array, "B T H Dv"]:
     """Dense exact α-entmax attention under the full contract (mask, segment ids, GQA,
-    array α): the [B, H, T, S] scores, ``lcjax.entmax.entmax`` over keys (the exact sort
+    array α, ALiBi ``alibi_slopes`` [H] / ``alibi_offset``): the [B, H, T, S] scores (plus
+    ``lcjax.attention.core.alibi_bias``), ``lcjax.entmax.entmax`` over keys (the exact sort
     for α ∈ {1.5, 2}, bisection to rounding otherwise) and p·V."""
     shapes = validate_qkv(q, k, v, mask=mask, name="entmax_attention_reference")
     a_static, a_arr = _parse_alpha(alpha, shapes.heads)
@@ -581,6 +591,10 @@ def entmax_attention_reference(
     scale = 1.0 / np.sqrt(shapes.head_dim) if scale is None else scale
     kk = jnp.repeat(k, g, axis=2).astype(acc)
     x = scale * jnp.einsum("bthd,bshd->bhts", q.astype(acc), kk)
+    if alibi_slopes is not None:
+        slopes = alibi_slopes_array(alibi_slopes, shapes.heads, dtype=acc, name=_NAME)
+        x = x + alibi_bias(shapes.q_len, shapes.kv_len, slopes, q_offset=alibi_offset,
+                           dtype=acc)[None]
     full = build_mask(shapes.q_len, shapes.kv_len, causal=causal, mask=mask,
                       q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
     if full is not None:
