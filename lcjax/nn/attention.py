@@ -1,8 +1,15 @@
 """Multi-head attention module with a pluggable attention variant and a functional KV cache.
 
     q = x W_q  [B, T, H, D]     k = x W_k, v = x W_v  [B, T, Hkv, D]   (H % Hkv == 0, GQA)
-    q, k <- RoPE(q, positions), RoPE(k, positions)        (Su et al., 2021)
+    q, k <- RoPE(q, positions), RoPE(k, positions)        (Su et al., 2021; position="rope")
     o = variant(q, k, v, causal=..., mask=..., scale=..., **attention_options)
+
+Positions (``position=``): ``"rope"`` (default), ``"none"`` (NoPE: no position signal but
+the causal mask), or ``"nape"`` (NAPE, as in ASEntmax, Vasylenko et al., ICLR 2026: no RoPE;
+the first H/2 heads get the ALiBi bias -m_h·(i - j) of Press et al. 2022 with the slopes
+1/1, 1/2, ..., 1/(H/2) of the ASEntmax code — :func:`nape_slopes` —, the other heads none).
+NAPE passes ``alibi_slopes`` (a static tuple [H]) to the variant, and, when decoding with a
+cache, ``alibi_offset`` = the cache index, so the new queries sit at their slots.
     y = o W_o  [B, T, D_model]
 
 ``attention`` is a registry name (``lcjax.attention.get``) or any callable under the
@@ -45,13 +52,37 @@ from jax import lax
 
 from lcjax.attention import AttentionSpec, build_mask, causal_mask, get
 from lcjax.attention.core import default_scale
+from lcjax.attention.spec import keyword_names
 from lcjax.attention.weights import variant_weights
 from lcjax.nn.layers import dense_init
 from lcjax.nn.variant_params import VariantConfig, build_variant_params
 from lcjax.rope import apply_rope
 
 __all__ = ["Attention", "AttentionTap", "KVCache", "init_kv_cache", "update_kv_cache",
-           "cache_mask", "attend", "capture_attention", "takes_segment_ids"]
+           "cache_mask", "attend", "capture_attention", "nape_slopes", "takes_segment_ids",
+           "POSITIONS"]
+
+POSITIONS = ("rope", "nape", "none")
+
+
+def nape_slopes(num_heads: int, alibi_heads: int | None = None) -> tuple[float, ...]:
+    """NAPE's ALiBi slopes [num_heads]: 1/1, 1/2, ..., 1/alibi_heads for the first
+    ``alibi_heads`` heads (default num_heads // 2; the "linear" slopes of the ASEntmax code,
+    not ALiBi's geometric 2^{-8h/H}), then 0 (NoPE heads)."""
+    alibi_heads = num_heads // 2 if alibi_heads is None else alibi_heads
+    if not 0 <= alibi_heads <= num_heads:
+        raise ValueError(f"nape_slopes: `alibi_heads` must be in [0, {num_heads}], "
+                         f"got {alibi_heads}")
+    return tuple(1.0 / (h + 1) for h in range(alibi_heads)) + (0.0,) * (num_heads - alibi_heads)
+
+
+def _takes_alibi(fn: Callable) -> bool:
+    """Whether variant ``fn`` accepts the ``alibi_slopes`` option (some implementation of
+    its spec does, or a plain callable's signature has it or ``**kwargs``)."""
+    if isinstance(fn, AttentionSpec):
+        return any(impl.takes("alibi_slopes") for impl in fn.implementations)
+    names = keyword_names(fn)
+    return names is None or "alibi_slopes" in names
 
 
 class KVCache(NamedTuple):
@@ -196,6 +227,9 @@ class Attention(nnx.Module):
       scale: softmax scale, default 1/sqrt(D).
       rope_base, rope_layout: RoPE frequency base and layout ("half" | "interleaved");
         ``use_rope=False`` disables RoPE.
+      position: "rope" | "nape" | "none" (module docstring); None = "rope" if ``use_rope``
+        else "none". "nape" needs a variant taking ``alibi_slopes`` (softmax, blockwise,
+        entmax, sparsemax, asentmax, ssmax).
       learn: names of variant quantities to learn, built by the spec's ``params``
         factory (``lcjax.nn.variant_params``); e.g. ``("alpha",)`` for "entmax": a raw
         ``nnx.Param`` [num_heads] with ``alpha = lcjax.entmax.alpha_from_param(raw)``
@@ -222,6 +256,7 @@ class Attention(nnx.Module):
         rope_base: float = 10000.0,
         rope_layout: str = "half",
         use_rope: bool = True,
+        position: str | None = None,
         dtype=jnp.float32,
         param_dtype=jnp.float32,
         learn: Sequence[str] = (),
@@ -235,6 +270,13 @@ class Attention(nnx.Module):
                 f"Attention: num_heads ({num_heads}) must be a positive multiple of "
                 f"num_kv_heads ({num_kv_heads})"
             )
+        if position is None:
+            position = "rope" if use_rope else "none"
+        if position not in POSITIONS:
+            raise ValueError(f"Attention: `position` must be one of {POSITIONS}, got {position!r}")
+        if position == "rope" and not use_rope:
+            raise ValueError("Attention: position='rope' contradicts use_rope=False")
+        use_rope = position == "rope"
         if use_rope and head_dim % 2:
             raise ValueError(f"Attention: RoPE needs an even head_dim, got {head_dim}")
         if rope_layout not in ("half", "interleaved"):
@@ -243,6 +285,17 @@ class Attention(nnx.Module):
             )
         self.attention_fn = get(attention)  # ValueError for an unknown name
         options = FrozenDict(attention_options or {})
+        if position == "nape":
+            if "alibi_slopes" in options:
+                raise ValueError("Attention: position='nape' sets `alibi_slopes`; do not pass "
+                                 "them in attention_options too")
+            if not _takes_alibi(self.attention_fn):
+                name = getattr(self.attention_fn, "name", getattr(self.attention_fn, "__name__",
+                                                                  repr(self.attention_fn)))
+                raise ValueError(f"Attention: position='nape' needs a variant that takes "
+                                 f"`alibi_slopes`; {name!r} does not")
+            options = FrozenDict({**options, "alibi_slopes": nape_slopes(num_heads)})
+        self.position = position
         learn = _learn_names(learn, learn_alpha)
         if capture_weights:
             self._weights_fn()  # ValueError now if the variant's weights are unknown
@@ -324,6 +377,7 @@ class Attention(nnx.Module):
             q = apply_rope(q, positions, base=self.rope_base, layout=self.rope_layout)
             k = apply_rope(k, positions, base=self.rope_base, layout=self.rope_layout)
         causal, kv_segment_ids = self.causal, segment_ids
+        alibi_offset = None
         if cache is not None:
             b, t = x.shape[:2]
             if cache.k.shape[0] != b or cache.k.shape[2:] != k.shape[2:]:
@@ -337,10 +391,13 @@ class Attention(nnx.Module):
             step_mask = cache_mask(cache.index, t, cache.k.shape[1], causal=self.causal)
             if step_mask is not None:
                 mask = step_mask if mask is None else jnp.logical_and(step_mask, mask)
+            alibi_offset = cache.index  # the new queries sit at slots index, index + 1, ...
             cache = update_kv_cache(cache, k, v, segment_ids)
             k, v, kv_segment_ids, causal = cache.k, cache.v, cache.segment_ids, False
         k, v = k.astype(dt), v.astype(dt)
         options = self.variant_options(x=x, q=q, k=k, v=v, positions=positions)
+        if "alibi_slopes" in options and alibi_offset is not None:
+            options["alibi_offset"] = alibi_offset
         if self.attention_inputs.enabled:
             self.attention_inputs({"q": q, "k": k, "v": v,
                                    "scale": default_scale(q.shape[-1], self.scale)})

@@ -52,6 +52,8 @@ class DecoderConfig:
     with the default ``()``. ``capture_attention_weights``: enable every layer's
     attention-weights tap (``lcjax.nn.AttentionTap``; see
     ``lcjax.nn.capture_attention``, which enables them for one call).
+    ``position``: "rope" (default), "nape" (no RoPE; half the heads ALiBi, half NoPE, as
+    in ASEntmax) or "none" (NoPE); see ``lcjax.nn.Attention``.
     ``max_len`` is the default KV-cache length; the full forward pass accepts any length.
     ``dtype`` is the compute dtype, ``param_dtype`` the storage dtype; logits are float32.
     """
@@ -66,6 +68,7 @@ class DecoderConfig:
     max_len: int = 2048
     rope_base: float = 10000.0
     rope_layout: str = "half"
+    position: str = "rope"
     attention: str | Callable | tuple[str | Callable, ...] = "softmax"
     attention_options: Mapping[str, Any] | tuple[Mapping[str, Any], ...] = dataclasses.field(
         default_factory=FrozenDict)
@@ -104,7 +107,10 @@ class DecoderConfig:
                 f"DecoderConfig: num_heads ({self.num_heads}) must be a multiple of "
                 f"num_kv_heads ({self.num_kv_heads})"
             )
-        if self.head_dim % 2:
+        if self.position not in ("rope", "nape", "none"):
+            raise ValueError(f"DecoderConfig: `position` must be 'rope', 'nape' or 'none', "
+                             f"got {self.position!r}")
+        if self.position == "rope" and self.head_dim % 2:
             raise ValueError(f"DecoderConfig: RoPE needs an even head_dim, got {self.head_dim}")
         if self.rope_layout not in ("half", "interleaved"):
             raise ValueError(f"DecoderConfig: rope_layout must be 'half' or 'interleaved', "
@@ -129,7 +135,7 @@ class DecoderBlock(nnx.Module):
             c.d_model, c.num_heads, c.num_kv_heads, c.head_dim,
             attention=attention, attention_options=attention_options, causal=True,
             learn=c.attention_learn, capture_weights=c.capture_attention_weights,
-            rope_base=c.rope_base, rope_layout=c.rope_layout,
+            rope_base=c.rope_base, rope_layout=c.rope_layout, position=c.position,
             dtype=c.dtype, param_dtype=c.param_dtype, rngs=rngs,
         )
         self.mlp_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype)

@@ -29,7 +29,8 @@ variant. The protocol:
 A spec's ``params`` may also be a string ``"package.module:attr"``, imported on first use
 (so a spec under ``lcjax.attention`` can name a factory here without an import cycle:
 ``lcjax.nn`` imports ``lcjax.attention``). Factories defined here:
-:func:`learnable_alpha` (entmax).
+:func:`learnable_alpha` (entmax), :func:`asentmax_params` (ASEntmax's β, γ per head or
+from the input, and α) and :func:`ssmax_params` (SSMax's s per head).
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ from flax.core import FrozenDict
 from lcjax.attention import AttentionSpec
 from lcjax.entmax import alpha_from_param
 
-__all__ = ["LearnableAlpha", "VariantConfig", "build_variant_params", "learnable_alpha",
-           "resolve_params_factory", "variant_rngs"]
+__all__ = ["LearnableAlpha", "LengthScaling", "SSMaxScale", "VariantConfig",
+           "asentmax_params", "build_variant_params", "learnable_alpha",
+           "resolve_params_factory", "ssmax_params", "variant_rngs"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,3 +170,122 @@ def learnable_alpha(config: VariantConfig, *, rngs: nnx.Rngs) -> LearnableAlpha 
         return None
     return LearnableAlpha(config.num_heads, config.options.get("alpha", 1.5),
                           param_dtype=config.param_dtype)
+
+
+# ----------------------------------------------------------------------------
+# ASEntmax / SSMax: length scaling of the queries (lcjax.attention.length_scaling)
+# ----------------------------------------------------------------------------
+def _scaled_heads(options, num_heads: int) -> tuple[bool, ...] | None:
+    """Heads whose queries are length-scaled: ``options["length_heads"]`` if given, else,
+    with ALiBi slopes in the options (NAPE positions), the heads without a slope — the
+    paper scales only the NoPE heads —, else all (None)."""
+    if options.get("length_heads") is not None:
+        return tuple(bool(x) for x in jnp.asarray(options["length_heads"]).reshape(-1))
+    slopes = options.get("alibi_slopes")
+    if slopes is None:
+        return None
+    heads = tuple(float(s) == 0.0 for s in jnp.asarray(slopes).reshape(-1))
+    if len(heads) != num_heads:
+        raise ValueError(f"length scaling: `alibi_slopes` has {len(heads)} entries for "
+                         f"{num_heads} heads")
+    return heads
+
+
+class LengthScaling(nnx.Module):
+    """ASEntmax's β, γ: q_i ← q_i · (δ + β (log n_i)^γ) (``lcjax.attention.length_scaling``).
+
+    ``mode="head"``: ``beta``, ``gamma`` are ``nnx.Param`` [num_heads], initialised to
+    ``beta0``/``gamma0`` when given, else as in the paper's code, β ~ U(0.1, 1), γ ~ N(0, 0.1).
+    ``mode="input"``: β_i = softplus(x_i W_β), γ_i = ``gamma_range`` · tanh(x_i W_γ) per
+    token, W_β, W_γ ``nnx.Param`` [d_model, num_heads] (no bias, as the paper's default),
+    LeCun-normal. δ stays the static option ``length_delta`` (default 1). ``alpha``: an
+    optional :class:`LearnableAlpha` (``learn=("alpha",)``). ``length_heads``: the scaled
+    heads (None = all), passed on as the variant option of the same name.
+    """
+
+    init_options = ("length_mode", "length_gamma_range")
+
+    def __init__(self, d_model: int, num_heads: int, *, mode: str = "head", beta0=None,
+                 gamma0=None, gamma_range: float = 2.0, length_heads=None,
+                 alpha: LearnableAlpha | None = None, param_dtype=jnp.float32,
+                 rngs: nnx.Rngs):
+        if mode not in ("head", "input"):
+            raise ValueError(f"asentmax: `length_mode` must be 'head' or 'input', got {mode!r}")
+        self.mode, self.gamma_range = mode, float(gamma_range)
+        self.length_heads = length_heads
+        self.alpha = alpha
+        key = rngs.params
+        if mode == "head":
+            beta = (jnp.full((num_heads,), float(beta0)) if beta0 is not None else
+                    jax.random.uniform(key(), (num_heads,), minval=0.1, maxval=1.0))
+            gamma = (jnp.full((num_heads,), float(gamma0)) if gamma0 is not None else
+                     0.1 * jax.random.normal(key(), (num_heads,)))
+            self.beta = nnx.Param(beta.astype(param_dtype))
+            self.gamma = nnx.Param(gamma.astype(param_dtype))
+        else:
+            init = nnx.initializers.lecun_normal()
+            self.beta_proj = nnx.Param(init(key(), (d_model, num_heads), param_dtype))
+            self.gamma_proj = nnx.Param(init(key(), (d_model, num_heads), param_dtype))
+
+    def __call__(self, *, x=None, **_) -> dict[str, jax.Array]:
+        """``{"length_beta", "length_gamma"}``: [H], or [B, T, H] from x [B, T, D_model]
+        (float32); plus ``alpha`` and ``length_heads`` when set."""
+        if self.mode == "head":
+            out = {"length_beta": self.beta[...].astype(jnp.float32),
+                   "length_gamma": self.gamma[...].astype(jnp.float32)}
+        else:
+            xf = x.astype(jnp.float32)
+            out = {"length_beta": jax.nn.softplus(
+                       jnp.einsum("BTD,DH->BTH", xf, self.beta_proj[...].astype(jnp.float32))),
+                   "length_gamma": self.gamma_range * jnp.tanh(
+                       jnp.einsum("BTD,DH->BTH", xf, self.gamma_proj[...].astype(jnp.float32)))}
+        if self.length_heads is not None:
+            out["length_heads"] = jnp.asarray(self.length_heads, bool)
+        if self.alpha is not None:
+            out.update(self.alpha())
+        return out
+
+
+def asentmax_params(config: VariantConfig, *, rngs: nnx.Rngs) -> LengthScaling:
+    """Parameter factory of ``"asentmax"``: always a :class:`LengthScaling` (β, γ per head,
+    or input-dependent with ``attention_options["length_mode"] = "input"``; initial values
+    ``length_beta`` / ``length_gamma`` when given as numbers), plus a learnable α with
+    ``learn=("alpha",)`` (initial ``alpha``, default 1.5). With ALiBi slopes in the options
+    (NAPE), only the heads without a slope are scaled."""
+    config.unknown_learn(("alpha",), "asentmax")
+    opts = config.options
+    alpha = (LearnableAlpha(config.num_heads, opts.get("alpha", 1.5),
+                            param_dtype=config.param_dtype)
+             if "alpha" in config.learn else None)
+    return LengthScaling(config.d_model, config.num_heads, mode=opts.get("length_mode", "head"),
+                         beta0=opts.get("length_beta"), gamma0=opts.get("length_gamma"),
+                         gamma_range=opts.get("length_gamma_range", 2.0),
+                         length_heads=_scaled_heads(opts, config.num_heads), alpha=alpha,
+                         param_dtype=config.param_dtype, rngs=rngs)
+
+
+class SSMaxScale(nnx.Module):
+    """SSMax's s: q_i ← q_i · s_h log n_i; ``s`` is an ``nnx.Param`` [num_heads] starting at
+    ``s0`` (default 1). ``length_heads``: the scaled heads (None = all)."""
+
+    def __init__(self, num_heads: int, s0: float = 1.0, *, length_heads=None,
+                 param_dtype=jnp.float32):
+        self.s = nnx.Param(jnp.full((num_heads,), float(s0), param_dtype))
+        self.length_heads = length_heads
+
+    def __call__(self, **_) -> dict[str, jax.Array]:
+        out = {"length_s": self.s[...].astype(jnp.float32)}
+        if self.length_heads is not None:
+            out["length_heads"] = jnp.asarray(self.length_heads, bool)
+        return out
+
+
+def ssmax_params(config: VariantConfig, *, rngs: nnx.Rngs) -> SSMaxScale:
+    """Parameter factory of ``"ssmax"``: a learned s per head (initial
+    ``attention_options["length_s"]``, default 1); with ALiBi slopes (NAPE) only the heads
+    without a slope are scaled."""
+    del rngs
+    config.unknown_learn((), "ssmax")
+    return SSMaxScale(config.num_heads, config.options.get("length_s", 1.0),
+                      length_heads=_scaled_heads(config.options, config.num_heads),
+                      param_dtype=config.param_dtype)
