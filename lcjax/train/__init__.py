@@ -14,6 +14,7 @@ from lcjax.train.loop import (
     make_train_step,
     train,
 )
+from lcjax.train.losses import answer_weighted_loss, answer_weighted_nll, answer_weights
 from lcjax.train.metrics import (
     append_jsonl,
     bits_per_byte,
@@ -29,6 +30,9 @@ from lcjax.train.metrics import (
 __all__ = [
     "TrainConfig",
     "TrainResult",
+    "answer_weighted_loss",
+    "answer_weighted_nll",
+    "answer_weights",
     "append_jsonl",
     "as_batch",
     "bits_per_byte",
