@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from lcjax.data.ruler import make_batch
-from lcjax.data.suites import get_suite
+from lcjax.data.suites import Suite, get_suite
 
 __all__ = ["TaskSource"]
 
@@ -32,7 +32,8 @@ class TaskSource:
     """Deterministic per-index training rows of one or several tasks of a suite.
 
     Args:
-      suite: a registered suite name (``"ruler"``, ``"nolima"``).
+      suite: a registered suite name (``"ruler"``, ``"nolima"``) or a
+        :class:`lcjax.data.suites.Suite` (e.g. one with shorter templates).
       tasks: a task name of the suite, a list of them, or None (every task).
       length: sample length (bytes).
       num_records: ``len(source)``.
@@ -42,13 +43,13 @@ class TaskSource:
       overrides: extra generator keywords for every task.
     """
 
-    def __init__(self, suite: str, tasks: str | Sequence[str] | None = None, *, length: int,
+    def __init__(self, suite: str | Suite, tasks: str | Sequence[str] | None = None, *, length: int,
                  num_records: int, seed: int = 0, depth: float | None = None,
                  seq_len: int | None = None, eos: bool = False,
                  overrides: Mapping[str, Any] | None = None):
         if num_records < 1:
             raise ValueError(f"TaskSource: `num_records` must be >= 1, got {num_records}")
-        self.suite = get_suite(suite)
+        self.suite = suite if isinstance(suite, Suite) else get_suite(suite)
         names = [t.name for t in self.suite.tasks] if tasks is None else (
             [tasks] if isinstance(tasks, str) else list(tasks))
         self.tasks = tuple(self.suite.task(n) for n in names)
