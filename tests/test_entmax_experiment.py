@@ -1,0 +1,125 @@
+"""experiments/entmax: the fair long-context experiment's pieces and a tiny end-to-end run.
+
+The statistics (bootstrap, longest length at 90%, the verdict) are checked on hand-made
+cells whose answer is known; the eval hook against ``ruler.answer_accuracy``; the pipeline
+(train through ``lcjax.train.train`` with the early-stop checks, score at 1×–16× L, figure,
+claims, not-run reporting) on a one-layer model with an 8-byte task and a 4-step cap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments.entmax import experiment as E
+from lcjax.data import ruler, synthetic
+
+
+def _cell(exact: dict[int, np.ndarray]) -> dict:
+    arr = {m: np.asarray(v, float) for m, v in exact.items()}
+    rng = np.random.default_rng(0)
+    return {"learned_seeds": list(range(len(arr[1]))), "seeds": list(range(len(arr[1]))),
+            "mean": {m: float(a.mean()) for m, a in arr.items()},
+            "ci": {m: E.interval(E.bootstrap_mean(a, rng)) for m, a in arr.items()},
+            "long": np.concatenate([arr[m] for m in E.EVAL_MULTS[1:]], axis=1)}
+
+
+def _runs(p: dict[int, float], seeds=3, n=200, seed=0) -> dict[int, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {m: rng.random((seeds, n)) < p[m] for m in E.EVAL_MULTS}
+
+
+def test_bootstrap_interval_covers_the_mean_and_shrinks_with_items():
+    rng = np.random.default_rng(1)
+    small = rng.random((3, 50)) < 0.3
+    big = rng.random((3, 2000)) < 0.3
+    lo_s, hi_s = E.interval(E.bootstrap_mean(small, rng))
+    lo_b, hi_b = E.interval(E.bootstrap_mean(big, rng))
+    assert lo_s < small.mean() < hi_s and lo_b < big.mean() < hi_b
+    assert hi_b - lo_b < (hi_s - lo_s) / 3  # ~ 1/sqrt(40) narrower
+    # the binomial standard error of one seed's mean: interval ≈ ± 1.96 sqrt(p(1-p)/n)
+    one = rng.random((1, 4000)) < 0.5
+    lo, hi = E.interval(E.bootstrap_mean(one, rng, reps=4000))
+    assert abs((hi - lo) / 2 - 1.96 * np.sqrt(0.25 / 4000)) < 0.004
+
+
+def test_longest_ok():
+    assert E.longest_ok({1: 0.95, 2: 0.92, 4: 0.5, 8: 0.95, 16: 0.0}) == 2
+    assert E.longest_ok({1: 0.85, 2: 1.0, 4: 1.0, 8: 1.0, 16: 1.0}) is None
+    assert E.longest_ok(dict.fromkeys(E.EVAL_MULTS, 1.0)) == 16
+
+
+def test_verdict_holds_only_for_a_real_gain_after_a_match():
+    task = E.TASKS["mqmtar"]
+    rng = np.random.default_rng(2)
+    base = {1: 0.98, 2: 0.6, 4: 0.3, 8: 0.1, 16: 0.0}
+    better = {1: 0.97, 2: 0.8, 4: 0.6, 8: 0.4, 16: 0.2}
+    cells = {("softmax", "rope"): _cell(_runs(base, seed=1)),
+             ("entmax", "rope"): _cell(_runs(better, seed=2)),
+             ("asentmax", "rope"): _cell(_runs(base, seed=3))}  # same curve: no gain
+    held = E.verdict(task, "rope", "entmax", cells, rng)
+    same = E.verdict(task, "rope", "asentmax", cells, rng)
+    assert held.holds and "gain +" in held.ours
+    assert not same.holds
+    # a gain at long context without a match at 1× does not hold
+    cells[("entmax", "rope")] = _cell(_runs({**better, 1: 0.90}, seed=4))
+    assert not E.verdict(task, "rope", "entmax", cells, rng).holds
+    # a variant that did not learn: not checked; a variant that did not run: no claim
+    cells[("entmax", "rope")] = {**cells[("entmax", "rope")], "learned_seeds": []}
+    c = E.verdict(task, "rope", "entmax", cells, rng)
+    assert not c.holds and c.ours.startswith("not checked") and "entmax" in c.ours
+    assert E.verdict(task, "nape", "entmax", cells, rng) is None
+
+
+def test_exact_eval_hook_matches_answer_accuracy():
+    samples = [synthetic.mqmtar(i, 80) for i in range(6)]
+    batch = synthetic.make_batch(samples)
+    logits = jax.random.normal(jax.random.key(0), (*batch["inputs"].shape, 259))
+    # make rows 0, 2, 3 right on every answer byte, row 1 right on all but one
+    onehot = jax.nn.one_hot(batch["targets"], 259) * 50.0
+    keep = np.zeros(len(samples), bool)
+    keep[[0, 1, 2, 3]] = True
+    logits = jnp.where(keep[:, None, None], logits + onehot, logits)
+    a1 = batch["answer_start"][1]
+    logits = logits.at[1, a1].add(-100.0 * onehot[1, a1])
+    model = lambda inputs: logits  # noqa: E731
+    b = {k: jnp.asarray(v) for k, v in batch.items()}
+    _, mets = jax.jit(lambda b: E.exact_eval(model, b, None))(b)
+    ref = ruler.answer_accuracy(np.argmax(np.asarray(logits), -1), batch)["exact"]
+    assert ref.tolist()[:4] == [True, False, True, True]
+    assert float(mets["exact"][0]) == pytest.approx(ref.mean()) and float(mets["exact"][1]) == 6
+    assert float(mets["loss_weight"]) == batch["loss_mask"].sum()
+
+
+def test_tiny_run_end_to_end(tmp_path, monkeypatch):
+    """4 steps of a 1-layer model on 8-byte flip-flop; 'learned' forced (threshold 0) so the
+    scoring (at 1× and 2× here, to compile less), the figure and the claims run; a missing
+    variant is 'not run'."""
+    monkeypatch.setitem(E.TASKS, "tiny", E.Task(
+        "tiny", 8, functools.partial(E._synthetic, "flip_flop"), "8-byte flip-flop"))
+    monkeypatch.setattr(E, "LEARNED", 0.0)
+    monkeypatch.setattr(E, "EVAL_MULTS", (1, 2))
+    monkeypatch.setattr(E, "MODEL", dict(d_model=16, num_layers=1, num_heads=2,
+                                         num_kv_heads=2, head_dim=8, mlp_hidden=32))
+    monkeypatch.setattr(E, "VALID_ITEMS", 8)
+    monkeypatch.setitem(E.VARIANTS, "ghost", "no-such-attention")
+    setting = dataclasses.replace(E.QUICK, tasks=("tiny",), variants=("softmax", "ghost"),
+                                  max_steps=4, eval_items=4)
+    lines = []
+    res = E.run(True, tmp_path, setting=setting, log=lambda *a, **k: lines.append(a[0]))
+    assert res.numbers["variants_run"] == ["softmax"]
+    assert res.numbers["variants_not_run"] == ["ghost"] and "Not run" in res.notes
+    (run,) = res.numbers["runs"]
+    assert run["steps"] == 4 and run["learned_at"] == 4 and len(run["checks"]) == 1
+    assert set(run["exact"]) == set(E.EVAL_MULTS)
+    assert all(0.0 <= v <= 1.0 for v in run["exact"].values())
+    assert res.figures[0].exists() and res.figures[0].stat().st_size > 1000
+    assert res.claims == []  # no sparse variant ran: nothing to compare
+    cell = res.numbers["per_task"]["tiny"]["softmax/rope"]
+    assert cell["exact_1x"] == pytest.approx(run["exact"][1])
+    assert any("held-out exact" in line for line in lines)
