@@ -48,8 +48,8 @@ from lcjax.parallel.common import resolve_mesh, resolve_variant
 from lcjax.parallel.mesh import CONTEXT, DATA
 from lcjax.parallel.validation import axis_size, check_batch, check_length
 
-__all__ = ["BALANCES", "from_zigzag", "ring_attention", "ring_local", "to_zigzag",
-           "zigzag_chunks"]
+__all__ = ["BALANCES", "from_zigzag", "ring_attention", "ring_local", "ring_shift",
+           "to_zigzag", "zigzag_chunks"]
 
 BALANCES = ("zigzag", None)
 
@@ -93,7 +93,8 @@ def from_zigzag(x: jax.Array, axis: str, size: int) -> jax.Array:
     return jnp.concatenate([even, odd], axis=1)
 
 
-def _shift(tree, axis: str, size: int):
+def ring_shift(tree, axis: str, size: int):
+    """Inside shard_map: every array of ``tree`` moves from device i to i + 1 (mod C)."""
     perm = [(i, (i + 1) % size) for i in range(size)]
     return jax.tree.map(lambda x: lax.ppermute(x, axis, perm), tree)
 
@@ -160,7 +161,7 @@ def ring_local(q, k, v, *, axis: str, size: int, attn: Callable, causal: bool,
 
         def body(carry, s):
             out, lse, kv = carry
-            nxt = _shift(kv, axis, size)  # sent while this block is attended
+            nxt = ring_shift(kv, axis, size)  # sent while this block is attended
             o_s, l_s = partial(s, q, *kv)
             out, lse = merge_attention(out, lse, o_s.astype(jnp.float32), l_s)
             return (out, lse, nxt), None
@@ -192,7 +193,7 @@ def ring_local(q, k, v, *, axis: str, size: int, attn: Callable, causal: bool,
             d_l = w * (jnp.sum(d_out * (o_s.astype(jnp.float32) - out32), axis=-1) + d_lse)
             dq_s, dk_s, dv_s = pull((d_o, d_l))
             dkv = (dkv[0] + dk_s.astype(jnp.float32), dkv[1] + dv_s.astype(jnp.float32))
-            kv, dkv = _shift((kv, dkv), axis, size)  # after C shifts: home again
+            kv, dkv = ring_shift((kv, dkv), axis, size)  # after C shifts: home again
             return (kv, dkv, dq + dq_s.astype(jnp.float32)), None
 
         init = ((k, v), (zeros(k), zeros(v)), zeros(q))

@@ -1,0 +1,146 @@
+"""One attention layer under a context-parallel strategy: ``layer(strategy, ...)`` ->
+``(init, apply)``, the same parameters for every strategy.
+
+    init(rng) -> params = {"q_proj": [d, H, D], "k_proj": [d, Hkv, D],
+                           "v_proj": [d, Hkv, D], "o_proj": [H, D, d]}
+    apply(params, x [B, T, d], positions=None) -> y [B, T, d]
+    y = attn(RoPE(x Wq), RoPE(x Wk), x Wv) Wo
+
+(the layout and initialisation of :class:`lcjax.nn.Attention`). x is sharded
+``P("data", "context", None)`` (:data:`lcjax.parallel.ACTIVATION_SPEC`) and y comes back
+the same way. Strategies: ``"ulysses"`` (:mod:`lcjax.parallel.ulysses`), ``"ring"``
+(:mod:`lcjax.parallel.ring`, zigzag-balanced when causal: x and positions are moved to
+the zigzag layout before the projections, y back after), ``"upipe"``
+(:mod:`lcjax.parallel.upipe`), ``"none"`` (one device, no mesh needed: the reference).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from lcjax.attention import AttentionSpec
+from lcjax.nn.layers import dense_init
+from lcjax.parallel.common import (
+    attention_layer_reference,
+    layer_attention,
+    resolve_mesh,
+    resolve_variant,
+)
+from lcjax.parallel.mesh import CONTEXT, DATA
+from lcjax.parallel.ring import from_zigzag, ring_local, to_zigzag
+from lcjax.parallel.ulysses import ulysses_local
+from lcjax.parallel.upipe import upipe_layer
+from lcjax.parallel.validation import (
+    axis_size,
+    check_batch,
+    check_heads,
+    check_length,
+    check_positive,
+)
+
+__all__ = ["STRATEGIES", "init_layer_params", "layer", "layer_apply"]
+
+STRATEGIES = ("ulysses", "ring", "upipe", "none")
+
+
+def init_layer_params(rng, *, d_model: int, num_heads: int, num_kv_heads: int,
+                      head_dim: int, dtype=jnp.float32) -> dict[str, jax.Array]:
+    """Fan-in scaled normal projections, as :class:`lcjax.nn.Attention` makes them."""
+    kq, kk, kv, ko = jax.random.split(rng, 4)
+    in_proj = dense_init(in_axis=0, out_axis=(1, 2))
+    out_proj = dense_init(in_axis=(0, 1), out_axis=2)
+    return {"q_proj": in_proj(kq, (d_model, num_heads, head_dim), dtype),
+            "k_proj": in_proj(kk, (d_model, num_kv_heads, head_dim), dtype),
+            "v_proj": in_proj(kv, (d_model, num_kv_heads, head_dim), dtype),
+            "o_proj": out_proj(ko, (num_heads, head_dim, d_model), dtype)}
+
+
+def layer_apply(strategy: str, params: Mapping[str, jax.Array], x, positions=None, *,
+                mesh=None, causal: bool = True, variant: str | Callable = "softmax",
+                scale: float | None = None, rope_base: float | None = 10000.0,
+                balance: str | None = "zigzag", data_axis: str | None = DATA,
+                context_axis: str = CONTEXT, **options):
+    """The layer by ``strategy`` on x [B, T, d] (positions [B, T], default arange(T))."""
+    name = f"layer({strategy!r})"
+    if strategy not in STRATEGIES:
+        raise ValueError(f"layer: `strategy` must be one of {STRATEGIES}, got {strategy!r}")
+    if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32), x.shape[:2])
+    if strategy == "none":
+        return attention_layer_reference(params, x, positions, causal=causal,
+                                         variant=variant, scale=scale, rope_base=rope_base,
+                                         **options)
+    common = dict(causal=causal, variant=variant, scale=scale, rope_base=rope_base,
+                  data_axis=data_axis, context_axis=context_axis)
+    if strategy == "upipe":
+        return upipe_layer(params, x, positions, mesh=mesh, **common, **options)
+    axes = (context_axis,) if data_axis is None else (data_axis, context_axis)
+    mesh = resolve_mesh(name, mesh, *axes)
+    c = axis_size(mesh, context_axis)
+    check_batch(name, x.shape[0], axis_size(mesh, data_axis))
+    attn, check_vma = resolve_variant(variant, options)
+    if strategy == "ulysses":
+        check_length(name, x.shape[1], c)
+        repeats = check_heads(name, params["q_proj"].shape[1], params["k_proj"].shape[1], c)
+        attend = functools.partial(ulysses_local, axis=context_axis, attn=attn,
+                                   causal=causal, scale=scale, kv_repeats=repeats, **options)
+        zigzag = False
+    else:
+        if isinstance(attn, AttentionSpec) and not attn.features.lse:
+            raise ValueError(f"{name}: variant {attn.name!r} gives no log-sum-exp "
+                             "(features.lse=False); ring attention merges partials with it")
+        zigzag = causal and balance == "zigzag" and c > 1
+        check_length(name, x.shape[1], c, multiple=2 if zigzag else 1)
+        attend = functools.partial(ring_local, axis=context_axis, size=c, attn=attn,
+                                   causal=causal, balance="zigzag" if zigzag else None,
+                                   scale=scale, **options)
+
+    def local(params, x, positions):
+        if zigzag:
+            x, positions = to_zigzag(x, context_axis, c), to_zigzag(positions, context_axis, c)
+        y = layer_attention(params, x, positions, attend, rope_base=rope_base)
+        return from_zigzag(y, context_axis, c) if zigzag else y
+
+    spec = P(data_axis, context_axis, None)
+    params = {n: params[n] for n in ("q_proj", "k_proj", "v_proj", "o_proj")}
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(), spec, P(data_axis, context_axis)),
+                       out_specs=spec, check_vma=check_vma)
+    return fn(params, x, positions)
+
+
+def layer(strategy: str, *, mesh=None, d_model: int, num_heads: int, num_kv_heads: int,
+          head_dim: int, causal: bool = True, variant: str | Callable = "softmax",
+          **options) -> tuple[Callable, Callable]:
+    """``(init(rng) -> params, apply(params, x, positions=None) -> y)`` for one attention
+    layer by ``strategy`` ("ulysses" | "ring" | "upipe" | "none"); see the module
+    docstring. ``options``: ``scale``, ``rope_base`` (None: no RoPE), ``balance`` (ring),
+    and the variant's own options. Configuration errors (heads, length, batch, axes) are
+    ``ValueError``s at ``apply`` before tracing; head and axis rules already here."""
+    check_positive("layer", d_model=d_model, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                   head_dim=head_dim)
+    if strategy not in STRATEGIES:
+        raise ValueError(f"layer: `strategy` must be one of {STRATEGIES}, got {strategy!r}")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"layer: num_heads H={num_heads} must be a multiple of "
+                         f"num_kv_heads Hkv={num_kv_heads}")
+    if strategy != "none" and mesh is not None:
+        name = f"layer({strategy!r})"
+        resolve_mesh(name, mesh, options.get("context_axis", CONTEXT))
+        if strategy in ("ulysses", "upipe"):
+            check_heads(name, num_heads, num_kv_heads,
+                        axis_size(mesh, options.get("context_axis", CONTEXT)))
+
+    def init(rng):
+        return init_layer_params(rng, d_model=d_model, num_heads=num_heads,
+                                 num_kv_heads=num_kv_heads, head_dim=head_dim)
+
+    def apply(params, x, positions=None):
+        return layer_apply(strategy, params, x, positions, mesh=mesh, causal=causal,
+                           variant=variant, **options)
+
+    return init, apply
