@@ -187,6 +187,8 @@ def _learn_names(learn: Sequence[str], learn_alpha: bool) -> tuple[str, ...]:
 
 
 TAPS = ("weights", "inputs")
+# lcjax.parallel strategies an Attention layer can run over the mesh of jax.set_mesh
+CONTEXT_PARALLEL = (None, "ulysses", "ring", "upipe")
 
 
 class AttentionTap(nnx.Module):
@@ -240,6 +242,10 @@ class Attention(nnx.Module):
       capture_weights, capture_inputs: enable the taps ``self.attention_weights`` /
         ``self.attention_inputs`` (:class:`AttentionTap`); see :func:`capture_attention`.
       learn_alpha: deprecated alias of ``learn=("alpha",)``.
+      context_parallel: None, "ulysses", "ring" or "upipe": without a cache, the layer runs
+        by that :mod:`lcjax.parallel` strategy over the mesh set with
+        ``jax.set_mesh(mesh)`` (x sharded ``P("data", "context", None)``); no mask,
+        segment ids, NAPE, interleaved RoPE, variant parameters or taps there.
     """
 
     def __init__(
@@ -263,8 +269,13 @@ class Attention(nnx.Module):
         capture_weights: bool = False,
         capture_inputs: bool = False,
         learn_alpha: bool = False,
+        context_parallel: str | None = None,
         rngs: nnx.Rngs,
     ):
+        if context_parallel not in CONTEXT_PARALLEL:
+            raise ValueError(f"Attention: `context_parallel` must be one of "
+                             f"{CONTEXT_PARALLEL}, got {context_parallel!r}")
+        self.context_parallel = context_parallel
         if num_kv_heads <= 0 or num_heads % num_kv_heads:
             raise ValueError(
                 f"Attention: num_heads ({num_heads}) must be a positive multiple of "
@@ -370,6 +381,8 @@ class Attention(nnx.Module):
         """
         dt = self.dtype
         x = x.astype(dt)
+        if self.context_parallel is not None and cache is None:
+            return self._context_parallel(x, positions, segment_ids, mask), None
         q = jnp.einsum("BTD,DNH->BTNH", x, self.q_proj[...].astype(dt))
         k = jnp.einsum("BTD,DKH->BTKH", x, self.k_proj[...].astype(dt))
         v = jnp.einsum("BTD,DKH->BTKH", x, self.v_proj[...].astype(dt))
@@ -410,6 +423,31 @@ class Attention(nnx.Module):
                    options=options)
         y = jnp.einsum("BTNH,NHD->BTD", o.astype(dt), self.o_proj[...].astype(dt))
         return y, cache
+
+
+    def _context_parallel(self, x, positions, segment_ids, mask):
+        """The layer by ``lcjax.parallel.layer_apply(self.context_parallel, ...)`` over the
+        mesh set with ``jax.set_mesh`` (decoding with a cache runs on one device)."""
+        from lcjax.parallel import layer_apply  # lazy: lcjax.parallel uses lcjax.nn.layers
+
+        cp = self.context_parallel
+        unsupported = [what for what, used in (
+            ("segment_ids", segment_ids is not None), ("mask", mask is not None),
+            ("position='nape'", self.position == "nape"),
+            ("rope_layout='interleaved'", self.use_rope and self.rope_layout != "half"),
+            ("variant parameters (learn=...)", self.variant_params is not None),
+            ("attention taps", self.attention_weights.enabled or self.attention_inputs.enabled),
+        ) if used]
+        if unsupported:
+            raise ValueError(f"Attention: context_parallel={cp!r} does not support "
+                             f"{', '.join(unsupported)}")
+        b, t = x.shape[:2]
+        positions = jnp.broadcast_to(positions, (b, t))
+        params = {n: getattr(self, n)[...] for n in ("q_proj", "k_proj", "v_proj", "o_proj")}
+        return layer_apply(cp, params, x, positions, causal=self.causal,
+                           variant=self.attention_fn, scale=self.scale,
+                           rope_base=self.rope_base if self.use_rope else None,
+                           **self.attention_options).astype(self.dtype)
 
 
 def capture_attention(model: nnx.Module, *args, tap: str = "weights",

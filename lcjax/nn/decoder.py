@@ -52,6 +52,9 @@ class DecoderConfig:
     with the default ``()``. ``capture_attention_weights``: enable every layer's
     attention-weights tap (``lcjax.nn.AttentionTap``; see
     ``lcjax.nn.capture_attention``, which enables them for one call).
+    ``context_parallel``: None, "ulysses", "ring" or "upipe" — every layer's attention
+    (without a KV cache) runs that :mod:`lcjax.parallel` strategy over the mesh given by
+    ``with jax.set_mesh(mesh):`` around the call (tokens sharded ``P("data", "context")``).
     ``position``: "rope" (default), "nape" (no RoPE; half the heads ALiBi, half NoPE, as
     in ASEntmax) or "none" (NoPE); see ``lcjax.nn.Attention``.
     ``max_len`` is the default KV-cache length; the full forward pass accepts any length.
@@ -74,6 +77,7 @@ class DecoderConfig:
         default_factory=FrozenDict)
     attention_learn: tuple[str, ...] = ()
     capture_attention_weights: bool = False
+    context_parallel: str | None = None
     norm_eps: float = 1e-6
     tie_embeddings: bool = True
     dtype: Any = jnp.float32
@@ -115,6 +119,9 @@ class DecoderConfig:
         if self.rope_layout not in ("half", "interleaved"):
             raise ValueError(f"DecoderConfig: rope_layout must be 'half' or 'interleaved', "
                              f"got {self.rope_layout!r}")
+        if self.context_parallel not in (None, "ulysses", "ring", "upipe"):
+            raise ValueError(f"DecoderConfig: `context_parallel` must be None, 'ulysses', "
+                             f"'ring' or 'upipe', got {self.context_parallel!r}")
 
 
     def layer_attention(self, i: int) -> tuple[str | Callable, Mapping[str, Any]]:
@@ -136,6 +143,7 @@ class DecoderBlock(nnx.Module):
             attention=attention, attention_options=attention_options, causal=True,
             learn=c.attention_learn, capture_weights=c.capture_attention_weights,
             rope_base=c.rope_base, rope_layout=c.rope_layout, position=c.position,
+            context_parallel=c.context_parallel,
             dtype=c.dtype, param_dtype=c.param_dtype, rngs=rngs,
         )
         self.mlp_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype)
