@@ -1,0 +1,304 @@
+"""Long-context evaluation of a small byte LM trained on RULER-style tasks at L = 256.
+
+Issue 9, item 5. A byte-level ``lcjax.nn.DecoderLM`` (2 layers, d = 64, RoPE, about 116k
+parameters) is trained through ``lcjax.train.train`` on a mix of RULER-style tasks at
+L = 256 tokens (bytes): the dataset is a grain ``MapDataset`` over
+``lcjax.data.sources.TaskSource`` (record i is task ``i % len(tasks)`` from seed
+``(seed, i)``, with EOS after the answer), and the loss hook is
+``lcjax.train.losses.answer_weighted_loss`` (answer bytes weigh 1, the other bytes 0.1).
+The model is then evaluated with ``lcjax.eval.evaluate`` — the lcjax-model path: prompts
+bucketed by length, batched prefill and greedy decoding through the KV cache, up to EOS —
+at 1×, 2×, 4× and 8× L over several needle depths, and the evaluator's reports (JSON,
+markdown and a depth × length heat map of ``string_match_all`` per task) are written into
+``reports/long_eval/eval/``.
+
+Claim checked: the issue's must-show, single-needle retrieval (``niah_single_1``) at 1× L
+has ``string_match_all`` ≥ 90%. The report's table shows how every task degrades with
+length (the model has seen no sequence longer than L; RoPE positions beyond L are new to
+it).
+
+**The tasks at L = 256.** RULER's templates do not fit 256 bytes: its needle, prefix and
+question alone take 365–781 bytes (``niah`` 381, ``vt`` 436, ``cwe`` 781, ``fwe`` 555,
+``qa_1`` 365), and the generators say so with a ``ValueError`` (checked in
+``tests/test_long_eval.py``). :data:`SUITE` ("ruler_256") keeps RULER's generators and
+task structure with compact templates — no prefix, the needle
+``The magic number for {key} is {value}.`` (``uuid`` for uuids), the question
+``The magic number for {key} is `` — and 4-digit values, and shrinks the counts that
+would leave no haystack:
+
+* kept as in RULER: ``niah_single_1`` (noise), ``niah_single_2`` (essay),
+  ``niah_single_3`` (essay, uuid values), ``niah_multikey_2`` (a haystack of distractor
+  needles);
+* fewer keys, values or hops: ``niah_multikey_1`` (3 keys, not 4), ``niah_multivalue``
+  (2 values, not 4), ``niah_multiquery`` (2 keys asked, not 4: four keys and their needles
+  take 272–278 bytes), ``vt`` (2 hops, not 4), ``cwe`` (3 words 4 times among words once,
+  not 10 words 30 times among words 3 times), ``fwe`` (the 2 most frequent words, not 3:
+  three need up to 258 bytes);
+* left out: ``niah_multikey_3`` (uuid keys and values: the target needle, question and
+  answer take about 190 bytes, so no distractor needle fits at 1×), ``qa_1`` and ``qa_2``
+  (the gold Shakespeare speech, its cast note and the quoted question leave room for at
+  most one distractor document, often none).
+
+Quick mode trains on :data:`QUICK_TASKS` (the three single-needle tasks' two number
+variants, the distractor-needle haystack and variable tracking) and evaluates them at 3
+depths; the full mode trains and evaluates all ten tasks at 5 depths with more steps and
+items.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+
+import numpy as np
+
+from experiments.common import Claim, Experiment, Result, machine_info
+from lcjax.data import ruler
+from lcjax.data.suites import Suite, SuiteTask
+
+TRAIN_LEN = 256  # L, bytes (= tokens) of prompt + answer per training sample
+EVAL_MULTS = (1, 2, 4, 8)
+BATCH = 32
+LR = 1e-2
+OTHER_WEIGHT = 0.1  # loss weight of the non-answer bytes (answer bytes weigh 1)
+DATA_SEED = 1  # TaskSource seed; the evaluator's items use other seed sequences
+EVAL_SEED = 0
+MODEL = dict(d_model=64, num_layers=2, num_heads=4, num_kv_heads=4, head_dim=16,
+             mlp_hidden=172, max_len=max(EVAL_MULTS) * TRAIN_LEN + 64)
+
+NEEDLE = "The magic number for {key} is {value}."
+QUESTION = "\nThe magic number for {query} is "
+_NUM = dict(needle=NEEDLE, prefix="", question=QUESTION, value_digits=4)
+_MANY = dict(_NUM, question="\nThe magic numbers for {query} are ")
+_UUID = dict(needle="The magic uuid for {key} is {value}.", prefix="",
+             question="\nThe magic uuid for {query} is ", value_type="uuids")
+
+# RULER's mix at L = 256 (module docstring): compact templates, fewer keys/values/hops.
+TASKS: tuple[SuiteTask, ...] = (
+    SuiteTask("niah_single_1", "niah", dict(haystack_kind="noise", **_NUM)),
+    SuiteTask("niah_single_2", "niah", dict(haystack_kind="essay", **_NUM)),
+    SuiteTask("niah_single_3", "niah", dict(haystack_kind="essay", **_UUID)),
+    SuiteTask("niah_multikey_1", "niah", dict(haystack_kind="essay", num_keys=3, **_NUM)),
+    SuiteTask("niah_multikey_2", "niah", dict(haystack_kind="needle", **_NUM)),
+    SuiteTask("niah_multivalue", "niah", dict(haystack_kind="essay", num_values=2, **_MANY)),
+    SuiteTask("niah_multiquery", "niah", dict(haystack_kind="essay", num_keys=2,
+                                              num_queries=2, **_MANY)),
+    SuiteTask("vt", "vt", dict(num_chains=1, num_hops=2, prefix="",
+                               question="\nThe variables equal to {value} are: ")),
+    SuiteTask("cwe", "cwe", dict(num_words=3, freq_common=4, freq_rare=1, prefix="",
+                                 question="\nThe {num} most common words are: "),
+              uses_depth=False),
+    SuiteTask("fwe", "fwe", dict(num_words=2, alpha=2.0, prefix="",
+                                 question="\nIgnoring '....', the {num} most frequent words "
+                                          "are: "),
+              uses_depth=False),
+)
+LEFT_OUT = {
+    "niah_multikey_3": "uuid keys and values: no distractor needle fits beside the target at "
+                       "256 bytes",
+    "qa_1": "the gold speech and the quoted question leave room for at most one distractor "
+            "document at 256 bytes",
+    "qa_2": "the gold speech, its cast note and the question leave room for at most one "
+            "distractor document at 256 bytes",
+}
+SUITE = Suite("ruler_256", ruler.generate, TASKS)
+QUICK_TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_2", "vt")
+TARGET_TASK = "niah_single_1"
+
+SETTINGS = {
+    True: dict(steps=400, tasks=QUICK_TASKS, depths=(0.0, 0.5, 1.0), n_per_cell=6),
+    False: dict(steps=3000, tasks=tuple(t.name for t in TASKS),
+                depths=(0.0, 0.25, 0.5, 0.75, 1.0), n_per_cell=20),
+}
+
+
+def training_dataset(tasks, steps: int, batch: int, *, seed: int = DATA_SEED):
+    """``steps`` batches of ``batch`` rows: a grain ``MapDataset`` over a
+    :class:`lcjax.data.sources.TaskSource` of ``tasks`` at ``TRAIN_LEN`` (rows of
+    ``TRAIN_LEN + 1`` positions: BOS + prompt + answer + EOS)."""
+    import grain
+
+    from lcjax.data.sources import TaskSource
+
+    src = TaskSource(SUITE, list(tasks), length=TRAIN_LEN, num_records=steps * batch,
+                     seed=seed, eos=True, seq_len=TRAIN_LEN + 1)
+    keep = ("inputs", "targets", "loss_mask")
+    return (grain.MapDataset.source(src).batch(batch, drop_remainder=True)
+            .map(lambda b: {k: b[k] for k in keep}))
+
+
+def train_model(tasks, steps: int, *, batch: int = BATCH, seed: int = 0, log=print,
+                progress: bool = False) -> dict:
+    """Train the DecoderLM on ``tasks`` through ``lcjax.train.train``; returns the model, the
+    loss history (every step), seconds, throughput and the parameter count."""
+    import jax
+    from flax import nnx
+
+    from lcjax.data import VOCAB_SIZE
+    from lcjax.nn import DecoderConfig
+    from lcjax.train import TrainConfig, answer_weighted_loss, train
+
+    cfg = DecoderConfig(vocab_size=VOCAB_SIZE, **MODEL)
+    run_cfg = TrainConfig(steps=steps, batch_size=batch, seq_len=TRAIN_LEN + 1, lr=LR,
+                          warmup_steps=min(50, steps // 5), seed=seed,
+                          log_every=max(1, min(25, steps // 4)), eval_batches=0,
+                          progress=progress)
+    start = time.perf_counter()
+    result = train(cfg, run_cfg, dataset=training_dataset(tasks, steps, batch),
+                   loss_fn=answer_weighted_loss(OTHER_WEIGHT))
+    seconds = time.perf_counter() - start
+    history = [{"step": r["step"], "loss": float(r["loss"]),
+                "answer_nll": float(r["answer_nll"])} for r in result.history]
+    every = max(1, steps // 8)
+    for r in history:
+        if r["step"] % every == 0 or r["step"] == steps:
+            log(f"   step {r['step']}: loss {r['loss']:.3f}, answer nll {r['answer_nll']:.3f}")
+    params = nnx.state(result.model, nnx.Param)
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+    return {"model": result.model, "history": history, "seconds": seconds,
+            "tokens_per_s": result.tokens_per_s, "params": n_params, "steps": steps}
+
+
+def evaluate_model(model, tasks, lengths, depths, n_per_cell: int, *, seed: int = EVAL_SEED,
+                   progress: bool = False):
+    """``lcjax.eval.evaluate`` of ``model`` on ``tasks`` of :data:`SUITE`."""
+    from lcjax.eval import evaluate
+
+    return evaluate(model, SUITE, lengths=lengths, depths=depths, n_per_cell=n_per_cell,
+                    seed=seed, tasks=list(tasks), batch_size=16, progress=progress)
+
+
+def degradation(summary: dict, tasks, lengths) -> dict[str, list[float]]:
+    """``{task: [string_match_all at each length]}`` (percent, mean over depths)."""
+    return {t: [float(summary["tasks"][t]["lengths"][str(n)]["string_match_all"])
+                for n in lengths] for t in tasks}
+
+
+def degradation_markdown(table: dict[str, list[float]], lengths) -> str:
+    """The table of :func:`degradation` in markdown (one row per task)."""
+    head = "| task | " + " | ".join(f"{n // TRAIN_LEN}× ({n})" for n in lengths) + " |"
+    lines = [head, "|---|" + "---|" * len(lengths)]
+    lines += [f"| {t} | " + " | ".join(f"{v:.1f}" for v in row) + " |"
+              for t, row in table.items()]
+    return "\n".join(lines)
+
+
+def _plot(path: Path, table: dict[str, list[float]], lengths) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for i, (task, row) in enumerate(table.items()):
+        ax.plot(lengths, row, "o-", color=f"C{i % 10}", label=task)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [f"{n // TRAIN_LEN}× L\n({n})" for n in lengths])
+    ax.set_ylim(-3, 103)
+    ax.set_ylabel("string_match_all (%)")
+    ax.set_title(f"RULER-style tasks, byte LM trained at L = {TRAIN_LEN}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(quick: bool, out_dir: Path, *, steps: int | None = None, tasks=None, mults=None,
+        depths=None, n_per_cell: int | None = None, batch: int = BATCH,
+        log=None) -> Result:
+    """The experiment; keywords override the quick or full setting (a smoke run:
+    ``python -m experiments.long_eval.experiment --steps 20 --n-per-cell 1``)."""
+    from lcjax.eval import write_report
+
+    log = log or functools.partial(print, flush=True)
+    s = SETTINGS[quick]
+    steps = s["steps"] if steps is None else steps
+    tasks = tuple(s["tasks"] if tasks is None else tasks)
+    mults = tuple(EVAL_MULTS if mults is None else mults)
+    depths = tuple(s["depths"] if depths is None else depths)
+    n_per_cell = s["n_per_cell"] if n_per_cell is None else n_per_cell
+    lengths = tuple(m * TRAIN_LEN for m in mults)
+    out_dir = Path(out_dir)
+
+    trained = train_model(tasks, steps, batch=batch, log=log)
+    log(f"   trained {trained['params'] / 1e3:.0f}k parameters, {steps} steps x {batch} in "
+        f"{trained['seconds']:.0f} s ({trained['tokens_per_s']:,.0f} tok/s)")
+    start = time.perf_counter()
+    results = evaluate_model(trained["model"], tasks, lengths, depths, n_per_cell)
+    eval_seconds = time.perf_counter() - start
+    paths = write_report(results, str(out_dir / "eval"), machine=machine_info(),
+                         command="python experiments/reproduce.py"
+                                 + (" --quick" if quick else "") + " --only long_eval")
+    summary = results.summary
+    table = degradation(summary, tasks, lengths)
+    log(f"   evaluated {len(results.records)} items in {eval_seconds:.0f} s")
+    for t, row in table.items():
+        log(f"   {t:<16} " + "  ".join(f"{m}×L {v:5.1f}%" for m, v in zip(mults, row)))
+    fig = out_dir / "degradation.png"
+    _plot(fig, table, lengths)
+
+    claims = []
+    if TARGET_TASK in tasks and TRAIN_LEN in lengths:
+        ours = table[TARGET_TASK][lengths.index(TRAIN_LEN)]
+        n1 = summary["tasks"][TARGET_TASK]["lengths"][str(TRAIN_LEN)]["n"]
+        claims.append(Claim(
+            f"single-needle retrieval ({TARGET_TASK}) at the training length L = {TRAIN_LEN} "
+            "(issue 9 must-show)", "string_match_all ≥ 90% at 1× L",
+            f"{ours:.1f}% over {n1} items", ours >= 90.0))
+    history = trained["history"]
+    k = max(1, len(history) // 10)
+    first = float(np.mean([r["loss"] for r in history[:k]]))
+    last = float(np.mean([r["loss"] for r in history[-k:]]))
+    notes = (f"Byte DecoderLM ({trained['params'] / 1e3:.0f}k parameters: "
+             f"{MODEL['num_layers']} layers, d = {MODEL['d_model']}, RoPE) trained through "
+             f"lcjax.train.train on the ruler_256 suite's {', '.join(tasks)} at L = {TRAIN_LEN} "
+             f"bytes for {steps} steps × {batch} rows (grain MapDataset over TaskSource, "
+             f"answer bytes weigh 1, the others {OTHER_WEIGHT}), lr {LR}: training loss "
+             f"{first:.3f} → {last:.3f} (mean of the first and last {k} steps), "
+             f"{trained['seconds']:.0f} s. Evaluated with lcjax.eval.evaluate (batched "
+             f"prefill, greedy decoding through the KV cache) at {list(lengths)} bytes, depths "
+             f"{list(depths)}, {n_per_cell} items per cell ({len(results.records)} items, "
+             f"{eval_seconds:.0f} s). string_match_all (%) by length, mean over depths:\n\n"
+             + degradation_markdown(table, lengths)
+             + "\n\nPer-task depth × length heat maps and tables: eval/results.md. "
+             "Compact templates and left-out tasks: experiments/long_eval/experiment.py.")
+    figures = [fig] + [Path(p) for key, p in paths.items() if key.endswith("_heatmap")]
+    return Result(claims=claims, notes=notes, figures=figures,
+                  numbers={"train_len": TRAIN_LEN, "tasks": list(tasks), "lengths": list(lengths),
+                           "depths": list(depths), "n_per_cell": n_per_cell, "steps": steps,
+                           "batch": batch, "lr": LR, "other_weight": OTHER_WEIGHT,
+                           "model": MODEL, "params": trained["params"],
+                           "train_seconds": trained["seconds"], "eval_seconds": eval_seconds,
+                           "tokens_per_s": trained["tokens_per_s"],
+                           "loss_first": first, "loss_last": last,
+                           "history": history[::max(1, steps // 50)] + history[-1:],
+                           "string_match_all": table,
+                           "overall": summary["overall"], "report_files": paths,
+                           "left_out": LEFT_OUT})
+
+
+EXPERIMENT = Experiment(
+    name="long_eval",
+    paper="RULER (Hsieh et al., 2024), long-context evaluation",
+    summary="byte LM trained on RULER-style tasks at L = 256, evaluated at 1×–8× L over "
+            "needle depths (depth × length heat maps)",
+    run=run,
+    quick_budget_s=240,
+)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=EXPERIMENT.summary)
+    parser.add_argument("--full", action="store_true", help="the full setting (else quick)")
+    parser.add_argument("--steps", type=int, help="training steps (default: the setting's)")
+    parser.add_argument("--n-per-cell", type=int, help="items per (task, length, depth)")
+    parser.add_argument("--out", type=Path, default=Path("reports/long_eval"))
+    args = parser.parse_args()
+    res = run(not args.full, args.out, steps=args.steps, n_per_cell=args.n_per_cell)
+    for c in res.claims:
+        print(f"[{'HOLDS' if c.holds else 'FAILS'}] {c.claim}: ours {c.ours} "
+              f"(target {c.target})")
