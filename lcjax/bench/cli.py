@@ -9,12 +9,15 @@
         (see ``lcjax bench entmax --help`` and ``lcjax.bench.entmax``)
     lcjax bench token_sparse [--quick] [--seq-lens 4096,...] [--coverages 0.01,0.1,...]
         (see ``lcjax bench token_sparse --help`` and ``lcjax.bench.token_sparse``)
+    lcjax bench context_parallel [--seq-lens 8192,32768] [--budget-mib M] [--kv-heads 8]
+        (Ulysses / Ring / UPipe memory and step time; ``lcjax.bench.context_parallel``)
 """
 
 from __future__ import annotations
 
 import argparse
 
+from lcjax.bench import context_parallel as context_parallel_bench
 from lcjax.bench import entmax as entmax_bench
 from lcjax.bench import token_sparse as token_sparse_bench
 from lcjax.bench.attention import (
@@ -77,6 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"T in {QUICK_SEQ_LENS}, {QUICK_REPEATS} repeats (unless given)")
     entmax_bench.add_arguments(sub)
     token_sparse_bench.add_arguments(sub)
+    context_parallel_bench.add_arguments(sub)
 
 
 def _parse_max_len(specs) -> dict[str, int]:
@@ -111,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
         return entmax_bench.run_cli(args)
     if args.bench == "token_sparse":
         return token_sparse_bench.run_cli(args)
+    if args.bench == "context_parallel":
+        return context_parallel_bench.run_cli(args)
     if args.bench != "attention":
         raise ValueError(f"unknown benchmark {args.bench!r}")
     result = run_attention_benchmark(config_from_args(args))

@@ -1,0 +1,324 @@
+"""``lcjax bench context_parallel``: per-device memory and step time of one attention layer
+(projections included) under Ulysses, Ring and UPipe (:mod:`lcjax.parallel`).
+
+For fixed B, H, Hkv, D, C and growing T it reports
+
+- the per-device compiled temp bytes of forward+backward (``jax.jit(grad).lower(...)
+  .compile().memory_analysis().temp_size_in_bytes``; compile only, nothing runs);
+- the analytic model beside it (:func:`memory_model`), and the compiled bytes per token
+  (the slope between two lengths) against the model's slope;
+- the largest T under a per-device budget for each strategy (a binary search over
+  compiled memory, on multiples of the step ``2 C · block``);
+- wall time of one fwd+bwd step on C CPU devices at a short length, as ratios to Ulysses.
+
+The memory model (bytes per device, s = bytes per element, Hv = max(Hkv, C), d = d_model):
+
+    attention intermediates  A = 2 s B T D n,   n = heads alive per device, counting the
+        q, k, v, o tensors of the head layout (2: each with its cotangent):
+        Ulysses n = 2 H/C + 2 Hv/C;  UPipe n = 4 (one q, k, v and o head per stage);
+        Ring n = (2 H + 2 Hkv)/C (+ one kv block in flight, 2 Hkv/C more);
+    sequence-sharded part   S = s B (T/C) (m d + 2 (H + 2 Hkv) D)  (Ulysses, Ring: the
+        projections in the sequence layout) or s B (T/C) m d (UPipe), m = 3 x-sized
+        buffers (y, its cotangent's use, dx) — a constant XLA fusion may change;
+
+so A_upipe / A_ulysses = 4 / (2 H/C + 2 Hv/C): C/H = 25% for MHA at H = 32, C = 8, and
+40% for GQA at Hkv = 8 (the kv heads are already one per device there).
+
+Runs on C CPU devices: when fewer are visible it re-runs itself in a subprocess with
+``XLA_FLAGS=--xla_force_host_platform_device_count=C``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+STRATEGIES = ("ulysses", "ring", "upipe")
+
+
+def memory_model(strategy: str, *, seq_len: int, batch: int, heads: int, kv_heads: int,
+                 head_dim: int, d_model: int, context: int, bytes_per: int = 4,
+                 x_buffers: int = 3) -> dict:
+    """The analytic per-device bytes of fwd+bwd of one layer (module docstring):
+    ``{"attention": A, "sequence": S, "total": A + S}``."""
+    t, c, d = seq_len, context, head_dim
+    hv = max(kv_heads, c)
+    if strategy == "ulysses":
+        n = 2 * heads / c + 2 * hv / c
+    elif strategy == "upipe":
+        n = 4.0
+    elif strategy == "ring":
+        n = (2 * heads + 4 * kv_heads) / c
+    else:
+        raise ValueError(f"memory_model: unknown strategy {strategy!r}")
+    attention = 2 * bytes_per * batch * t * d * n
+    seq = bytes_per * batch * (t / c) * x_buffers * d_model
+    if strategy != "upipe":
+        seq += bytes_per * batch * (t / c) * 2 * (heads + 2 * kv_heads) * d
+    return {"attention": attention, "sequence": seq, "total": attention + seq}
+
+
+def _layer_fn(strategy, mesh, *, heads, kv_heads, head_dim, causal, block):
+    import jax
+    import jax.numpy as jnp
+
+    from lcjax.parallel import layer
+
+    d_model = heads * head_dim
+    init, apply = layer(strategy, mesh=mesh, d_model=d_model, num_heads=heads,
+                        num_kv_heads=kv_heads, head_dim=head_dim, causal=causal,
+                        variant="blockwise", block_q=block, block_kv=block)
+    step = jax.jit(jax.grad(lambda p, x, w: jnp.sum(w * apply(p, x)), argnums=(0, 1)))
+    return init, step, d_model
+
+
+def _abstract(mesh, init, batch, seq_len, d_model):
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    params = jax.eval_shape(init, jax.random.PRNGKey(0))
+    rep = NamedSharding(mesh, P())
+    params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep),
+                          params)
+    x = jax.ShapeDtypeStruct((batch, seq_len, d_model), jnp.float32,
+                             sharding=NamedSharding(mesh, P("data", "context", None)))
+    return params, x
+
+
+def compiled_temp_bytes(strategy: str, seq_len: int, *, mesh, batch=1, heads=32, kv_heads=8,
+                        head_dim=64, causal=True, block=512) -> tuple[int, float]:
+    """(per-device temp bytes of the compiled fwd+bwd, compile seconds); nothing runs."""
+    init, step, d_model = _layer_fn(strategy, mesh, heads=heads, kv_heads=kv_heads,
+                                    head_dim=head_dim, causal=causal, block=block)
+    params, x = _abstract(mesh, init, batch, seq_len, d_model)
+    start = time.perf_counter()
+    compiled = step.lower(params, x, x).compile()
+    return int(compiled.memory_analysis().temp_size_in_bytes), time.perf_counter() - start
+
+
+def max_length_under(strategy: str, budget: int, *, step: int, guess: int, measure,
+                     max_compiles: int = 8) -> dict:
+    """Largest T (a multiple of ``step``) with ``measure(T) <= budget``: bracket from
+    ``guess`` by doubling/halving, then bisect; at most ``max_compiles`` measurements
+    (the result is then the best proven T, with ``exact`` False)."""
+    seen = {}
+
+    def fits(t):
+        if t not in seen:
+            seen[t] = measure(t)
+        return seen[t] <= budget
+
+    guess = max(step, guess // step * step)
+    lo, hi = (guess, None) if fits(guess) else (None, guess)
+    while lo is None and len(seen) < max_compiles and hi > step:
+        t = max(step, hi // 2 // step * step)
+        lo, hi = (t, hi) if fits(t) else (None, t)
+    while hi is None and len(seen) < max_compiles:
+        t = lo * 2
+        lo, hi = (t, None) if fits(t) else (lo, t)
+    while lo is not None and hi is not None and hi - lo > step and len(seen) < max_compiles:
+        t = (lo + hi) // 2 // step * step
+        lo, hi = (t, hi) if fits(t) else (lo, t)
+    exact = lo is not None and hi is not None and hi - lo <= step
+    return {"strategy": strategy, "max_len": lo, "upper": hi, "exact": exact,
+            "measured": {str(k): v for k, v in sorted(seen.items())}}
+
+
+def step_times(strategies, *, mesh, batch, heads, kv_heads, head_dim, seq_len, causal, block,
+               repeats=3) -> dict:
+    """Median wall seconds of one fwd+bwd step per strategy (interleaved rounds)."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from lcjax.bench.timing import time_interleaved
+
+    fns = {}
+    for s in strategies:
+        init, step, d_model = _layer_fn(s, mesh, heads=heads, kv_heads=kv_heads,
+                                        head_dim=head_dim, causal=causal, block=block)
+        params = jax.device_put(init(jax.random.PRNGKey(0)), NamedSharding(mesh, P()))
+        x = jax.device_put(jax.random.normal(jax.random.PRNGKey(1), (batch, seq_len, d_model)),
+                           NamedSharding(mesh, P("data", "context", None)))
+        fns[s] = (step, (params, x, x), True)
+    stats, _ = time_interleaved(fns, repeats=repeats, warmup=1)
+    return {s: st["median_s"] for s, st in stats.items()}
+
+
+def run_benchmark(*, strategies=STRATEGIES, heads=32, kv_heads=8, head_dim=64, context=8,
+                  batch=1, seq_lens=(8192, 32768), causal=True, block=512,
+                  budget_mib: float | None = None, search: bool = True, max_compiles=6,
+                  time_len=1024, time_head_dim=None, repeats=3) -> dict:
+    """The whole benchmark as a dict (see the module docstring)."""
+    import jax
+
+    from lcjax.parallel import make_mesh
+
+    mesh = make_mesh(data=1, context=context, devices=jax.devices()[:context])
+    shape = dict(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
+    rows = []
+    for t in seq_lens:
+        for s in strategies:
+            temp, compile_s = compiled_temp_bytes(s, t, mesh=mesh, causal=causal, block=block,
+                                                  **shape)
+            model = memory_model(s, seq_len=t, context=context, d_model=heads * head_dim,
+                                 head_dim=head_dim, heads=heads, kv_heads=kv_heads,
+                                 batch=batch)
+            rows.append({"strategy": s, "seq_len": t, "temp_bytes": temp,
+                         "compile_s": compile_s, "model": model})
+            print(f"  {s:8s} T={t:7d} temp {temp / 2**20:9.1f} MiB  model "
+                  f"{model['total'] / 2**20:9.1f} MiB  (compile {compile_s:.1f} s)", flush=True)
+    result = {"config": {**shape, "context": context, "causal": causal, "block": block,
+                         "seq_lens": list(seq_lens), "variant": "blockwise"},
+              "rows": rows}
+    by = {(r["strategy"], r["seq_len"]): r for r in rows}
+    if len(seq_lens) >= 2:
+        t1, t2 = seq_lens[0], seq_lens[-1]
+        slopes = {}
+        for s in strategies:
+            a, b = by[(s, t1)], by[(s, t2)]
+            slopes[s] = {"compiled": (b["temp_bytes"] - a["temp_bytes"]) / (t2 - t1),
+                         "model": (b["model"]["total"] - a["model"]["total"]) / (t2 - t1),
+                         "model_attention": (b["model"]["attention"]
+                                             - a["model"]["attention"]) / (t2 - t1)}
+        result["bytes_per_token"] = slopes
+    if "ulysses" in strategies and "upipe" in strategies:
+        t = seq_lens[-1]
+        result["upipe_over_ulysses_temp"] = (by[("upipe", t)]["temp_bytes"]
+                                             / by[("ulysses", t)]["temp_bytes"])
+        if "bytes_per_token" in result:
+            sl = result["bytes_per_token"]
+            # attention part of the compiled slope: compiled slope minus the model's
+            # sequence-sharded slope (the model's split applied to the measurement)
+            att = {s: sl[s]["compiled"] - (sl[s]["model"] - sl[s]["model_attention"])
+                   for s in ("ulysses", "upipe")}
+            result["attention_bytes_per_token"] = att
+            result["upipe_over_ulysses_attention"] = att["upipe"] / att["ulysses"]
+    if search and budget_mib is not None:
+        budget = int(budget_mib * 2**20)
+        step = 2 * context * block
+        result["budget_bytes"] = budget
+        result["max_len"] = {}
+        for s in strategies:
+            slope = result.get("bytes_per_token", {}).get(s, {}).get("compiled")
+            base = by[(s, seq_lens[0])]["temp_bytes"]
+            guess = int(seq_lens[0] + (budget - base) / slope) if slope else seq_lens[0]
+            result["max_len"][s] = max_length_under(
+                s, budget, step=step, guess=max(step, guess), max_compiles=max_compiles,
+                measure=lambda t, s=s: compiled_temp_bytes(s, t, mesh=mesh, causal=causal,
+                                                           block=block, **shape)[0])
+            print(f"  {s:8s} largest T under {budget_mib:.0f} MiB: "
+                  f"{result['max_len'][s]['max_len']}", flush=True)
+    if time_len:
+        hd = time_head_dim or head_dim
+        times = step_times(strategies, mesh=mesh, batch=batch, heads=heads, kv_heads=kv_heads,
+                           head_dim=hd, seq_len=time_len, causal=causal,
+                           block=min(block, time_len // context), repeats=repeats)
+        result["step_s"] = times
+        if "ulysses" in times:
+            result["step_ratio_vs_ulysses"] = {s: v / times["ulysses"] for s, v in times.items()}
+    return result
+
+
+def format_result(result: dict) -> str:
+    """A markdown summary of :func:`run_benchmark`'s result."""
+    c = result["config"]
+    lines = [f"Context-parallel attention layer, fwd+bwd, per device: B={c['batch']} "
+             f"H={c['heads']} Hkv={c['kv_heads']} D={c['head_dim']} C={c['context']} "
+             f"blockwise block={c['block']}, causal={c['causal']}", "",
+             "| strategy | T | compiled temp MiB | model MiB (attention + sequence) |",
+             "|---|---|---|---|"]
+    for r in result["rows"]:
+        m = r["model"]
+        lines.append(f"| {r['strategy']} | {r['seq_len']} | {r['temp_bytes'] / 2**20:.1f} | "
+                     f"{m['total'] / 2**20:.1f} ({m['attention'] / 2**20:.1f} + "
+                     f"{m['sequence'] / 2**20:.1f}) |")
+    if "bytes_per_token" in result:
+        lines += ["", "| strategy | compiled bytes/token | model bytes/token |", "|---|---|---|"]
+        for s, v in result["bytes_per_token"].items():
+            lines.append(f"| {s} | {v['compiled']:.0f} | {v['model']:.0f} |")
+    for key, label in (("upipe_over_ulysses_temp", "UPipe / Ulysses temp bytes"),
+                       ("upipe_over_ulysses_attention",
+                        "UPipe / Ulysses attention-intermediate bytes per token")):
+        if key in result:
+            lines.append(f"\n{label}: {result[key]:.1%}")
+    if "max_len" in result:
+        lines += ["", f"Largest T under {result['budget_bytes'] / 2**20:.0f} MiB per device:"]
+        for s, v in result["max_len"].items():
+            lines.append(f"- {s}: {v['max_len']} ({'exact' if v['exact'] else 'bound'}; "
+                         f"upper {v['upper']})")
+    if "step_ratio_vs_ulysses" in result:
+        lines += ["", "Step time (fwd+bwd) vs Ulysses: " + ", ".join(
+            f"{s} {r:.2f}x" for s, r in result["step_ratio_vs_ulysses"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(sub) -> None:
+    """Register ``bench context_parallel`` on the bench subparsers."""
+    p = sub.add_parser("context_parallel", help="memory and step time of Ulysses, Ring, UPipe",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _arguments(p)
+
+
+def _arguments(p):
+    p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--context", type=int, default=8)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq-lens", default="8192,32768")
+    p.add_argument("--block", type=int, default=512)
+    p.add_argument("--budget-mib", type=float, default=None,
+                   help="per-device budget for the largest-T search (none: no search)")
+    p.add_argument("--max-compiles", type=int, default=6)
+    p.add_argument("--time-len", type=int, default=1024, help="T of the timed step (0: none)")
+    p.add_argument("--time-head-dim", type=int, default=None)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", default=None, help="write the result here")
+
+
+def _run(args) -> int:
+    result = run_benchmark(
+        strategies=tuple(s for s in args.strategies.split(",") if s), heads=args.heads,
+        kv_heads=args.kv_heads, head_dim=args.head_dim, context=args.context,
+        batch=args.batch, seq_lens=tuple(int(t) for t in args.seq_lens.split(",")),
+        block=args.block, budget_mib=args.budget_mib, search=args.budget_mib is not None,
+        max_compiles=args.max_compiles, time_len=args.time_len,
+        time_head_dim=args.time_head_dim, repeats=args.repeats)
+    print(format_result(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+def run_cli(args) -> int:
+    """``lcjax bench context_parallel``: here if C devices are visible, else in a
+    subprocess with C host devices."""
+    import jax
+
+    if jax.device_count() >= args.context:
+        return _run(args)
+    return run_subprocess(sys.argv[sys.argv.index("context_parallel") + 1:], args.context)
+
+
+def run_subprocess(argv, context: int, **kwargs) -> int:
+    """Run this module as a script with ``context`` CPU devices."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=(os.environ.get("XLA_FLAGS", "")
+                          + f" --xla_force_host_platform_device_count={context}").strip())
+    return subprocess.run([sys.executable, "-m", "lcjax.bench.context_parallel", *argv],
+                          env=env, check=False, **kwargs).returncode
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m lcjax.bench.context_parallel")
+    _arguments(parser)
+    sys.exit(_run(parser.parse_args()))
