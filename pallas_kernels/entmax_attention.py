@@ -87,7 +87,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.entmax_rules import hermite_root, polish_step, solver_step
+from pallas_kernels.entmax_rules import alpha_cotangent, hermite_root, polish_step, solver_step
 
 __all__ = ["BlockSizes", "entmax_attention_pallas", "entmax_attention_reference",
            "unsupported_block_sizes"]
@@ -123,7 +123,7 @@ class BlockSizes:
 
 
 class _Config(NamedTuple):
-    alpha: float
+    alpha: float | None  # static α, or None: per-head α read from the kernels' alpha input
     causal: bool
     scale: float
     kind: str  # solver step: "quadratic" | "newton" | "bisect"
@@ -202,16 +202,22 @@ def _scores(q, k, c: float, qpos0, kpos0, L, causal: bool):
     return jnp.where(valid, x, NEG)
 
 
+def _is(alpha, value: float) -> bool:
+    """Whether α is the static number ``value`` (never for a per-head α, a traced array)."""
+    return isinstance(alpha, float) and alpha == value
+
+
 def _shifted(x, mz):
     """z - max z, floored at -2 (masked and dead entries end there, below every τ)."""
     return jnp.maximum(x - mz, -2.0)
 
 
 def _weights(u, alpha: float):
-    """[u]₊^{1/(α-1)} for u ≥ 0 (the unnormalised entmax weight)."""
-    if alpha == 1.5:
+    """[u]₊^{1/(α-1)} for u ≥ 0 (the unnormalised entmax weight); α a static float or a
+    per-head [1, 1] array."""
+    if _is(alpha, 1.5):
         return u * u
-    if alpha == 2.0:
+    if _is(alpha, 2.0):
         return u
     pos = u > 0
     return jnp.where(pos, jnp.exp(jnp.log(jnp.maximum(u, _TINY)) / (alpha - 1.0)), 0.0)
@@ -219,9 +225,9 @@ def _weights(u, alpha: float):
 
 def _sens(u, alpha: float):
     """u^{(2-α)/(α-1)} on the support: s = p^{2-α} up to a per-row factor."""
-    if alpha == 1.5:
+    if _is(alpha, 1.5):
         return u
-    if alpha == 2.0:
+    if _is(alpha, 2.0):
         return (u > 0).astype(_F32)
     pos = u > 0
     e = (2.0 - alpha) / (alpha - 1.0)
@@ -231,9 +237,9 @@ def _sens(u, alpha: float):
 def _sens_scale(l, alpha: float):
     """The per-row factor (Σp)^{α-2} that turns _sens(u) into p̂^{2-α}, p̂ = p/Σp."""
     pos = l > 0
-    if alpha == 2.0:
+    if _is(alpha, 2.0):
         return jnp.ones_like(l)
-    if alpha == 1.5:
+    if _is(alpha, 1.5):
         return jnp.where(pos, lax.rsqrt(jnp.where(pos, l, 1.0)), 0.0)
     return jnp.where(pos, jnp.exp((alpha - 2.0) * jnp.log(jnp.where(pos, l, 1.0))), 0.0)
 
@@ -243,12 +249,13 @@ def _inv(l):
     return jnp.where(pos, 1.0 / jnp.where(pos, l, 1.0), 0.0)
 
 
-def _resolve(solver: str, alpha: float) -> tuple[str, str]:
-    """(step kind, initialisation) of ``solver`` at a static α (the rule of
-    ``lcjax.entmax.SolverConfig.resolve``)."""
-    if solver == "bisect" or alpha > 2.0:
+def _resolve(solver: str, alpha: float | None) -> tuple[str, str]:
+    """(step kind, initialisation) of ``solver`` at a static α, or None for a per-head α
+    (the rule of ``lcjax.entmax.SolverConfig.resolve``: Newton from the power-mean origin,
+    and bisection on the heads with α > 2)."""
+    if solver == "bisect" or (alpha is not None and alpha > 2.0):
         return "bisect", "bracket"
-    kind = "quadratic" if alpha == 1.5 else "newton"
+    kind = "quadratic" if _is(alpha, 1.5) else "newton"
     return kind, ("histogram" if solver == "histogram" and alpha in (1.5, 2.0) else "origin")
 
 
@@ -310,9 +317,10 @@ def _histogram_init(stats, alpha: float, bins: int, t0, w):
 # ----------------------------------------------------------------------------
 # Forward kernel
 # ----------------------------------------------------------------------------
-def _fwd_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref, l_ref, it_ref,
+def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref, l_ref, it_ref,
                 live_ref, taub_ref, *, cfg: _Config):
-    alpha, bq, bk, bins = cfg.alpha, cfg.bq, cfg.bk, cfg.bins
+    bq, bk, bins = cfg.bq, cfg.bk, cfg.bins
+    alpha = cfg.alpha if cfg.alpha is not None else alpha_ref[...]  # float or [1, 1]
     am1 = alpha - 1.0
     c = cfg.scale * am1
     qi = pl.program_id(2)
@@ -345,8 +353,12 @@ def _fwd_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref, l_ref, it_
     mz = jnp.where(dead, 0.0, xmax)
     n_a = jnp.maximum(cnt, 1.0)
     t0 = ssum / n_a - _inv_power(n_a, alpha) - 8 * float(np.finfo(np.float32).eps)
-    t0 = jnp.maximum(t0, -1.0) if alpha <= 2.0 else jnp.full((bq, 1), -1.0, _F32)
-    hi = jnp.full((bq, 1), -float(cfg.kv_len) ** (-am1), _F32)  # τ ≤ max z - S^{1-α}
+    if cfg.alpha is None:  # the origin is a bound for α ≤ 2 only
+        t0 = jnp.where(am1 <= 1.0, jnp.maximum(t0, -1.0), -1.0)
+        hi = zeros - jnp.exp(-am1 * float(np.log(cfg.kv_len)))
+    else:
+        t0 = jnp.maximum(t0, -1.0) if alpha <= 2.0 else jnp.full((bq, 1), -1.0, _F32)
+        hi = jnp.full((bq, 1), -float(cfg.kv_len) ** (-am1), _F32)  # τ ≤ max z - S^{1-α}
 
     def z_tile(j):
         return _shifted(x_tile(j), mz)
@@ -389,9 +401,9 @@ def _fwd_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref, l_ref, it_
             gaps = jnp.where(kiota == j, jnp.max(z - tau), gaps)
             if cfg.kind == "bisect":
                 return kk, ss, pp + _rowsum(_weights(u, alpha)), gaps
-            if alpha in (1.5, 2.0):
+            if _is(alpha, 1.5) or _is(alpha, 2.0):
                 kk, ss = kk + _rowsum((u > 0).astype(_F32)), ss + _rowsum(u)
-                return kk, ss, pp + (_rowsum(u * u) if alpha == 1.5 else _rowsum(u)), gaps
+                return kk, ss, pp + (_rowsum(u * u) if _is(alpha, 1.5) else _rowsum(u)), gaps
             # any other α: P = Σ u^c and -f' = c·Σ u^{c-1}
             return kk + _rowsum(_sens(u, alpha)) / am1, ss, pp + _rowsum(_weights(u, alpha)), gaps
         return body
@@ -407,6 +419,10 @@ def _fwd_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref, l_ref, it_
         f = pp - 1.0
         new_tau, lo, hi = solver_step(cfg.kind, tau, f, kk, ss, lo, hi)
         polished = jnp.clip(polish_step(cfg.kind, tau, f, kk, ss), lo, hi)
+        if cfg.alpha is None and cfg.kind != "bisect":  # a head with α > 2: bisection
+            concave = am1 > 1.0
+            new_tau = jnp.where(concave, 0.5 * (lo + hi), new_tau)
+            polished = jnp.where(concave, tau, polished)
         was_done = done > 0.5
         converged = jnp.abs(f) < cfg.tol
         stop = was_done | converged | (it >= cfg.n_iter) | (new_tau == tau)
@@ -447,9 +463,9 @@ def _fwd_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref, l_ref, it_
 
 def _inv_power(n, alpha: float):
     """n^{1-α} for n ≥ 1."""
-    if alpha == 1.5:
+    if _is(alpha, 1.5):
         return lax.rsqrt(n)
-    if alpha == 2.0:
+    if _is(alpha, 2.0):
         return 1.0 / n
     return jnp.exp((1.0 - alpha) * jnp.log(n))
 
@@ -457,9 +473,11 @@ def _inv_power(n, alpha: float):
 # ----------------------------------------------------------------------------
 # Backward kernels
 # ----------------------------------------------------------------------------
-def _dq_kernel(len_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref, l_ref, live_ref,
-               dq_ref, delta_ref, *, cfg: _Config):
-    alpha, bq, bk = cfg.alpha, cfg.bq_dq, cfg.bk_dq
+def _dq_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref, l_ref,
+               live_ref, dq_ref, delta_ref, *da_ref, cfg: _Config):
+    bq, bk = cfg.bq_dq, cfg.bk_dq
+    learn = cfg.alpha is None  # per-head α: also the rows' ∂L/∂α (da_ref)
+    alpha = alpha_ref[...] if learn else cfg.alpha
     c = cfg.scale * (alpha - 1.0)
     qi = pl.program_id(2)
     L = jnp.max(len_ref[...])
@@ -468,30 +486,40 @@ def _dq_kernel(len_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref, l_ref, liv
     q, do = q_ref[...], do_ref[...]
     mz, tau = mz_ref[...], tau_ref[...]
     live = live_ref[...]
-    kappa = _sens_scale(l_ref[...], alpha)
+    l = l_ref[...]
+    kappa = _sens_scale(l, alpha)
+    inv_l, log_l = _inv(l), jnp.log(jnp.where(l > 0, l, 1.0))
 
     def tile(j):
         k = k_ref[_key_slice(j, bk), :]
         v = v_ref[_key_slice(j, bk), :]
         z = _shifted(_scores(q, k, c, qpos0, j * bk, L, cfg.causal), mz)
-        r = _sens(jnp.maximum(z - tau, 0.0), alpha)
-        return k, r, _nt(do, v)
+        u = jnp.maximum(z - tau, 0.0)
+        return k, u, _sens(u, alpha), _nt(do, v)
 
     def sums_body(j, carry):
         def on(carry):
-            sr, srdp = carry
-            _, r, dp = tile(j)
-            return sr + _rowsum(r), srdp + _rowsum(r * dp)
+            _, u, r, dp = tile(j)
+            new = [r, r * dp]
+            if learn:  # p̂ = p/Σp, log p̂ on the support, for Σ p̂ dp, H, Σ p̂ log p̂ dp
+                p = _weights(u, alpha) * inv_l
+                logp = jnp.log(jnp.maximum(u, _TINY)) / (alpha - 1.0) - log_l
+                plogp = jnp.where(u > 0, p * logp, 0.0)
+                new += [p * dp, plogp, plogp * dp]
+            return tuple(acc + _rowsum(x) for acc, x in zip(carry, new))
 
         return lax.cond(_pick(live, j) > 0, on, lambda carry: carry, carry)
 
     zeros = jnp.zeros((bq, 1), _F32)
-    sr, srdp = lax.fori_loop(0, nkb, sums_body, (zeros, zeros))
-    delta = srdp * _inv(sr)
+    sums = lax.fori_loop(0, nkb, sums_body, (zeros,) * (5 if learn else 2))
+    delta = sums[1] * _inv(sums[0])
+    if learn:
+        p_dp, ent, plogp_dp = sums[2:]
+        da_ref[0][...] = alpha_cotangent(p_dp, delta, ent, plogp_dp, alpha - 1.0)
 
     def dq_body(j, dq):
         def on(dq):
-            k, r, dp = tile(j)
+            k, _, r, dp = tile(j)
             ds = kappa * r * (dp - delta)
             return dq + _nn(ds.astype(k.dtype), k)
 
@@ -502,10 +530,9 @@ def _dq_kernel(len_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref, l_ref, liv
     delta_ref[...] = delta
 
 
-def _dkv_kernel(len_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref, l_ref, delta_ref,
-                live_ref, dk_ref, dv_ref, *, cfg: _Config):
-    alpha, bq, bk = cfg.alpha, cfg.bq_dkv, cfg.bk_dkv
-    c = cfg.scale * (alpha - 1.0)
+def _dkv_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref, l_ref,
+                delta_ref, live_ref, dk_ref, dv_ref, *, cfg: _Config):
+    bq, bk = cfg.bq_dkv, cfg.bk_dkv
     kj = pl.program_id(2)
     L = jnp.max(len_ref[...])
     n_qblocks = q_ref.shape[1] // bq
@@ -516,6 +543,8 @@ def _dkv_kernel(len_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref, l_ref, de
 
     def head_body(g, carry):
         live = live_ref[g]
+        alpha = alpha_ref[g] if cfg.alpha is None else cfg.alpha  # query head g of the group
+        c = cfg.scale * (alpha - 1.0)
 
         def q_body(i, carry):
             def on(carry):
@@ -581,7 +610,12 @@ def _len_spec():
     return pl.BlockSpec((None, 1, 1), lambda b, h, i: (b, 0, 0))
 
 
-def _forward(q, k, v, lens, cfg: _Config):
+def _alpha_spec():
+    """α of query head h from the [H, 1, 1] array (grids over (batch, head, block))."""
+    return pl.BlockSpec((None, 1, 1), lambda b, h, i: (h, 0, 0))
+
+
+def _forward(q, k, v, lens, alpha, cfg: _Config):
     B, H, Tp, Dp = q.shape
     Sp, Dvp = k.shape[2], v.shape[3]
     G, bq, bk = cfg.groups, cfg.bq, cfg.bk
@@ -593,6 +627,7 @@ def _forward(q, k, v, lens, cfg: _Config):
         grid=(B, H, nq),
         in_specs=[
             _len_spec(),
+            _alpha_spec(),
             pl.BlockSpec((None, None, bq, Dp), lambda b, h, i: (b, h, i, 0)),
             pl.BlockSpec((None, None, Sp, Dp), lambda b, h, i: (b, lax.div(h, G), 0, 0)),
             pl.BlockSpec((None, None, Sp, Dvp), lambda b, h, i: (b, lax.div(h, G), 0, 0)),
@@ -610,7 +645,7 @@ def _forward(q, k, v, lens, cfg: _Config):
         ],
         interpret=cfg.interpret,
         name="entmax_attention_fwd",
-    )(lens, q, k, v)
+    )(lens, alpha, q, k, v)
     out, mz, tau, l, iters, live, taub = outs
     return out, mz, tau, l, iters, live[:, :, :, 0, :nk], taub
 
@@ -632,7 +667,8 @@ def _regrid(live, bq_f: int, bk_f: int, bq: int, bk: int, Tp: int, Sp: int):
     return (hits > 0).astype(jnp.int32)
 
 
-def _backward(q, k, v, lens, mz, tau, l, live, d_out, cfg: _Config):
+def _backward(q, k, v, lens, alpha, mz, tau, l, live, d_out, cfg: _Config):
+    """dq, dk, dv and, for a per-head α (``cfg.alpha`` None), dα [H, 1, 1] (else None)."""
     B, H, Tp, Dp = q.shape
     Hkv, Sp, Dvp = k.shape[1], k.shape[2], v.shape[3]
     G = cfg.groups
@@ -642,11 +678,13 @@ def _backward(q, k, v, lens, mz, tau, l, live, d_out, cfg: _Config):
     nq, nk = Tp // bq, Sp // bk
     nkp = pl.next_power_of_2(nk)
     live_q = jnp.pad(live_q, ((0, 0), (0, 0), (0, 0), (0, nkp - nk)))[:, :, :, None, :]
-    dq, delta = _call(
+    learn = cfg.alpha is None
+    dq, delta, *da_rows = _call(
         functools.partial(_dq_kernel, cfg=cfg),
         grid=(B, H, nq),
         in_specs=[
             _len_spec(),
+            _alpha_spec(),
             pl.BlockSpec((None, None, bq, Dp), lambda b, h, i: (b, h, i, 0)),
             pl.BlockSpec((None, None, Sp, Dp), lambda b, h, i: (b, lax.div(h, G), 0, 0)),
             pl.BlockSpec((None, None, Sp, Dvp), lambda b, h, i: (b, lax.div(h, G), 0, 0)),
@@ -657,12 +695,13 @@ def _backward(q, k, v, lens, mz, tau, l, live, d_out, cfg: _Config):
         out_specs=[
             pl.BlockSpec((None, None, bq, Dp), lambda b, h, i: (b, h, i, 0)),
             _row_spec(bq),
-        ],
+        ] + [_row_spec(bq)] * learn,
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                   jax.ShapeDtypeStruct((B, H, Tp, 1), _F32)],
+                   jax.ShapeDtypeStruct((B, H, Tp, 1), _F32)]
+        + [jax.ShapeDtypeStruct((B, H, Tp, 1), _F32)] * learn,
         interpret=cfg.interpret,
         name="entmax_attention_dq",
-    )(lens, q, k, v, d_out, mz, tau, l, live_q)
+    )(lens, alpha, q, k, v, d_out, mz, tau, l, live_q)
     # dk, dv over key blocks of each kv head (looping over its G query heads)
     bq, bk = cfg.bq_dkv, cfg.bk_dkv
     live_k = _regrid(live, cfg.bq, cfg.bk, bq, bk, Tp, Sp)
@@ -676,6 +715,7 @@ def _backward(q, k, v, lens, mz, tau, l, live, d_out, cfg: _Config):
         grid=(B, Hkv, nk),
         in_specs=[
             _len_spec(),
+            pl.BlockSpec((G, 1, 1), lambda b, g, j: (g, 0, 0)),  # α of the group's heads
             pl.BlockSpec((None, G, Tp, Dp), lambda b, g, j: (b, g, 0, 0)),
             pl.BlockSpec((None, None, bk, Dp), lambda b, g, j: (b, g, j, 0)),
             pl.BlockSpec((None, None, bk, Dvp), lambda b, g, j: (b, g, j, 0)),
@@ -691,25 +731,29 @@ def _backward(q, k, v, lens, mz, tau, l, live, d_out, cfg: _Config):
                    jax.ShapeDtypeStruct(v.shape, v.dtype)],
         interpret=cfg.interpret,
         name="entmax_attention_dkv",
-    )(lens, q, k, v, d_out, mz, tau, l, delta, live_k)
-    return dq, dk, dv
+    )(lens, alpha, q, k, v, d_out, mz, tau, l, delta, live_k)
+    # ∂L/∂α_h: the rows' contributions summed over batch and queries (padded rows give 0)
+    d_alpha = jnp.sum(da_rows[0], axis=(0, 2))[:, :, None] if learn else None
+    return dq, dk, dv, d_alpha
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _core(q, k, v, lens, cfg: _Config):
-    return _forward(q, k, v, lens, cfg)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _core(q, k, v, lens, alpha, cfg: _Config):
+    return _forward(q, k, v, lens, alpha, cfg)
 
 
-def _core_fwd(q, k, v, lens, cfg):
-    outs = _forward(q, k, v, lens, cfg)
+def _core_fwd(q, k, v, lens, alpha, cfg):
+    outs = _forward(q, k, v, lens, alpha, cfg)
     _, mz, tau, l, _, live, _ = outs
-    return outs, (q, k, v, lens, mz, tau, l, live)
+    return outs, (q, k, v, lens, alpha, mz, tau, l, live)
 
 
 def _core_bwd(cfg, res, cts):
-    q, k, v, lens, mz, tau, l, live = res
-    dq, dk, dv = _backward(q, k, v, lens, mz, tau, l, live, cts[0].astype(q.dtype), cfg)
-    return dq, dk, dv, np.zeros(lens.shape, jax.dtypes.float0)
+    q, k, v, lens, alpha, mz, tau, l, live = res
+    dq, dk, dv, d_alpha = _backward(q, k, v, lens, alpha, mz, tau, l, live,
+                                    cts[0].astype(q.dtype), cfg)
+    d_alpha = jnp.zeros_like(alpha) if d_alpha is None else d_alpha.astype(alpha.dtype)
+    return dq, dk, dv, np.zeros(lens.shape, jax.dtypes.float0), d_alpha
 
 
 _core.defvjp(_core_fwd, _core_bwd)
@@ -718,16 +762,26 @@ _core.defvjp(_core_fwd, _core_bwd)
 # ----------------------------------------------------------------------------
 # Public API
 # ----------------------------------------------------------------------------
-def _check_alpha(alpha) -> float:
-    """A static α > 1 (the kernel is specialised on it)."""
-    if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool):
+def _check_alpha(alpha, heads: int):
+    """(static α, None) for a Python number > 1 (the kernels are specialised on it), or
+    (None, float32 α [H, 1, 1]) for a floating JAX/NumPy array of shape [] or [H]."""
+    if isinstance(alpha, bool):
+        raise ValueError(f"{_NAME}: `alpha` must be a number > 1 or a float array [heads], "
+                         f"got {alpha!r}")
+    if isinstance(alpha, numbers.Real):
+        if not float(alpha) > 1.0:
+            raise ValueError(f"{_NAME}: `alpha` must be > 1 (alpha = 1 is softmax), got {alpha}")
+        return float(alpha), None
+    shape = getattr(alpha, "shape", None)
+    dtype = getattr(alpha, "dtype", None)
+    if shape not in ((), (heads,)) or dtype is None or not jnp.issubdtype(dtype, jnp.floating):
         raise ValueError(
-            f"{_NAME}: `alpha` must be a Python number > 1 (the kernel is specialised on "
-            f"it), got {alpha!r} of type {type(alpha).__name__}"
-        )
-    if not float(alpha) > 1.0:
-        raise ValueError(f"{_NAME}: `alpha` must be > 1 (alpha = 1 is softmax), got {alpha}")
-    return float(alpha)
+            f"{_NAME}: `alpha` must be a Python number > 1 or a floating array of shape [] "
+            f"or [heads] = ({heads},), got {type(alpha).__name__} shape {shape} dtype {dtype}")
+    if isinstance(alpha, np.ndarray) and not np.all(alpha > 1.0):
+        raise ValueError(f"{_NAME}: every `alpha` must be > 1, got min {np.min(alpha)}")
+    arr = jnp.broadcast_to(jnp.asarray(alpha, _F32), (heads,))
+    return None, arr[:, None, None]
 
 
 def _check_qkv(q, k, v, name: str = _NAME):
@@ -811,7 +865,8 @@ def entmax_attention_pallas(
     interpret: bool = False,
     return_aux: bool = False,
 ):
-    """α-entmax attention (AdaSplash-2) with Pallas kernels; differentiable in q, k, v.
+    """α-entmax attention (AdaSplash-2) with Pallas kernels; differentiable in q, k, v (and
+    in an array α).
 
     The solver settings have no defaults here: ``lcjax.attention.entmax`` passes every value
     of its one configuration (``lcjax.entmax.SolverConfig``), so the kernel and the XLA
@@ -819,7 +874,11 @@ def entmax_attention_pallas(
 
     Args:
       q: [B, T, H, D]; k: [B, S, Hkv, D]; v: [B, S, Hkv, Dv]; H % Hkv == 0.
-      alpha: a Python number > 1.
+      alpha: a Python number > 1 (the kernels are specialised on it: closed forms for 1.5
+        and 2), or a float array [H] or [] — per query head, traced, differentiable (the
+        backward returns dα; the caller keeps it > 1, e.g. ``lcjax.attention.entmax``
+        clamps it to ``lcjax.entmax.ALPHA_ARRAY_FLOOR``). An array α runs Newton from
+        the power-mean origin (bisection on heads with α > 2), as the XLA path does.
       causal: query t attends to keys s ≤ t (top-left alignment).
       scale: score scale (default 1/sqrt(D)).
       kv_lengths: optional int [B]: keys s ≥ kv_lengths[b] are masked (a length 0 row
@@ -840,7 +899,7 @@ def entmax_attention_pallas(
     Returns: [B, T, H, Dv] in q's dtype (and the aux dict when ``return_aux``).
     """
     B, T, H, D, S, Hkv, Dv = _check_qkv(q, k, v)
-    a = _check_alpha(alpha)
+    a, alpha_arr = _check_alpha(alpha, H)
     if solver not in ("histogram", "newton", "bisect"):
         raise ValueError(f"{_NAME}: `solver` must be 'histogram', 'newton' or 'bisect', "
                          f"got {solver!r}")
@@ -888,8 +947,11 @@ def entmax_attention_pallas(
     def prep(x, n, d):  # [B, N, h, d] -> [B, h, N_padded, d_padded]
         return _pad_to(_pad_to(jnp.swapaxes(x, 1, 2), 2, n), 3, d)
 
+    if alpha_arr is None:
+        alpha_arr = jnp.full((H, 1, 1), a, _F32)  # unused by the kernels (static α)
     out, mz, tau, _, iters, live, taub = _core(
-        prep(q, Tp, Dp), prep(k, Sp, Dp), prep(v, Sp, Dvp), lens[:, None, None], cfg
+        prep(q, Tp, Dp), prep(k, Sp, Dp), prep(v, Sp, Dvp), lens[:, None, None], alpha_arr,
+        cfg
     )
     out = jnp.swapaxes(out[:, :, :T, :Dv], 1, 2)
     if not return_aux:
@@ -931,14 +993,26 @@ def _threshold_sort(z, alpha: float):
 
 
 def _threshold_bisect(z, alpha: float, n_iter: int = 60):
-    """τ by bisection on [max z - 1, max z] (any α > 1)."""
-    hi = jnp.max(z, axis=-1, keepdims=True)
-    lo = hi - 1.0
-    for _ in range(n_iter):
+    """τ by bisection on [max z - 1, max z] (any α > 1), then one Newton step from the
+    bisected τ with that τ held constant: its value is τ to rounding and its derivative is
+    the implicit one, ∂τ/∂z_j = u_j^{c-1} / Σ u^{c-1} (u = [z - τ]₊, c = 1/(α-1)), so
+    autodiff through this reference is exact. (Differentiating the bisection loop itself
+    gives a wrong gradient: its iterates move with z only through max z.)"""
+    z0 = lax.stop_gradient(z)
+
+    def halve(_, bracket):
+        lo, hi = bracket
         mid = 0.5 * (lo + hi)
-        f = jnp.sum(_weights(jnp.maximum(z - mid, 0.0), alpha), -1, keepdims=True) - 1.0
-        lo, hi = jnp.where(f > 0, mid, lo), jnp.where(f > 0, hi, mid)
-    return 0.5 * (lo + hi)
+        f = jnp.sum(_weights(jnp.maximum(z0 - mid, 0.0), alpha), -1, keepdims=True) - 1.0
+        return jnp.where(f > 0, mid, lo), jnp.where(f > 0, hi, mid)
+
+    hi = jnp.max(z0, axis=-1, keepdims=True)
+    lo, hi = lax.fori_loop(0, n_iter, halve, (hi - 1.0, hi))
+    tau = 0.5 * (lo + hi)
+    u = jnp.maximum(z - tau, 0.0)
+    f = jnp.sum(_weights(u, alpha), -1, keepdims=True) - 1.0
+    slope = jnp.sum(_sens(u, alpha), -1, keepdims=True) / (alpha - 1.0)  # -f'(τ)
+    return tau + f / jnp.where(slope > 0, slope, 1.0)
 
 
 def entmax_attention_reference(
@@ -955,7 +1029,10 @@ def entmax_attention_reference(
     α ∈ {1.5, 2}; bisection otherwise), p normalised, and p·V. Rows with no visible key
     give zeros."""
     B, T, H, D, S, Hkv, _ = _check_qkv(q, k, v, "entmax_attention_reference")
-    a = _check_alpha(alpha)
+    if not isinstance(alpha, numbers.Real):
+        raise ValueError(f"entmax_attention_reference: `alpha` must be a Python number > 1, "
+                         f"got {type(alpha).__name__}")
+    a, _ = _check_alpha(alpha, H)
     scale = 1.0 / np.sqrt(D) if scale is None else scale
     kr = jnp.repeat(k, H // Hkv, axis=2).astype(_F32)
     vr = jnp.repeat(v, H // Hkv, axis=2).astype(_F32)

@@ -6,13 +6,16 @@ the derivation is in ``docs/entmax.md`` ("histogram", "steps"). With the shifted
 z and u = [z - τ]₊, the solver tracks f(τ) = Σp - 1 and the sums k, s of the last pass:
 α = 1.5: k = #{u > 0}, s = Σu (f = Σu² - 1); α = 2: k = #{u > 0} (f = Σu - 1); other
 α: k = -f'(τ). This module imports only jax (kernels may import nothing else).
+
+It also holds the one formula of the gradient with respect to α (``alpha_cotangent``),
+used by the XLA attention backward and the kernel's dq pass.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-__all__ = ["hermite_root", "polish_step", "solver_step"]
+__all__ = ["alpha_cotangent", "hermite_root", "polish_step", "solver_step"]
 
 
 def hermite_root(f0, f1, d0, d1, h):
@@ -67,3 +70,17 @@ def polish_step(kind: str, tau, f, k, s):
         cand = tau + f / jnp.where(k > 0, k, 1.0)
         ok = k > 0
     return jnp.where(ok & jnp.isfinite(cand), cand, tau)
+
+
+def alpha_cotangent(p_g, shat_g, ent, plogp_g, am1):
+    """Per-row ∂L/∂α of p = entmax_α(x) given the cotangent g = ∂L/∂p, from row sums.
+
+    With s = p^{2-α} on the support, ŝ = s/Σs and H = Σ p log p,
+    ∂p/∂α = (p - ŝ)/(α-1)² - (p⊙log p - ŝ·H)/(α-1) (``docs/entmax.md``, "backward"), so
+
+        ∂L/∂α = (Σ p g - Σ ŝ g)/(α-1)² - (Σ p log p · g - H·Σ ŝ g)/(α-1),
+
+    from ``p_g`` = Σ p g, ``shat_g`` = Σ ŝ g, ``ent`` = H and ``plogp_g`` = Σ p log p · g
+    (for attention g_j = dO·v_j, so the sums are accumulated over key tiles); ``am1`` = α-1.
+    """
+    return (p_g - shat_g) / (am1 * am1) - (plogp_g - ent * shat_g) / am1

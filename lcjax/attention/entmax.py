@@ -19,7 +19,7 @@ steps, the tile rule, the backward and dα); the step and histogram rules are th
 
 Registered specs: ``"entmax"`` and ``"sparsemax"`` (α = 2), implementations ``"pallas"``
 (``pallas_kernels.entmax_attention``; it raises ``NotImplementedError`` with the reason
-where it cannot serve a call: no GPU/TPU unless ``interpret=True``, an array α, a mask or
+where it cannot serve a call: no GPU/TPU unless ``interpret=True``, a mask or
 segment ids, ALiBi slopes, float64) and ``"xla"`` (everything, including the ALiBi bias
 ``alibi_slopes`` [H] / ``alibi_offset`` of the shared tile-score function). Both take the
 one :class:`EntmaxConfig` (solver settings shared through :class:`lcjax.entmax.SolverConfig`,
@@ -87,6 +87,7 @@ from lcjax.entmax import (
     solver_sums,
     split_alpha,
 )
+from pallas_kernels.entmax_rules import alpha_cotangent
 
 __all__ = ["AUX", "EntmaxConfig", "entmax_attention", "entmax_attention_reference",
            "sparsemax_attention"]
@@ -412,8 +413,7 @@ def _backward(cfg: _Cfg, q, k, v, masking: Masking, alpha, rows, live, d_out):
     if not learn:
         return dq, dk, dv, jnp.zeros_like(alpha)
     p_dp, ent, plogp_dp = sums[2:]
-    am1 = (alpha - 1.0)[None, :, :, None]
-    d_alpha = (p_dp - r) / (am1 * am1) - (plogp_dp - ent * r) / am1  # [B, Hkv, G, Tp]
+    d_alpha = alpha_cotangent(p_dp, r, ent, plogp_dp, (alpha - 1.0)[None, :, :, None])
     return dq, dk, dv, jnp.sum(d_alpha, axis=(0, 3))
 
 
@@ -539,7 +539,7 @@ def _pallas(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
     where it cannot serve the call. ``block_sizes``: the kernel's ``BlockSizes`` (backward
     tiles too), instead of ``block_q``/``block_kv``; ``interpret``: None = on CPU."""
     config = EntmaxConfig(solver, bins, n_iter, tol, block_q, block_kv)
-    shapes, a_static, _ = _prepare(q, k, v, alpha)
+    shapes, a_static, a_arr = _prepare(q, k, v, alpha)
     on_accel = _on_accelerator()
     interpret = (not on_accel) if interpret is None else bool(interpret)
     if not (on_accel or interpret):
@@ -547,7 +547,6 @@ def _pallas(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
     if importlib.util.find_spec(_KERNEL_MODULE) is None:
         raise NotImplementedError(f"needs the kernel module {_KERNEL_MODULE}")
     gaps = [what for what, bad in (
-        ("a per-head (array) alpha", a_static is None),
         ("mask", mask is not None),
         ("q_segment_ids/kv_segment_ids", q_segment_ids is not None),
         ("alibi_slopes (the XLA path adds ALiBi)", alibi_slopes is not None),
@@ -561,8 +560,12 @@ def _pallas(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
     if reason:
         raise NotImplementedError(reason)
     sol = config.solver_config.resolve(a_static, jnp.float32)
+    # an array α [H]: traced, differentiable through the kernel (its backward returns dα),
+    # clamped as in the XLA path
+    kernel_alpha = a_static if a_arr is None else jnp.maximum(a_arr.astype(jnp.float32),
+                                                              ALPHA_ARRAY_FLOOR)
     res = kernel.entmax_attention_pallas(
-        q, k, v, alpha=a_static, causal=causal, scale=scale, solver=config.solver,
+        q, k, v, alpha=kernel_alpha, causal=causal, scale=scale, solver=config.solver,
         n_iter=sol.n_iter, bins=sol.bins, tol=sol.tol, block_sizes=sizes,
         interpret=interpret, return_aux=return_aux)
     if not return_aux:
@@ -643,8 +646,9 @@ def entmax_attention(
         negative ids are padding.
       solver, n_iter, bins, tol, block_q, block_kv: the one :class:`EntmaxConfig` of both
         implementations (defaults and rules: :class:`lcjax.entmax.SolverConfig`).
-      implementation: None (the Pallas kernel where it can serve the call — a GPU/TPU, a
-        Python-number α, no mask or segment ids, not float64 — else XLA), ``"xla"`` or
+      implementation: None (the Pallas kernel where it can serve the call — a GPU/TPU, no
+        mask or segment ids, not float64; a number α or an array α, whose dα the kernel's
+        backward returns — else XLA), ``"xla"`` or
         ``"pallas"`` (on CPU it runs in the Pallas interpreter; ``NotImplementedError``
         with the reason where it cannot serve the call).
       return_aux: also return ``aux`` (module docstring: tau, iterations, block_sparsity).

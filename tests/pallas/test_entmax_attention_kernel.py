@@ -1,6 +1,9 @@
 """α-entmax attention Pallas kernels (pallas_kernels.entmax_attention): forward, τ and
-gradients against the dense sort-based reference; the live-tile mask; empty rows; argument
-errors; lowering of forward and backward for TPU (Mosaic) and GPU (Triton) from this CPU.
+gradients against the dense sort-based reference; the live-tile mask; empty rows; a
+per-head (array) α and its gradient dα against the XLA path and float64 finite differences;
+the backward skipping dead tiles; the pure-jnp reference's gradient at α ∉ {1.5, 2};
+argument errors; lowering of forward and backward for TPU (Mosaic) and GPU (Triton) from
+this CPU.
 
 The kernel tests live in a base class; ``TestEntmaxAttentionInterpret`` runs them in
 interpret mode (CPU), ``TestEntmaxAttentionDevice`` compiled on a GPU/TPU backend.
@@ -14,6 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lcjax import attention
+from lcjax.attention.entmax import entmax_attention
 from lcjax.entmax import SolverConfig, entmax_threshold
 from pallas_kernels.entmax_attention import (
     BlockSizes,
@@ -28,13 +33,15 @@ BLOCKS = BlockSizes(block_q=16, block_k=16)
 BLOCKS_BWD = BlockSizes(block_q=32, block_k=32, block_q_dq=16, block_k_dq=64,
                         block_q_dkv=64, block_k_dkv=16)
 LENGTHS = np.array([45, 0], np.int32)  # ragged; batch 1 has nothing to attend to
+DEAD_TILE = 8
 
 
 def solver_args(alpha, **overrides):
     """The kernel's solver settings as lcjax passes them: every value of the one
-    ``SolverConfig`` (the kernel has no defaults of its own)."""
+    ``SolverConfig`` (the kernel has no defaults of its own); ``alpha`` None or an array:
+    a per-head α."""
     cfg = SolverConfig(**overrides)
-    r = cfg.resolve(alpha, jnp.float32)
+    r = cfg.resolve(alpha if isinstance(alpha, float) else None, jnp.float32)
     return dict(solver=cfg.solver, n_iter=r.n_iter, bins=r.bins, tol=r.tol)
 
 
@@ -45,6 +52,25 @@ def _inputs(seed=0, temp=2.0):
     v = jax.random.normal(ks[2], (B, S, HKV, D))
     w = jax.random.normal(ks[3], (B, T, H, D))  # cotangent of the output
     return q, k, v, w
+
+
+def _dead_key_block(n=32, tile=DEAD_TILE):
+    """Non-causal q, k ~ 3·N(0, 1) [1, n, H, D], [1, n, HKV, D] except the last key block,
+    k = 0 there: its scores are 0 while every row's max exceeds 1/(α-1) = 4 for the
+    smallest α used (1.25), so z ≤ -1 ≤ τ there: no weight for any row or head (checked).
+    ``poison``: v with that block set to 3e38 (finite); the cotangent w > 0."""
+    rng = np.random.default_rng(12)
+    q = np.asarray(3 * rng.standard_normal((1, n, H, D)), np.float32)
+    k = np.asarray(3 * rng.standard_normal((1, n, HKV, D)), np.float32)
+    k[:, n - tile:] = 0.0
+    x = _dense_scores(jnp.asarray(q), jnp.asarray(k), causal=False, lengths=None)
+    assert float(jnp.min(jnp.max(x, axis=-1))) > 4.5
+    v = np.asarray(rng.standard_normal((1, n, HKV, D)), np.float32)
+    poison = v.copy()
+    poison[:, n - tile:] = 3e38
+    w = np.abs(rng.standard_normal((1, n, H, D))) + 0.5
+    return (jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(poison),
+            jnp.asarray(w, jnp.float32))
 
 
 def _dense_scores(q, k, *, causal, lengths, scale=None):
@@ -189,6 +215,69 @@ class _EntmaxAttentionTests:
         assert not bool(aux["live"][0, 0, 0, 2])
 
 
+    def test_alpha_gradient_and_dead_tiles(self):
+        """A per-head α [1.25, 1.5, 2.0, 1.75] (traced): out, dq, dk, dv and dα of the kernel
+        equal the XLA path's (same array α), and dα equals central finite differences of the
+        float64 dense reference (bisection to rounding). The same compiled gradient on v
+        poisoned with 3e38 in a key block that holds no weight: if the dq or dk/dv kernel
+        read that block, dO·vᵀ = inf and 0·inf = NaN; the gradients are bitwise those of
+        the clean v."""
+        q, k, v, poison, w = _dead_key_block()
+        a0 = jnp.array([1.25, 1.5, 2.0, 1.75], jnp.float32)
+        sizes = BlockSizes(DEAD_TILE, DEAD_TILE)
+
+        def loss(fn):
+            return lambda q, k, v, a: jnp.sum(fn(q, k, v, alpha=a) * w)
+
+        kern = self._kernel(alpha=a0, block_sizes=sizes)
+        xla = functools.partial(entmax_attention, implementation="xla", block_q=DEAD_TILE,
+                                block_kv=DEAD_TILE)
+        vg = jax.jit(jax.value_and_grad(loss(kern), argnums=(0, 1, 2, 3)))
+        (val, grads), (val_p, grads_p) = vg(q, k, v, a0), vg(q, k, poison, a0)
+        val_x, grads_x = jax.jit(jax.value_and_grad(loss(xla), argnums=(0, 1, 2, 3)))(
+            q, k, v, a0)
+        np.testing.assert_allclose(val, val_x, atol=1e-4, rtol=1e-6)
+        for name, g, gx in zip(["q", "k", "v", "alpha"], grads, grads_x):
+            assert float(jnp.max(jnp.abs(gx))) > 0.1, name  # a non-trivial gradient
+            np.testing.assert_allclose(g, gx, atol=2e-4, rtol=1e-4, err_msg=f"d{name}")
+        with jax.enable_x64(True):
+            q64, k64, v64, w64 = (jnp.asarray(x, jnp.float64) for x in (q, k, v, w))
+            ref = attention.spec("entmax").reference
+
+            def ref_loss(a):
+                return jnp.sum(ref(q64, k64, v64, alpha=a) * w64)
+
+            eps = 1e-4
+            steps = eps * jnp.eye(4, dtype=jnp.float64)
+            a64 = jnp.asarray(a0, jnp.float64)
+            fd = jax.jit(jax.vmap(lambda e: (ref_loss(a64 + e) - ref_loss(a64 - e)) / (2 * eps)))
+            np.testing.assert_allclose(grads[3], fd(steps), atol=2e-4, rtol=2e-4)
+        assert float(val_p) == float(val)
+        for name, g, gp in zip(["q", "k", "v", "alpha"], grads, grads_p):
+            assert bool(jnp.all(jnp.isfinite(gp))), name
+            np.testing.assert_array_equal(g, gp, err_msg=f"d{name}")
+
+    def test_reference_gradient_other_alpha(self):
+        """The pure-jnp reference at α = 1.25 (bisection plus one implicit Newton step): its
+        autodiff gradient equals that of lcjax's dense reference (bisection with the
+        analytic entmax backward), which differentiating the bisection loop did not."""
+        if self.INTERPRET is False:
+            pytest.skip("pure jnp: runs once, with the interpreter tests")
+        q, k, v, w = _inputs(seed=4)
+
+        def loss(fn, **kw):
+            return jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v, alpha=1.25, **kw) * w),
+                                    argnums=(0, 1, 2)))
+
+        ours = loss(entmax_attention_reference, causal=True, kv_lengths=LENGTHS)(q, k, v)
+        mask = (np.arange(S)[None, :] < LENGTHS[:, None])[:, None, None, :]
+        theirs = loss(attention.spec("entmax").reference, causal=True,
+                      mask=jnp.asarray(mask))(q, k, v)
+        for name, a, b in zip("qkv", ours, theirs):
+            assert float(jnp.max(jnp.abs(b))) > 0.1, name
+            np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5, err_msg=f"d{name}")
+
+
 class TestEntmaxAttentionInterpret(_EntmaxAttentionTests):
     INTERPRET = True
 
@@ -203,9 +292,12 @@ class TestArguments:
         q = jnp.zeros((1, 8, 4, 16))
         k = jnp.zeros((1, 8, 2, 16))
         f = functools.partial(entmax_attention_pallas, **solver_args(1.5))
-        for alpha in (1.0, 0.5, True, jnp.array(1.5)):
+        for alpha in (1.0, 0.5, True, jnp.ones(3), jnp.array([2, 2, 2, 2]),
+                      np.array([1.5, 0.9, 1.5, 1.5])):
             with pytest.raises(ValueError, match="alpha"):
                 f(q, k, k, alpha=alpha, interpret=True)
+        with pytest.raises(ValueError, match="alpha"):  # the reference is for a static α
+            entmax_attention_reference(q, k, k, alpha=jnp.array(1.5))
         with pytest.raises(ValueError, match="heads"):
             f(q, jnp.zeros((1, 8, 3, 16)), jnp.zeros((1, 8, 3, 16)), interpret=True)
         with pytest.raises(ValueError, match="head_dim"):
@@ -236,6 +328,8 @@ FORBIDDEN = {"sort", "cumsum", "cumlogsumexp", "cummax", "cummin", "cumprod",
 
 
 def _lowering_fns(alpha):
+    if alpha == "array":  # per-head α: the dynamic-α kernels and the dα output of dq
+        alpha = jnp.array([1.25, 1.5, 2.0, 2.5], jnp.float32)
     kw = dict(alpha=alpha, causal=True, kv_lengths=np.array([300], np.int32),
               block_sizes=BlockSizes(128, 128), **solver_args(alpha))
 
@@ -278,7 +372,7 @@ def _kernel_primitives(jaxpr):
 
 
 class TestLowering:
-    @pytest.mark.parametrize("alpha", [1.5, 2.0])
+    @pytest.mark.parametrize("alpha", [1.5, 2.0, "array"])
     @pytest.mark.parametrize("platform", ["tpu", "cuda"])
     def test_forward_and_backward_lower(self, alpha, platform):
         fwd, grad, args = _lowering_fns(alpha)
@@ -288,7 +382,7 @@ class TestLowering:
             # one Mosaic / Triton custom call per kernel: forward; forward, dq, dk-dv
             assert text.count(f"stablehlo.custom_call {marker}") == n_kernels, text[:2000]
 
-    @pytest.mark.parametrize("alpha", [1.5, 2.0])
+    @pytest.mark.parametrize("alpha", [1.5, 2.0, "array"])
     def test_no_sort_cumsum_scatter_in_kernels(self, alpha):
         fwd, grad, args = _lowering_fns(alpha)
         for fn in (fwd, grad):
