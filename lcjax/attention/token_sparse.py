@@ -38,8 +38,10 @@ Beyond the public code (``docs/token_sparse.md``):
 
 - batch > 1 and static shapes: ``capacity`` fixes the number of prefix slots K_max, so the
   call jits, vmaps and batches with a different K (and different tokens) per example and
-  head; slots past an example's K are marked invalid (index L) and hidden from the inner
-  variant by segment id -1. Without ``capacity`` K_max is the largest K of the batch when
+  head; slots past an example's K are marked invalid (index L, so they sort last). Under
+  ``causal`` no used query sees them (their own rows are dropped), so the inner variant
+  gets no extra masking; without ``causal`` segment id -1 hides them. Without
+  ``capacity`` K_max is the largest K of the batch when
   the scores are concrete (eager), else P (every prefix slot: exact but no saving);
 - ``share="kv_group"``: one selection per GQA group (the mean of the group's normalised
   scores), so K/V are gathered once per kv head; ``share="head"`` is the paper's;
@@ -377,7 +379,7 @@ def _sparse_attention(q, k, v, sel: TokenSelection, *, causal, scale, inner_fn, 
 
     Heads (or kv groups) are folded into the batch axis of the inner call, so each has its
     own token set: [B·H, K', 1, D] (``share="head"``) or [B·Hkv, K', G, D] (``"kv_group"``);
-    unused slots get segment id -1 when ``padded``."""
+    unused slots (last in every row) get segment id -1 when ``padded``."""
     b, length, h, d = q.shape
     hk, dv = k.shape[2], v.shape[3]
     g = h // hk
@@ -447,12 +449,15 @@ def _token_sparse(q, k, v, *, causal, mask, scale, q_segment_ids, kv_segment_ids
                         window=window, capacity=capacity, share=share,
                         kv_heads=shapes.kv_heads)
     cap = sel.indices.shape[-1] - window
+    # Unused slots sit after every used one (index L sorts last). Causal, no used query
+    # sees them and their own rows are dropped by the scatter, so they need no masking;
+    # not causal, segment id -1 hides them.
     if _is_concrete(sel.budget):  # eager: exact padding and dense decisions
         kb, dn = np.asarray(sel.budget), np.asarray(sel.dense)
-        padded = bool(np.any(kb[~dn] < cap))
+        padded = not causal and bool(np.any(kb[~dn] < cap))
         any_dense = bool(dn.any())
     else:
-        padded = cap > min_tokens  # K >= min_tokens always fills min_tokens slots
+        padded = not causal and cap > min_tokens  # K >= min_tokens fills min_tokens slots
         any_dense = None
     if any_dense is True and bool(np.all(np.asarray(sel.dense))):
         out = _inner_call(inner_fn, q, k, v, causal=causal, scale=scale, options=inner_options)
@@ -690,14 +695,21 @@ def drift_per_layer(model, batch: Int[Array, "B T"], *, positions=None) -> np.nd
     b, t = tokens.shape
     if positions is None:
         positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    x = jnp.take(model.embed[...], tokens, axis=0).astype(model.config.dtype)
-    drift = []
-    for block in model.blocks:
-        y, _ = block(x, positions)
-        num = jnp.linalg.norm((y - x).astype(jnp.float32), axis=-1)
-        den = jnp.linalg.norm(x.astype(jnp.float32), axis=-1)
-        drift.append(float(jnp.mean(num / jnp.maximum(den, 1e-12))))
-        x = y
+    from flax import nnx  # lcjax.nn imports this package: import nnx only when used
+
+    @nnx.jit
+    def drifts(model, tokens, positions):
+        x = jnp.take(model.embed[...], tokens, axis=0).astype(model.config.dtype)
+        out = []
+        for block in model.blocks:
+            y, _ = block(x, positions)
+            num = jnp.linalg.norm((y - x).astype(jnp.float32), axis=-1)
+            den = jnp.linalg.norm(x.astype(jnp.float32), axis=-1)
+            out.append(jnp.mean(num / jnp.maximum(den, 1e-12)))
+            x = y
+        return jnp.stack(out)
+
+    drift = np.asarray(drifts(model, tokens, positions))
     return np.asarray(drift, np.float64)
 
 
@@ -742,7 +754,7 @@ _PALLAS_FEATURES = Features(lse=False, dtypes=("float32", "bfloat16", "float16")
 # Tiny conformance shapes (L = 21..27) take the sparse path: P = L - 4 > min_tokens = 6,
 # coverage 0.9 leaves K = min_tokens (the top 7 of ≤ 23 tokens always hold > 10% of the
 # mass), so every head-sharding agrees with the reference, and capacity 10 > K leaves
-# unused slots (the segment-id path). Scoring blocks of 8 span several blocks.
+# unused slots at the end of each row. Scoring blocks of 8 span several blocks.
 _TEST_OPTIONS = {"coverage": 0.9, "min_tokens": 6, "window": 4, "pool": 3, "capacity": 10,
                  "block_kv": 8}
 

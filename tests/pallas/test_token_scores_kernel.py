@@ -46,8 +46,8 @@ def test_interpret_equals_xla_path_and_reference(causal):
 
 def test_bfloat16_and_head_dim_padding():
     q, k = _qk(1, d=12, dtype=jnp.bfloat16)  # head_dim padded to 16 inside
-    got = token_scores_pallas(q, k, window=5, scale=0.4, block_sizes=BlockSizes(8),
-                              interpret=True)
+    got = jax.jit(functools.partial(token_scores_pallas, window=5, scale=0.4,
+                                    block_sizes=BlockSizes(8), interpret=True))(q, k)
     want = token_scores_reference(q, k, window=5, scale=0.4)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
@@ -56,16 +56,19 @@ def test_no_gradient_and_argument_errors():
     q, k = _qk(2, length=20)
     f = functools.partial(token_scores_pallas, window=4, block_sizes=BlockSizes(8),
                           interpret=True)
-    dq = jax.grad(lambda q_: jnp.sum(f(q_, k)))(q)
+    dq = jax.jit(jax.grad(lambda q_: jnp.sum(f(q_, k))))(q)
     assert float(jnp.max(jnp.abs(dq))) == 0.0
     with pytest.raises(ValueError, match="window"):
-        token_scores_pallas(q, k, window=20, interpret=True)
+        jax.eval_shape(functools.partial(token_scores_pallas, window=20, interpret=True), q, k)
     with pytest.raises(ValueError, match="kv_len"):
-        token_scores_pallas(q, k[:, :10], window=4, interpret=True)
+        jax.eval_shape(functools.partial(token_scores_pallas, window=4, interpret=True), q,
+                       k[:, :10])
     with pytest.raises(ValueError, match="block_kv"):
-        token_scores_pallas(q, k, window=4, block_sizes=BlockSizes(24), interpret=True)
+        jax.eval_shape(functools.partial(token_scores_pallas, window=4, interpret=True,
+                                         block_sizes=BlockSizes(24)), q, k)
     with pytest.raises(ValueError, match="heads"):
-        token_scores_pallas(q[:, :, :3], k, window=4, interpret=True)
+        jax.eval_shape(functools.partial(token_scores_pallas, window=4, interpret=True),
+                       q[:, :, :3], k)
 
 
 @pytest.mark.parametrize("platform", ["tpu", "cuda"])
