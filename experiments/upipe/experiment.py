@@ -131,12 +131,13 @@ if __name__ == "__main__":
     parser.add_argument("--setting", default=None)
     parser.add_argument("--out", default=None)
     parser.add_argument("--full", action="store_true")
+    parser.add_argument("--out-dir", default=None, help="default: a temporary directory")
     args = parser.parse_args()
     if args.worker:
         s = json.loads(args.setting)
         s["seq_lens"] = tuple(s["seq_lens"])
         Path(args.out).write_text(json.dumps(worker(args.kv_heads, **s), indent=2))
     else:
-        r = run(not args.full, Path("reports/upipe"))
+        r = run(not args.full, Path(args.out_dir or tempfile.mkdtemp(prefix="upipe-")))
         for c in r.claims:
             print(("PASS " if c.holds else "FAIL ") + f"{c.claim}: {c.ours} (target {c.target})")

@@ -1,6 +1,7 @@
 """Context parallelism in ``jax.shard_map``: meshes (:mod:`lcjax.parallel.mesh`), Ulysses
 (:mod:`~lcjax.parallel.ulysses`), Ring (:mod:`~lcjax.parallel.ring`) and UPipe
-(:mod:`~lcjax.parallel.upipe`), the one-layer builder :func:`layer`, the memory model
+(:mod:`~lcjax.parallel.upipe`), the hybrid Ulysses x ring :func:`usp_attention`
+(:mod:`~lcjax.parallel.usp`), the one-layer builder :func:`layer`, the memory model
 (:mod:`lcjax.bench.context_parallel`) and the configuration checks
 (:mod:`~lcjax.parallel.validation`). See ``docs/context_parallel.md``.
 
@@ -46,10 +47,11 @@ from lcjax.parallel.ulysses import (
     ulysses_local,
 )
 from lcjax.parallel.upipe import stage_heads, upipe_layer, upipe_local
+from lcjax.parallel.usp import usp_attention
 
 __all__ = ["ACTIVATION_SPEC", "CONTEXT", "DATA", "STRATEGIES", "TOKEN_SPEC",
            "activation_sharding", "attention_layer_reference", "from_zigzag", "heads_to_seq",
            "init_layer_params", "layer", "layer_apply", "make_mesh", "mesh_size",
            "parse_mesh", "replicate_kv", "resolve_mesh", "resolve_variant", "ring_attention",
            "ring_local", "ring_shift", "seq_to_heads", "stage_heads", "to_zigzag", "token_sharding",
-           "ulysses_attention", "ulysses_local", "upipe_layer", "upipe_local"]
+           "ulysses_attention", "ulysses_local", "upipe_layer", "upipe_local", "usp_attention"]
