@@ -12,8 +12,10 @@ device, :mod:`lcjax.bench.context_parallel`):
 3. its largest T under Ulysses' budget at the longest T ≥ 1.25× that T (the paper: +25%);
 4. its fwd+bwd step time on 8 CPU devices within 1.2× of Ulysses'.
 
-Quick: D = 16 (d_model 512), T = 8K and 16K. Full: D = 64 (d_model 2048), T = 32K and
-128K (the issue's setting). Each setting runs in a subprocess with 8 host devices.
+Quick: D = 64 (d_model 2048), T = 8K and 32K, UPipe's largest T from the per-token fit
+checked by at most 2 compiles. Full: T = 32K and 128K (the issue's setting), a bisection
+of up to 4 compiles. Step times at T = 512 (quick) / 2048 (full). Each setting runs in a
+subprocess with 8 host devices.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from pathlib import Path
 
 from experiments.common import Claim, Experiment, Result, machine_info, write_json
 
-SETTINGS = {True: dict(head_dim=16, seq_lens=(8192, 16384), block=512, time_len=512,
-                       search_compiles=1, repeats=2),
+SETTINGS = {True: dict(head_dim=64, seq_lens=(8192, 32768), block=512, time_len=512,
+                       search_compiles=2, repeats=2),
             False: dict(head_dim=64, seq_lens=(32768, 131072), block=512, time_len=2048,
                         search_compiles=4, repeats=3)}
 HEADS, CONTEXT = 32, 8
