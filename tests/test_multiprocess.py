@@ -1,7 +1,8 @@
 """Two processes on 127.0.0.1, 4 CPU devices each (gloo collectives), train one model on a
-data=2,context=4 mesh spanning both: each process builds only its half of every batch, and
-the losses are those of one process on one device fed the same global batches; the
-checkpoint the two processes wrote resumes in one process and continues the same curve."""
+data=2,context=4 mesh spanning both, its attention layer context-parallel (Ulysses): each
+process builds only its half of every batch, and the losses and held-out loss are those of
+one process on one device fed the same global batches; the checkpoint the two processes
+wrote resumes in one process and continues the same curve."""
 
 import json
 import os
@@ -12,14 +13,13 @@ from pathlib import Path
 
 import grain
 import numpy as np
+from test_parallel_train import ContextParallelLM
 
 from lcjax import data
-from lcjax.nn import DecoderConfig
 from lcjax.train import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = dict(vocab_size=data.VOCAB_SIZE, d_model=32, num_layers=1, num_heads=2,
-             num_kv_heads=1, head_dim=16, mlp_hidden=64, max_len=64)
+MODEL = "one-layer ContextParallelLM"  # the model config the checkpoint's meta records
 TRAIN = dict(steps=4, batch_size=8, seq_len=16, lr=1e-2, warmup_steps=1, log_every=1,
              eval_batches=0, progress=False)
 _rng = np.random.default_rng(3)
@@ -33,18 +33,24 @@ from lcjax.parallel import distributed
 assert distributed.initialize()                     # from LCJAX_COORDINATOR etc.
 import jax
 jax.config.update("jax_default_matmul_precision", "highest")
-from lcjax.nn import DecoderConfig
-from lcjax.parallel import distributed, make_mesh
+sys.path.insert(0, "tests")
+from test_parallel_train import ContextParallelLM
+from lcjax.parallel import make_mesh
 from lcjax.train import TrainConfig, train
 spec = json.loads(sys.argv[1])
 assert (jax.process_count(), jax.device_count(), jax.local_device_count()) == (2, 8, 4)
 mesh = make_mesh(data=2, context=4)
-res = train(DecoderConfig(**spec["model"]), TrainConfig(**spec["train"]),
-            train_docs=spec["docs"], eval_docs=spec["eval_docs"], stop_at=spec["stop_at"])
+res = train(spec["model"], TrainConfig(**spec["train"]), train_docs=spec["docs"],
+            eval_docs=spec["eval_docs"], stop_at=spec["stop_at"],
+            model_fn=lambda _, rngs: ContextParallelLM("ulysses", rngs))
 rows = distributed.process_rows(mesh)
 print("RESULT " + json.dumps({"process": jax.process_index(), "rows": rows,
                               "losses": res.losses, "evals": res.evals}), flush=True)
 """
+
+
+def _one_device(_, rngs):
+    return ContextParallelLM("none", rngs)
 
 
 def _free_port() -> int:
@@ -93,19 +99,20 @@ def test_two_processes_train_like_one(tmp_path):
     held_out = _global_batches(HELD_OUT, num_epochs=1, drop_remainder=True)  # whole batches
     assert len(held_out) == 2
     cfg = TrainConfig(**{**TRAIN, "eval_batches": None, "eval_every": 2})
-    ref = train(DecoderConfig(**MODEL), cfg, dataset=_global_batches(DOCS, TRAIN["steps"]),
-                eval_dataset=held_out)
+    ref = train(MODEL, cfg, dataset=_global_batches(DOCS, TRAIN["steps"]),
+                eval_dataset=held_out, model_fn=_one_device)
     assert len(set(ref.losses)) == 4
     np.testing.assert_allclose(results[0]["losses"], ref.losses[:2], rtol=1e-5)
     (mp_eval,) = results[0]["evals"]
     assert mp_eval["eval_tokens"] == ref.evals[0]["eval_tokens"] > 8 * 16
     np.testing.assert_allclose(mp_eval["eval_loss"], ref.evals[0]["eval_loss"], rtol=1e-5)
     # wrong rows would not match: one process's own data differs from the global batch
-    own = train(DecoderConfig(**MODEL), TrainConfig(**{**TRAIN, "steps": 2}), train_docs=DOCS)
+    own = train(MODEL, TrainConfig(**{**TRAIN, "steps": 2}), train_docs=DOCS,
+                model_fn=_one_device)
     assert abs(own.losses[1] - ref.losses[1]) > 1e-3
 
     # the checkpoint both processes wrote, resumed in this process on one device
-    resumed = train(DecoderConfig(**MODEL), TrainConfig(**TRAIN, out_dir=str(out), resume=True),
-                    dataset=_global_batches(DOCS, TRAIN["steps"]))
+    resumed = train(MODEL, TrainConfig(**TRAIN, out_dir=str(out), resume=True),
+                    dataset=_global_batches(DOCS, TRAIN["steps"]), model_fn=_one_device)
     assert [r["step"] for r in resumed.history] == [3, 4]
     np.testing.assert_allclose(resumed.losses, ref.losses[2:], rtol=1e-5)
