@@ -181,3 +181,104 @@ def test_cli_iterations_only(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| gaussian sigma=1 (128x64) | histogram |" in printed and "PASS" in printed
     assert sorted(os.listdir(tmp_path)) == ["entmax.json", "entmax.md", "entmax_iterations.png"]
+
+
+# ----------------------------------------------------------------------------
+# (e) the block-sparsity sweep
+# ----------------------------------------------------------------------------
+def test_crossing_point_interpolates_past_the_last_ratio_above_one():
+    # sorted by sparsity; 1.2 at 0.5 and 0.8 at 0.7: 1.0 is crossed at 0.5 + 0.2/0.4 * 0.2
+    pts = [(0.9, 0.5), (0.1, 2.0), (0.7, 0.8), (0.5, 1.2)]
+    assert bench.crossing_point(pts) == pytest.approx(0.6)
+    # non-monotone: the crossing is past the last point above 1 (0.4), not the first dip
+    assert bench.crossing_point([(0.2, 0.9), (0.4, 1.1), (0.8, 0.9)]) == pytest.approx(0.6)
+    assert bench.crossing_point([(0.1, 2.0), (0.9, 1.5)]) is None  # never crosses
+    assert bench.crossing_point([(0.3, 0.9), (0.6, 0.7)]) == 0.3  # below 1 throughout
+    rows = [{"seq_len": 64, "block_sparsity": s, "forward_ratio": 3.0, "fwd_bwd_ratio": r}
+            for s, r in pts]
+    fwd, fb = bench.sweep_crossings(rows)
+    assert (fwd["time"], fwd["crossing"], fwd["below"]) == ("forward", None, False)
+    assert fb["crossing"] == pytest.approx(0.6) and fb["worst_ratio_at_60"] == 0.8
+    assert fb["between"] == [0.5, 0.7] and fwd["between"] is None
+    assert fwd["worst_ratio_at_60"] == 3.0 and fb["points"] == 4
+
+
+def test_locality_inputs_are_local():
+    """RoPE'd q, k with a locality scale: the mean score on the diagonal is λ²|c|² (+ noise)
+    and 200 positions away λ² Σ_m |c_m|² cos(200 θ_m), lower by the high frequencies'
+    share (the low ones barely turn over 200 positions); λ = 0: no structure."""
+    def diag_and_far(lam):
+        q, k, v, cot = bench.locality_inputs(256, 2, 16, lam, seed=1)
+        s = np.einsum("bthd,bshd->bhts", np.asarray(q), np.asarray(k))
+        idx = np.arange(256)
+        return s[..., idx, idx].mean(), s[..., idx[200:], idx[200:] - 200].mean()
+
+    d0, f0 = diag_and_far(0.0)
+    d3, f3 = diag_and_far(3.0)
+    assert abs(d0) < 3 and abs(f0) < 3  # N(0, 1) q, k: scores ~ N(0, 16)
+    assert d3 > 9 * 16 * 0.5 and d3 - f3 > 20
+
+
+@pytest.fixture(scope="module")
+def sweep_result(tmp_path_factory):
+    """A sweep at T = 256 (tiles 32) on two locality scales and the one layer of a
+    (randomly initialised, to keep the test short) entmax DecoderLM."""
+    from flax import nnx
+
+    from lcjax.data import VOCAB_SIZE
+    from lcjax.nn import DecoderConfig, DecoderLM
+    from lcjax.train import TrainConfig
+
+    def untrained_model(config, log):
+        cfg = DecoderConfig(vocab_size=VOCAB_SIZE, d_model=16, num_layers=1, num_heads=1,
+                            num_kv_heads=1, head_dim=16, mlp_hidden=32, max_len=256,
+                            attention="entmax")
+        info = {"model": "untrained (test)", "train": {}, "train_s": 0.0, "first_loss": 0.0,
+                "final_loss": 0.0}
+        return DecoderLM(cfg, rngs=nnx.Rngs(0)), info, TrainConfig()
+
+    out = tmp_path_factory.mktemp("bench_entmax_sweep")
+    config = EntmaxBenchConfig(
+        parts=("sweep",), sweep_seq_lens=(256,), sweep_heads=1, sweep_head_dim=16,
+        sweep_locality=(0.0, 4.0), sweep_train_steps=1, block_q=32, block_kv=32,
+        sweep_repeats=1, out_dir=str(out))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench, "_sweep_model", untrained_model)
+        return run_entmax_benchmark(config, log=lambda _: None)
+
+
+def test_sweep_part(sweep_result):
+    files = sweep_result["files"]
+    assert set(files) == {"json", "md", "entmax_sweep"}
+    assert os.path.basename(files["json"]) == "entmax_sweep.json"  # not entmax.json
+    for path in files.values():
+        assert os.path.getsize(path) > 0
+    sweep = sweep_result["sweep"]
+    rows = {r["label"]: r for r in sweep["rows"]}
+    assert set(rows) == {"locality 0", "locality 4", "model layer 0"}
+    for r in rows.values():
+        assert r["shape"] == [1, 256, 1, 16] and 0.0 <= r["block_sparsity"] <= 1.0
+        m = r["median_s"]
+        assert r["forward_ratio"] == pytest.approx(m["entmax fwd"] / m["blockwise fwd"])
+        assert r["fwd_bwd_ratio"] == pytest.approx(m["entmax fwd+bwd"]
+                                                   / m["blockwise fwd+bwd"])
+    # the locality scale controls the sparsity: N(0, 1) inputs keep every tile live,
+    # λ = 4 leaves tiles far from the diagonal without weight
+    assert rows["locality 0"]["block_sparsity"] == 0.0
+    assert rows["locality 4"]["block_sparsity"] > 0.1
+    assert [(c["seq_len"], c["time"]) for c in sweep["crossings"]] == [
+        (256, "forward"), (256, "fwd_bwd")]
+    (check_,) = [c for c in sweep_result["checks"] if c["name"] == "sweep_fwd_bwd_over_blockwise"]
+    assert check_["value"] == sweep["crossings"][1]["worst_ratio_at_60"]
+    with open(files["md"]) as f:
+        md = f.read()
+    assert "## (e)" in md and "Crossing points" in md and "| locality 4 | 256 |" in md
+
+
+def test_sweep_flag():
+    argv = ["bench", "entmax", "--sweep", "--sweep-seq-lens", "1024", "--out", "none"]
+    config = bench.config_from_args(build_parser(argv).parse_args(argv))
+    assert config.parts == ("sweep",) and config.sweep_seq_lens == (1024,)
+    assert EntmaxBenchConfig().parts == bench.DEFAULT_PARTS and "sweep" in bench.PARTS
+    assert bench.report_stem(("sweep",)) == "entmax_sweep"
+    assert bench.report_stem(bench.DEFAULT_PARTS) == "entmax"

@@ -3,7 +3,9 @@ r"""α-entmax benchmark (AdaSplash-2, ``PAPERS.md`` §1): ``lcjax bench entmax``
     from lcjax.bench import EntmaxBenchConfig, run_entmax_benchmark
     result = run_entmax_benchmark(EntmaxBenchConfig.quick())
 
-Four parts (``parts``), each reported in ``entmax.json`` / ``entmax.md`` and two PNGs:
+Five parts (``parts``; the first four by default), each reported in ``entmax.json`` /
+``entmax.md`` and a PNG (a sweep-only run, ``--sweep``, writes ``entmax_sweep.json`` /
+``entmax_sweep.md`` so it leaves the other report alone):
 
 ``iterations`` (a)
     Solver steps until |Σp - 1| < tol (1e-5) of the α = 1.5 threshold, per row, for the
@@ -51,6 +53,21 @@ Four parts (``parts``), each reported in ``entmax.json`` / ``entmax.md`` and two
     faster than the package's; our histogram α = 1.5 mapping within 4× of
     ``jax.nn.softmax``.
 
+``sweep`` (e)
+    AdaSplash-2's speed claim where it is made (parity with FlashAttention-2 per step once
+    block sparsity exceeds ~60%): at T = ``sweep_seq_lens`` (8K, 16K), the forward and
+    forward+backward time of ``entmax`` (α = 1.5, XLA path, histogram solver, tiles
+    ``block_q`` x ``block_kv``) over that of ``blockwise`` softmax on the same inputs,
+    measured side by side (interleaved rounds), against the block sparsity that entmax's
+    own ``aux`` reports for those inputs. Inputs: (1) RoPE'd random q, k with a locality
+    scale λ (:func:`locality_inputs`; λ = 0 is N(0, 1), a larger λ concentrates attention
+    near the diagonal, so more tiles hold no weight), one point per λ in
+    ``sweep_locality``; (2) q, k, v of each layer of a ``DecoderLM`` trained with α = 1.5
+    entmax attention for ``sweep_train_steps`` steps (``lcjax.bench.trained``), on a
+    held-out window of length T. Reported per T: the crossing point — the block sparsity at
+    which the ratio crosses 1.0, linearly interpolated (:func:`crossing_point`) — and the
+    worst fwd+bwd ratio among points at ≥ 60% block sparsity (target ≤ 1.0).
+
 Timings interleave the functions compared (one call of each per round) so a busy machine
 slows them alike; note that this is CPU XLA, several processes may share the cores, and
 the machine's load is recorded by the caller (``uptime``) beside the reports.
@@ -61,6 +78,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
+import time
 from collections.abc import Callable
 
 import jax
@@ -83,7 +101,7 @@ from lcjax.bench.report import (
     ratio,
     write_report,
 )
-from lcjax.bench.timing import machine_info, time_interleaved
+from lcjax.bench.timing import compile_fn, machine_info, time_compiled, time_interleaved
 from lcjax.entmax import entmax, entmax15, entmax_bisect, entmax_threshold, sparsemax
 
 __all__ = [
@@ -98,7 +116,8 @@ __all__ = [
     "write_entmax_reports",
 ]
 
-PARTS = ("iterations", "attention", "sparsity", "peer")
+PARTS = ("iterations", "attention", "sparsity", "peer", "sweep")
+DEFAULT_PARTS = PARTS[:4]  # the sweep (long T) runs when asked: --sweep or --parts sweep
 ALPHA = 1.5
 METHODS = ("histogram", "bisect", "sort")
 # name -> (target, comparison): value must satisfy `value <op> target`
@@ -106,7 +125,10 @@ TARGETS = {
     "histogram_within": (0.99, ">="),  # fraction of rows solved in <= `within` steps
     "peer_entmax15_speedup": (5.0, ">="),  # peer entmax15 time / ours
     "entmax15_over_softmax": (4.0, "<="),  # our entmax15 time / jax.nn.softmax
+    # (e) worst entmax/blockwise fwd+bwd time among sweep points with block sparsity >= 60%
+    "sweep_fwd_bwd_over_blockwise": (1.0, "<="),
 }
+SWEEP_SPARSITY = 0.6  # AdaSplash-2's operating point: parity above ~60% block sparsity
 PEER_INSTALL = ("make bench-entmax   (or: .venv/bin/pip install -e '.[peer]', which installs "
                 "torch==2.13.0 and entmax)")
 RESIDUAL_NOTE = (
@@ -119,10 +141,12 @@ QUICK_SEQ_LENS = (512, 1024, 2048)
 
 @dataclasses.dataclass(frozen=True)
 class EntmaxBenchConfig:
-    """What to run. ``parts`` ⊆ ``PARTS``; ``train_steps=0`` leaves out the trained-model
-    rows (a) and q/k (c); ``out_dir`` None writes no files."""
+    """What to run. ``parts`` ⊆ ``PARTS`` (default ``DEFAULT_PARTS``: all but the sweep);
+    ``train_steps=0`` leaves out the trained-model rows (a) and q/k (c);
+    ``sweep_train_steps=0`` the trained-model points of (e); ``out_dir`` None writes no
+    files."""
 
-    parts: tuple[str, ...] = PARTS
+    parts: tuple[str, ...] = DEFAULT_PARTS
     # (a) iterations
     rows: int = 1024
     row_len: int = 4096
@@ -154,6 +178,14 @@ class EntmaxBenchConfig:
     sparsity_tiles: tuple[int, ...] = (64, 128)  # (c) square tiles whose sparsity is counted
     # (d) peer
     peer_n: int = 4096
+    # (e) sweep: entmax (XLA, tiles block_q x block_kv) vs blockwise softmax at long T
+    sweep_seq_lens: tuple[int, ...] = (8192, 16384)
+    sweep_heads: int = 2
+    sweep_head_dim: int = 64
+    sweep_locality: tuple[float, ...] = (0.0, 0.5, 0.75, 1.0, 1.25, 2.0)
+    sweep_train_steps: int = 300  # the entmax-trained model (0: RoPE'd inputs only)
+    sweep_train_seq_len: int = 256
+    sweep_repeats: int = 2
     # timing
     repeats: int = 3
     warmup: int = 1
@@ -170,7 +202,8 @@ class EntmaxBenchConfig:
         """Small sizes for a few-minute run (``--quick``)."""
         base = dict(rows=256, scales=(0.5, 1.0, 4.0), train_steps=100, model_windows=2,
                     model_row_len=512, model_sparsity_lens=(256, 512, 1024),
-                    seq_lens=QUICK_SEQ_LENS, repeats=2)
+                    seq_lens=QUICK_SEQ_LENS, repeats=2, sweep_seq_lens=(1024, 2048),
+                    sweep_train_steps=60, sweep_train_seq_len=128)
         return cls(**{**base, **overrides})
 
     def attention_config(self) -> AttentionBenchConfig:
@@ -448,6 +481,197 @@ def _run_sparsity(config: EntmaxBenchConfig, model, log: Callable) -> dict:
 
 
 # ----------------------------------------------------------------------------
+# (e) block-sparsity sweep: entmax vs blockwise softmax at long T
+# ----------------------------------------------------------------------------
+def locality_inputs(seq_len: int, heads: int, head_dim: int, locality: float, seed: int = 0):
+    """RoPE'd random q, k [1, T, H, D] whose attention is local with strength ``locality``,
+    random v and an output cotangent (float32).
+
+    Per head a random direction c ~ N(0, I_D); before RoPE q_t = λ·c + ε_t, k_s = λ·c + ε'_s
+    (ε, ε' ~ N(0, I_D), λ = ``locality``), then both are rotated by their positions
+    (``lcjax.rope.apply_rope``). So q_t·k_s = λ²·c·R_{s-t}c + noise, where
+    c·R_d c = Σ_m (c_{2m}² + c_{2m+1}²) cos(d·θ_m) is largest at d = 0 and decays with |d|:
+    λ = 0 is plain N(0, 1) inputs (dense entmax supports), a larger λ sharpens the attention
+    around the diagonal, so more tiles hold no weight (the measured block sparsity is what
+    the sweep reports, not λ)."""
+    from lcjax.rope import apply_rope
+
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), seq_len), 7919)
+    kc, kq, kk, kv, kw = jax.random.split(key, 5)
+    shape = (1, seq_len, heads, head_dim)
+    c = jax.random.normal(kc, (1, 1, heads, head_dim), jnp.float32)
+    pos = jnp.arange(seq_len)
+    q = apply_rope(locality * c + jax.random.normal(kq, shape, jnp.float32), pos)
+    k = apply_rope(locality * c + jax.random.normal(kk, shape, jnp.float32), pos)
+    return (q, k, jax.random.normal(kv, shape, jnp.float32),
+            jax.random.normal(kw, shape, jnp.float32))
+
+
+def crossing_point(points) -> float | None:
+    """Block sparsity at which the time ratio crosses 1.0, from ``points`` [(sparsity,
+    ratio), ...]: sorted by sparsity, the linear interpolation between the last point with
+    ratio > 1 and the next one, so that every measured point beyond it has ratio ≤ 1.
+    None when no point has ratio ≤ 1 after the last one above 1 (it never crosses); the
+    lowest sparsity when every ratio is ≤ 1 (reported with ``below`` = True by
+    :func:`sweep_crossings`)."""
+    pts = sorted((float(s), float(r)) for s, r in points if r is not None)
+    if not pts:
+        return None
+    above = [i for i, (_, r) in enumerate(pts) if r > 1.0]
+    if not above:
+        return pts[0][0]
+    i = above[-1]
+    if i == len(pts) - 1:
+        return None
+    (s0, r0), (s1, r1) = pts[i], pts[i + 1]
+    return s0 + (r0 - 1.0) / (r0 - r1) * (s1 - s0)
+
+
+def sweep_crossings(rows: list[dict]) -> list[dict]:
+    """Per T and per time (``forward``, ``fwd_bwd``): the crossing point of the entmax /
+    blockwise ratio (:func:`crossing_point`, all sources pooled), ``between`` (the measured
+    sparsities that bracket it: its resolution), ``below`` (every point already ≤ 1), and
+    the worst ratio among points with block sparsity ≥ 60%."""
+    out = []
+    for t in sorted({r["seq_len"] for r in rows}):
+        at = [r for r in rows if r["seq_len"] == t]
+        for key in ("forward", "fwd_bwd"):
+            pts = [(r["block_sparsity"], r[f"{key}_ratio"]) for r in at]
+            high = [ratio_ for s, ratio_ in pts if s >= SWEEP_SPARSITY]
+            cross = crossing_point(pts)
+            below = bool(pts) and all(x <= 1.0 for _, x in pts)
+            ss = sorted(s for s, _ in pts)
+            between = None
+            if cross is not None and not below:
+                between = [max(s for s in ss if s <= cross), min(s for s in ss if s >= cross)]
+            out.append({"seq_len": t, "time": key, "crossing": cross, "between": between,
+                        "below": below, "points": len(pts),
+                        "worst_ratio_at_60": max(high) if high else None})
+    return out
+
+
+def _sweep_fns(config: EntmaxBenchConfig, scale: float | None):
+    """name -> function of (q, k, v[, cot]): entmax (XLA path, α = 1.5; its forward also
+    returns the block sparsity and the max solver steps of its ``aux``, a few reductions
+    of what it computes anyway) and blockwise softmax, forward and the gradient of
+    sum(out * cot) (forward+backward)."""
+    ent, soft = attn.get("entmax"), attn.get("blockwise")
+    opts = dict(alpha=ALPHA, causal=True, scale=scale, block_q=config.block_q,
+                block_kv=config.block_kv, implementation="xla")
+
+    def entmax_fwd(q, k, v):
+        out, aux = ent(q, k, v, return_aux=True, **opts)
+        return out, aux["block_sparsity"], jnp.max(aux["iterations"])
+
+    def blockwise_fwd(q, k, v):
+        return soft(q, k, v, causal=True, scale=scale)
+
+    def grad_of(fwd):
+        return jax.grad(lambda q, k, v, c: jnp.sum(fwd(q, k, v) * c), argnums=(0, 1, 2))
+
+    return {"entmax fwd": entmax_fwd, "blockwise fwd": blockwise_fwd,
+            "entmax fwd+bwd": grad_of(lambda q, k, v: ent(q, k, v, **opts)),
+            "blockwise fwd+bwd": grad_of(blockwise_fwd)}
+
+
+def _sweep_model(config: EntmaxBenchConfig, log: Callable):
+    """A DecoderLM trained with α = 1.5 entmax attention (``sweep_heads`` x
+    ``sweep_head_dim``, the shapes of the RoPE'd inputs) for ``sweep_train_steps``."""
+    model_cfg, train_cfg = _train_cfgs(config)
+    model_cfg = dataclasses.replace(
+        model_cfg, num_heads=config.sweep_heads, num_kv_heads=config.sweep_heads,
+        head_dim=config.sweep_head_dim, attention="entmax",
+        attention_options={"alpha": ALPHA}, max_len=max(config.sweep_seq_lens))
+    train_cfg = dataclasses.replace(train_cfg, steps=config.sweep_train_steps,
+                                    seq_len=config.sweep_train_seq_len,
+                                    warmup_steps=min(100, config.sweep_train_steps // 10))
+    log(f"(e) training an entmax DecoderLM ({model_cfg.num_layers} layers, "
+        f"d={model_cfg.d_model}, {model_cfg.num_heads} heads x {model_cfg.head_dim}) for "
+        f"{train_cfg.steps} steps at T={train_cfg.seq_len} ...")
+    model, info = trained.train_model(model_cfg, train_cfg, log)
+    return model, info, train_cfg
+
+
+def _sweep_inputs(config: EntmaxBenchConfig, model, train_cfg, seq_len: int):
+    """(source, label, (q, k, v, cot), scale) of every sweep point at ``seq_len``."""
+    for lam in config.sweep_locality:
+        yield ("rope", f"locality {lam:g}",
+               locality_inputs(seq_len, config.sweep_heads, config.sweep_head_dim, lam,
+                               config.seed), None)
+    if model is None:
+        return
+    window = trained.heldout_windows(seq_len, 1, train_cfg)
+    cot_key = jax.random.fold_in(jax.random.key(config.seed), 31 * seq_len + 1)
+    for layer, (q, k, v, scale) in enumerate(trained.capture_qkv(model, window)):
+        cot = jax.random.normal(cot_key, q.shape, jnp.float32)
+        if np.isclose(scale, 1.0 / np.sqrt(q.shape[-1]), rtol=1e-6):
+            scale = None  # the default: the RoPE'd points' compiled functions serve it
+        yield "model", f"model layer {layer}", (q, k, v, cot), scale
+
+
+def _run_sweep(config: EntmaxBenchConfig, log: Callable) -> dict:
+    """Every sweep point: its measured block sparsity and the four times, interleaved
+    round by round (``sweep_repeats`` rounds, compile excluded, one compile per shape);
+    the ratios entmax / blockwise and the crossing points."""
+    model = train_cfg = info = None
+    if config.sweep_train_steps > 0:
+        model, info, train_cfg = _sweep_model(config, log)
+    compiled, rows = {}, []
+    for t in config.sweep_seq_lens:
+        for source, label, (q, k, v, cot), scale in _sweep_inputs(config, model, train_cfg, t):
+            key = (q.shape, k.shape, scale)
+            if key not in compiled:
+                start = time.perf_counter()
+                fns = _sweep_fns(config, scale)
+                compiled[key] = {name: compile_fn(fn, (q, k, v) if "bwd" not in name
+                                                  else (q, k, v, cot))[0]
+                                 for name, fn in fns.items()}
+                log(f"(e) compiled T={t} {tuple(q.shape)} in {time.perf_counter() - start:.0f} s")
+            fns = compiled[key]
+            times, outs = {name: [] for name in fns}, {}
+            for _ in range(max(config.sweep_repeats, 1)):
+                for name in times:
+                    args = (q, k, v) if "bwd" not in name else (q, k, v, cot)
+                    seconds, outs[name] = time_compiled(fns[name], args, repeats=1, warmup=0)
+                    times[name] += seconds
+            _, sparsity, steps = jax.device_get(outs["entmax fwd"])
+            med = {name: float(np.median(ts)) for name, ts in times.items()}
+            row = {"source": source, "label": label, "seq_len": t,
+                   "shape": list(q.shape), "scale": scale,
+                   "block_sparsity": float(sparsity), "iterations_max": int(steps),
+                   "times_s": times, "median_s": med}
+            for key_, name in (("forward", "fwd"), ("fwd_bwd", "fwd+bwd")):
+                row[f"{key_}_ratio"] = med[f"entmax {name}"] / med[f"blockwise {name}"]
+                row[f"{key_}_ratio_min"] = (min(times[f"entmax {name}"])
+                                            / min(times[f"blockwise {name}"]))
+            rows.append(row)
+            log(f"(e) T={t:>6} {label:<16} block sparsity {row['block_sparsity']:.3f}  "
+                f"entmax/blockwise fwd {row['forward_ratio']:.2f}  "
+                f"fwd+bwd {row['fwd_bwd_ratio']:.2f}")
+    out = {"rows": rows, "crossings": sweep_crossings(rows),
+           "entmax": {"alpha": ALPHA, "implementation": "xla", "solver": "histogram",
+                      "block_q": config.block_q, "block_kv": config.block_kv},
+           "blockwise": "lcjax.attention.get('blockwise') defaults (BlockwiseConfig)"}
+    if info is not None:
+        out["model"] = info
+    for c in out["crossings"]:
+        log(f"(e) crossing T={c['seq_len']} {c['time']}: {_crossing_text(c)}")
+    return out
+
+
+def _crossing_text(c: dict) -> str:
+    if c["below"]:
+        return "entmax is faster at every measured sparsity"
+    if c["crossing"] is None:
+        return "no crossing: entmax is slower up to the sparsest point measured"
+    text = f"ratio crosses 1.0 at block sparsity {c['crossing']:.3f}"
+    if c.get("between"):
+        lo, hi = c["between"]
+        text += f" (interpolated between the measured sparsities {lo:.3f} and {hi:.3f})"
+    return text
+
+
+# ----------------------------------------------------------------------------
 # (d) the PyPI entmax package
 # ----------------------------------------------------------------------------
 def peer_missing() -> list[str]:
@@ -549,6 +773,13 @@ def run_entmax_benchmark(config: EntmaxBenchConfig, *, log: Callable = print) ->
     if "peer" in parts:
         log("(d) peer: the PyPI entmax package ...")
         result["peer"] = _run_peer(config, log)
+    if "sweep" in parts:
+        if reason:
+            log(f"(e) sweep skipped: {reason}")
+            result["sweep"] = {"skipped": reason}
+        else:
+            log("(e) block-sparsity sweep ...")
+            result["sweep"] = _run_sweep(config, log)
     result["machine"]["finished"] = machine_info()["date"]
     result["checks"] = checks(result)
     if config.out_dir:
@@ -575,6 +806,11 @@ def checks(result: dict) -> list[dict]:
         out.append(check(TARGETS, "entmax15_over_softmax",
                          row["entmax15"]["ours_over_jax_softmax"],
                           "our entmax15 (histogram) time / jax.nn.softmax time"))
+    for c in result.get("sweep", {}).get("crossings", []):
+        if c["time"] == "fwd_bwd":
+            out.append(check(TARGETS, "sweep_fwd_bwd_over_blockwise", c["worst_ratio_at_60"],
+                             f"T={c['seq_len']}: worst entmax/blockwise fwd+bwd time at block "
+                             f"sparsity >= {SWEEP_SPARSITY:.0%}"))
     return out
 
 
@@ -659,6 +895,43 @@ def format_peer(part: dict) -> str:
     return "\n".join(lines)
 
 
+def format_sweep(part: dict) -> str:
+    """The sweep's table (one row per point) and the crossing points."""
+    e = part["entmax"]
+    lines = [f"entmax: α = {e['alpha']:g}, {e['implementation']} path, {e['solver']} solver, "
+             f"tiles {e['block_q']}x{e['block_kv']} (the granularity of block sparsity and of "
+             f"the skipped work); blockwise: {part['blockwise']}. Causal, batch 1, float32; "
+             "times are medians of interleaved rounds (all four functions once per round), "
+             "compile excluded. Ratio = entmax time / blockwise softmax time on the same "
+             "inputs (min: the same ratio of the fastest calls).", "",
+             "| inputs | T | [B, T, H, D] | block sparsity | max steps | entmax fwd ms "
+             "| blockwise fwd ms | fwd ratio (min) | entmax f+b ms | blockwise f+b ms "
+             "| f+b ratio (min) |", "|---" * 11 + "|"]
+    for r in sorted(part["rows"], key=lambda r: (r["seq_len"], r["source"],
+                                                  r["block_sparsity"])):
+        m = r["median_s"]
+        lines.append(
+            f"| {r['label']} | {r['seq_len']} | {r['shape']} | {r['block_sparsity']:.3f} "
+            f"| {r['iterations_max']} | {ms(m['entmax fwd'])} | {ms(m['blockwise fwd'])} "
+            f"| {ratio(r['forward_ratio'])} ({ratio(r['forward_ratio_min'])}) "
+            f"| {ms(m['entmax fwd+bwd'])} | {ms(m['blockwise fwd+bwd'])} "
+            f"| {ratio(r['fwd_bwd_ratio'])} ({ratio(r['fwd_bwd_ratio_min'])}) |")
+    lines += ["", "Crossing points (block sparsity at which entmax / blockwise crosses 1.0, "
+              "linear interpolation between the measured points, all inputs pooled):", ""]
+    for c in part["crossings"]:
+        worst = c["worst_ratio_at_60"]
+        lines.append(f"- T={c['seq_len']} {'fwd+bwd' if c['time'] == 'fwd_bwd' else 'fwd'}: "
+                     f"{_crossing_text(c)}; worst ratio at block sparsity >= "
+                     f"{SWEEP_SPARSITY:.0%}: {ratio(worst)}")
+    if "model" in part:
+        m = part["model"]
+        lines += ["", f"Trained points: {m['model']}, trained {m['train']} in "
+                  f"{m['train_s']:.0f} s, loss {m['first_loss']:.3f} -> {m['final_loss']:.3f}; "
+                  "q, k, v of each layer captured (lcjax.nn.capture_attention, tap 'inputs') "
+                  "on one held-out window of length T (beyond the training length)."]
+    return "\n".join(lines)
+
+
 def format_summary(result: dict, *, markdown: bool = False) -> str:
     """Everything measured, as printed by ``lcjax bench entmax`` (``markdown``: with
     section headings, for ``entmax.md``)."""
@@ -678,7 +951,9 @@ def format_summary(result: dict, *, markdown: bool = False) -> str:
                 ("attention", "(b) attention time, memory and error",
                  format_attention),
                 ("sparsity", "(c) block sparsity", format_sparsity),
-                ("peer", "(d) the PyPI entmax package", format_peer))
+                ("peer", "(d) the PyPI entmax package", format_peer),
+                ("sweep", "(e) block-sparsity sweep: entmax vs blockwise softmax",
+                 format_sweep))
     for key, title, fmt in sections:
         if key in result:
             part = result[key]
@@ -698,6 +973,7 @@ def _markdown(result: dict) -> str:
         "",
         machine_line(m),
         "",
+        *([f"Note: {result['note']}", ""] if result.get("note") else []),
         f"Timing: median of {cfg['repeats']} after {cfg['warmup']} warm-up, compile "
         "excluded; in (a) and (d) the functions compared are interleaved round by round."
         + (f" Attention: B={cfg['batch']} H={cfg['heads']} D={cfg['head_dim']} "
@@ -719,7 +995,46 @@ def _plots(result: dict) -> dict:
         plots["entmax_iterations"] = _plot_iterations
     if any(k in result and "skipped" not in result[k] for k in ("attention", "sparsity")):
         plots["entmax_attention"] = _plot_attention
+    if "sweep" in result and "skipped" not in result["sweep"]:
+        plots["entmax_sweep"] = _plot_sweep
     return plots
+
+
+def _plot_sweep(result: dict, path: str) -> None:
+    from matplotlib.figure import Figure
+
+    part = result["sweep"]
+    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    lens = sorted({r["seq_len"] for r in part["rows"]})
+    for ax, key, title in zip(fig.subplots(1, 2), ("forward", "fwd_bwd"),
+                              ("forward", "forward + backward")):
+        for i, t in enumerate(lens):
+            for source, marker in (("rope", "o"), ("model", "s")):
+                pts = sorted((r["block_sparsity"], r[f"{key}_ratio"]) for r in part["rows"]
+                             if r["seq_len"] == t and r["source"] == source)
+                if pts:
+                    ax.plot(*zip(*pts), linestyle="-" if source == "rope" else "none",
+                            marker=marker,
+                            color=f"C{i}", label=f"T={t}, " + (
+                                "RoPE'd q, k (locality sweep)" if source == "rope"
+                                else "entmax-trained model layers"))
+            for c in part["crossings"]:
+                if c["seq_len"] == t and c["time"] == key and c["crossing"] is not None:
+                    ax.axvline(c["crossing"], color=f"C{i}", linestyle=":", linewidth=1)
+        ax.axhline(1.0, color="k", linewidth=0.8)
+        ax.axvline(SWEEP_SPARSITY, color="grey", linestyle="--", linewidth=0.8,
+                   label=f"{SWEEP_SPARSITY:.0%} (AdaSplash-2 parity claim)")
+        ax.set_yscale("log")
+        ax.set_xlim(-0.02, 1.02)
+        ax.set_xlabel("measured block sparsity (entmax tiles without weight)")
+        ax.set_ylabel("entmax time / blockwise softmax time")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    m = result["machine"]
+    fig.suptitle(f"α = 1.5 entmax (XLA) vs blockwise softmax, causal float32 "
+                 f"({m['backend']}, {m['usable_cpus']} CPUs); dotted: crossing points")
+    fig.savefig(path, dpi=110)
 
 
 def _plot_iterations(result: dict, path: str) -> None:
@@ -790,9 +1105,17 @@ def _plot_attention(result: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def report_stem(parts) -> str:
+    """``entmax`` (``entmax.json``, ``entmax.md``), or ``entmax_sweep`` for a sweep-only run,
+    so that ``--sweep`` does not overwrite the report of the other parts."""
+    return "entmax_sweep" if tuple(parts) == ("sweep",) else "entmax"
+
+
 def write_entmax_reports(result: dict, out_dir: str) -> dict[str, str]:
-    """Write ``entmax.json``, ``entmax.md`` and the PNGs into ``out_dir``."""
-    return write_report(result, out_dir, "entmax", _markdown(result), _plots(result))
+    """Write ``<stem>.json``, ``<stem>.md`` (:func:`report_stem`) and the PNGs into
+    ``out_dir``."""
+    return write_report(result, out_dir, report_stem(result["config"]["parts"]),
+                        _markdown(result), _plots(result))
 
 
 # ----------------------------------------------------------------------------
@@ -815,6 +1138,13 @@ _FLAGS = (
     ("--dense-max-len", int, "(b) longest T of the dense softmax"),
     ("--sparsity-tiles", _tuple_of(int), "(c) square tile sizes whose sparsity is counted"),
     ("--peer-n", int, "(d) rows = columns of the peer comparison"),
+    ("--sweep-seq-lens", _tuple_of(int), "(e) sequence lengths T of the sweep"),
+    ("--sweep-heads", int, "(e) heads of the sweep inputs and of its trained model"),
+    ("--sweep-head-dim", int, "(e) head dim of the sweep inputs and of its trained model"),
+    ("--sweep-locality", _tuple_of(float), "(e) locality scales of the RoPE'd inputs"),
+    ("--sweep-train-steps", int, "(e) steps of the entmax-trained model; 0 = none"),
+    ("--sweep-train-seq-len", int, "(e) training length of that model"),
+    ("--sweep-repeats", int, "(e) interleaved timing rounds"),
     ("--repeats", int, "timed calls"),
     ("--warmup", int, "untimed calls first"),
     ("--seed", int, "random inputs"),
@@ -838,8 +1168,10 @@ def add_arguments(sub) -> None:
     d = EntmaxBenchConfig()
     p = sub.add_parser("entmax", help="α-entmax: solver steps, attention time, block "
                        "sparsity, the PyPI entmax package")
-    p.add_argument("--parts", type=_tuple_of(str), default=d.parts,
-                   help=f"comma list of {','.join(PARTS)} (default all)")
+    p.add_argument("--parts", type=_tuple_of(str), default=None,
+                   help=f"comma list of {','.join(PARTS)} (default {','.join(DEFAULT_PARTS)})")
+    p.add_argument("--sweep", action="store_true",
+                   help="only the block-sparsity sweep (e): the same as --parts sweep")
     p.add_argument("--quick", action="store_true",
                    help="small sizes (EntmaxBenchConfig.quick()); flags given override it")
     for flag, kind, help_text in _FLAGS:
@@ -854,6 +1186,8 @@ def config_from_args(args) -> EntmaxBenchConfig:
     fields = ("parts",) + tuple(_dest(flag) for flag, _, _ in _FLAGS)
     given = {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
     given["out_dir"] = None if args.out.lower() in ("", "none") else args.out
+    if getattr(args, "sweep", False):
+        given["parts"] = ("sweep",)
     return EntmaxBenchConfig.quick(**given) if args.quick else EntmaxBenchConfig(**given)
 
 
