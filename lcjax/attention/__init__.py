@@ -22,6 +22,8 @@ from lcjax.attention.core import (
     validate_qkv,
 )
 from lcjax.attention.entmax import entmax_attention, sparsemax_attention
+from lcjax.attention.nystrom import nystrom_attention
+from lcjax.attention.performer import performer_attention
 from lcjax.attention.plash import plash_attention
 from lcjax.attention.registry import available, get, register, spec, specs, unregister
 from lcjax.attention.softmax import BlockwiseConfig, jax_dot_product_attention
@@ -49,6 +51,8 @@ __all__ = [
     "jax_dot_product_attention",
     "lengths_to_segment_ids",
     "merge_attention",
+    "nystrom_attention",
+    "performer_attention",
     "plash_attention",
     "register",
     "variant_weights",

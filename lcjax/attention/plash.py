@@ -43,6 +43,7 @@ query); memory O(M·(d + degree·D + dv·D)) for the statistics plus O(N) per-ke
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from typing import NamedTuple
@@ -64,7 +65,7 @@ from lcjax.attention.registry import register
 from lcjax.attention.spec import AttentionSpec, Features, Implementation
 
 __all__ = ["AUX", "PLASH", "plash_attention", "plash_reference", "plash_sketch",
-           "default_prototypes", "key_mask_or_none"]
+           "default_prototypes", "key_mask_or_none", "polynomial_features"]
 
 AUX = {"certificate": "[B, T, H] float32: upper bound on ||PLASH(q) - softmax(q)||_2 per row"}
 _DEFAULT_KEY_SEED = 0
@@ -109,7 +110,7 @@ def plash_sketch(key, degree: int, sketch_dim: int, head_dim: int, dtype=jnp.flo
     return w.astype(dtype)
 
 
-def _features(x, w, degree):
+def polynomial_features(x, w, degree):
     """x [..., d] -> [φ₁(x), …, φ_degree(x)], each [..., D]."""
     d_sketch = w.shape[1]
     proj = jnp.einsum("...d,nDd->...nD", x, w.astype(x.dtype))
@@ -128,6 +129,18 @@ def _norm(x, axis=-1):
     sq = jnp.sum(x * x, axis=axis)
     pos = sq > 0
     return jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1.0)), 0.0)
+
+
+def _sqrt(x):
+    """sqrt with a finite gradient at 0."""
+    pos = x > 0
+    return jnp.where(pos, jnp.sqrt(jnp.where(pos, x, 1.0)), 0.0)
+
+
+def _lse(m_safe, l):
+    """m + log l with -inf (and a finite gradient) for an empty row (l = 0)."""
+    pos = l > 0
+    return jnp.where(pos, m_safe + jnp.log(jnp.where(pos, l, 1.0)), -jnp.inf)
 
 
 def key_mask_or_none(mask, batch: int, kv_len: int):
@@ -213,7 +226,7 @@ def _update(stats: ClusterStats, k, v, valid, protos, w, degree) -> ClusterStats
     p_a = jnp.einsum("bkcm,bkmd->bkcd", onehot, protos)
     r = k - p_a
     o = onehot * valid[..., None]
-    feats = _features(r, w, degree)
+    feats = polynomial_features(r, w, degree)
     n_c = jnp.sum(o, axis=2)
     e_c = (jnp.stack([jnp.einsum("bkcm,bkcD->bkmD", o, f) for f in feats[1:]], axis=2)
            if degree > 1 else jnp.zeros_like(stats.e))
@@ -286,7 +299,7 @@ def _enrich(q, stats: ClusterStats, protos, w, degree, scale, per_query: bool) -
     var = (s * qn) ** 2 * tau
     ubar = jnp.minimum(jnp.minimum(a, 0.5 * a * a), _bennett_log(a, var))
     ubar = jnp.where(a > _EXP_CAP, a, ubar)
-    feats = _features(q, w, degree)
+    feats = polynomial_features(q, w, degree)
     zhat = 1.0 + ybar
     for j in range(2, degree + 1):
         ej = stats.e[:, :, j - 2] / nn_raw[..., None]
@@ -298,7 +311,7 @@ def _enrich(q, stats: ClusterStats, protos, w, degree, scale, per_query: bool) -
     lam = jnp.where(live, jnp.log(nn) + y0 + zeta, -jnp.inf)
     corr = jnp.einsum(f"bkgtD,bk{x}mvD->bkgtmv", feats[0], stats.g / nn_raw[..., None, None])
     delta = s * (corr - u * qmu[..., None])
-    sig = s * qn * jnp.sqrt(tau)
+    sig = s * qn * _sqrt(tau)
     ea = jnp.exp(jnp.minimum(a, _EXP_CAP))
     beta1 = jnp.maximum(ea - 1.0, -jnp.expm1(-a - ubar))
     beta2 = jnp.where(sig > 0, ea * sig, 0.0) + jnp.expm1(jnp.minimum(ubar, _EXP_CAP))
@@ -320,7 +333,7 @@ def _softmax_past(en: Enriched):
     """Attention to the enriched prototypes: (out [..., T, dv], lse [..., T])."""
     probs, m_safe, l = softmax_rows(en.lam)
     out = jnp.einsum("...m,...mv->...v", probs, en.ut)
-    lse = (m_safe + jnp.log(l))[..., 0]
+    lse = _lse(m_safe, l)[..., 0]
     return out, lse
 
 
@@ -329,11 +342,13 @@ def _certificate(en: Enriched, lse_past, out, lse, exact=None):
     cap_cur) of the exact present part (causal), or None."""
     en = jax.tree.map(lax.stop_gradient, en)
     out, lse, lse_past = (lax.stop_gradient(x) for x in (out, lse, lse_past))
+    del lse_past
     lse_safe = jnp.where(jnp.isfinite(lse), lse, 0.0)
-    wpast = jnp.where(jnp.isfinite(lse_past), jnp.exp(lse_past - lse_safe), 0.0)
-    probs = softmax_rows(en.lam)[0] * wpast[..., None]         # P̃ of the prototypes
-    logp = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)), -jnp.inf)
-    live = en.live & (probs > 0)
+    # log P̃ in the log domain: a weight that underflows to 0 is still a live cluster
+    # whose true weight may be large (its ε⁺ can be thousands of nats)
+    live = en.live
+    logp = jnp.where(live, en.lam - lse_safe[..., None], -jnp.inf)
+    probs = jnp.exp(logp)
     d_ut = _norm(en.ut - out[..., None, :])
     d_u = _norm(en.u - out[..., None, :])
     h = jnp.minimum(en.e + d_ut, en.r + d_u)
@@ -341,12 +356,12 @@ def _certificate(en: Enriched, lse_past, out, lse, exact=None):
     eps_lo, eps_hi = en.eps_lo, en.eps_hi
     if exact is not None:
         o_cur, lse_cur, cap_cur = (lax.stop_gradient(x) for x in exact)
-        p_cur = jnp.where(jnp.isfinite(lse_cur), jnp.exp(lse_cur - lse_safe), 0.0)
-        zero = jnp.zeros_like(p_cur)[..., None]
-        probs = jnp.concatenate([probs, p_cur[..., None]], -1)
-        log_cur = jnp.where(p_cur > 0, jnp.log(jnp.where(p_cur > 0, p_cur, 1.0)), -jnp.inf)
+        live_cur = jnp.isfinite(lse_cur)
+        log_cur = jnp.where(live_cur, lse_cur - lse_safe, -jnp.inf)
+        zero = jnp.zeros_like(log_cur)[..., None]
+        probs = jnp.concatenate([probs, jnp.exp(log_cur)[..., None]], -1)
         logp = jnp.concatenate([logp, log_cur[..., None]], -1)
-        live = jnp.concatenate([live, (p_cur > 0)[..., None]], -1)
+        live = jnp.concatenate([live, live_cur[..., None]], -1)
         h = jnp.concatenate([h, _norm(o_cur - out)[..., None]], -1)
         e_all = jnp.concatenate([en.e, zero], -1)
         eps_lo = jnp.concatenate([eps_lo, zero], -1)
@@ -464,7 +479,7 @@ def _exact_chunk(qc, kc, vc, valid_c, scale):
     s = jnp.where(vis, s, -jnp.inf)
     probs, m_safe, l = softmax_rows(s)
     out = jnp.einsum("bkgts,bksv->bkgtv", probs, vc)
-    return out, (m_safe + jnp.log(l))[..., 0], vis
+    return out, _lse(m_safe, l)[..., 0], vis
 
 
 def _causal(qg, kh, vh, valid, protos, w, degree, scale, chunk):
@@ -497,6 +512,13 @@ def _causal(qg, kh, vh, valid, protos, w, degree, scale, chunk):
     out = jnp.moveaxis(outs, 0, 3).reshape(b, kk, g, length, dv)[:, :, :, :t]
     cert = jnp.moveaxis(certs, 0, 3).reshape(b, kk, g, length)[:, :, :, :t]
     return out, cert
+
+
+@functools.partial(jax.jit, static_argnames=("degree", "scale", "chunk", "causal"))
+def _run(qg, kh, vh, valid, protos, w, *, degree, scale, chunk, causal):
+    """Compiled once per shape and static option set (also inlined under an outer jit)."""
+    return (_causal if causal else _non_causal)(qg, kh, vh, valid, protos, w, degree, scale,
+                                                chunk)
 
 
 def plash_attention(
@@ -556,8 +578,8 @@ def plash_attention(
     kh, vh = _head_major(k.astype(acc)), _head_major(v.astype(acc))
     valid = (jnp.ones((shapes.batch, 1, shapes.kv_len), acc) if keymask is None
              else keymask[:, None, :].astype(acc))
-    run = _causal if causal else _non_causal
-    out, cert = run(qg, kh, vh, valid, protos, w, degree, s, chunk)
+    out, cert = _run(qg, kh, vh, valid, protos, w, degree=degree, scale=s, chunk=chunk,
+                     causal=causal)
     out = _ungroup(out).astype(q.dtype)
     if not return_aux:
         return out
@@ -567,6 +589,68 @@ def plash_attention(
 # ----------------------------------------------------------------------------
 # The slow exact reference: per-query statistics from dense [T, S] visibility
 # ----------------------------------------------------------------------------
+@functools.partial(jax.jit, static_argnames=("degree", "scale", "chunk", "causal"))
+def _reference_core(q, k, v, valid, protos, w, *, degree, scale, chunk, causal):
+    """Body of :func:`plash_reference` on prepared inputs (stat dtype, valid [B, S] bool,
+    protos [B, Hkv, M, d]) -> grouped (out, certificate)."""
+    b, t, s_len, hk = q.shape[0], q.shape[1], k.shape[1], k.shape[2]
+    m, acc, s = protos.shape[2], q.dtype, scale
+    qg = _group_q(q, hk)                                       # [B, K, G, T, d]
+    kh, vh = _head_major(k), _head_major(v)
+    a = _assign(kh, protos)                                    # [B, K, S]
+    onehot = jax.nn.one_hot(a, m, dtype=acc)                   # [B, K, S, M]
+    p_a = jnp.take_along_axis(protos, a[..., None], axis=2)
+    r = kh - p_a
+    feats = polynomial_features(r, w, degree)
+    ti, si = jnp.arange(t), jnp.arange(s_len)
+    q_chunk = ti // chunk if causal else jnp.zeros_like(ti)
+    k_chunk = si // chunk if causal else jnp.zeros_like(si)
+    past = valid[:, None, :] & ((si[None, :] < q_chunk[:, None] * chunk) if causal
+                                else jnp.ones((t, s_len), bool))[None]   # [B, T, S]
+    o = onehot[:, :, None] * past[:, None, :, :, None].astype(acc)        # [B, K, T, S, M]
+    n = o.sum(3)
+    sums = lambda x: jnp.einsum("bktsm,bks...->bktm...", o, x)
+    e = (jnp.stack([sums(f) for f in feats[1:]], axis=2) if degree > 1
+         else jnp.zeros((b, hk, 1, t, m, w.shape[1]), acc))
+    # anchors: mean of the cluster's keys in the first chunk where it has (valid) keys
+    member = onehot * valid[:, None, :, None]                             # [B, K, S, M]
+    big = jnp.iinfo(jnp.int32).max
+    first = jnp.min(jnp.where(member > 0, k_chunk[None, None, :, None], big), axis=2)  # [B,K,M]
+    in_first = member * (k_chunk[None, None, :, None] == first[:, :, None, :])
+    cnt = jnp.maximum(in_first.sum(2), 1.0)
+    ka = jnp.einsum("bksm,bksd->bkmd", in_first, kh) / cnt[..., None]
+    va = jnp.einsum("bksm,bksv->bkmv", in_first, vh) / cnt[..., None]
+    has = first[:, :, None, :] < q_chunk[None, None, :, None] if causal else (
+        jnp.broadcast_to((first < big)[:, :, None, :], (b, hk, t, m)))
+    dk = _norm(kh[:, :, :, None] - ka[:, :, None])                        # [B, K, S, M]
+    dvv = _norm(vh[:, :, :, None] - va[:, :, None])
+    rk = jnp.max(o * dk[:, :, None], axis=3)
+    rv = jnp.max(o * dvv[:, :, None], axis=3)
+    ka_t = jnp.broadcast_to(ka[:, :, None], (b, hk, t, m, ka.shape[-1]))
+    va_t = jnp.broadcast_to(va[:, :, None], (b, hk, t, m, va.shape[-1]))
+    stats = ClusterStats(n, sums(r), sums(jnp.sum(r * r, -1)), e, sums(vh),
+                         jnp.einsum("bktsm,bksv,bksD->bktmvD", o, vh, feats[0]),
+                         ka_t, va_t, has, rk, rv)
+    en = _enrich(qg, stats, protos, w, degree, s, per_query=True)
+    out_p, lse_p = _softmax_past(en)
+    if causal:
+        sc = jnp.einsum("bkgtd,bksd->bkgts", qg, kh) * s
+        vis = (si[None, :] <= ti[:, None]) & (k_chunk[None, :] == q_chunk[:, None])
+        vis = vis[None, None, None]
+        vis = vis & valid[:, None, None, None, :]
+        sc = jnp.where(vis, sc, -jnp.inf)
+        probs, m_safe, l = softmax_rows(sc)
+        out_c = jnp.einsum("bkgts,bksv->bkgtv", probs, vh)
+        lse_c = _lse(m_safe, l)[..., 0]
+        out, lse = merge_attention(out_p, lse_p, out_c, lse_c)
+        dist = _norm(vh[:, :, None, None] - out[..., None, :])
+        cert = _certificate(en, lse_p, out, lse,
+                            exact=(out_c, lse_c, jnp.max(jnp.where(vis, dist, 0.0), -1)))
+    else:
+        out, cert = out_p, _certificate(en, lse_p, out_p, lse_p)
+    return out, cert
+
+
 def plash_reference(q, k, v, *, causal=False, mask=None, scale=None, q_segment_ids=None,
                     kv_segment_ids=None, prototypes=None, num_prototypes=None, degree=2,
                     sketch_dim=64, key=None, chunk=None, return_certificate=False):
@@ -582,62 +666,10 @@ def plash_reference(q, k, v, *, causal=False, mask=None, scale=None, q_segment_i
     if fallback:
         out = _fallback(q, k, v, causal, mask, scale, q_segment_ids, kv_segment_ids, True)
         return out if return_certificate else out[0]
-    b, t, s_len = shapes.batch, shapes.q_len, shapes.kv_len
-    m = protos.shape[2]
-    qg = _group_q(q.astype(acc), shapes.kv_heads)             # [B, K, G, T, d]
-    kh, vh = _head_major(k.astype(acc)), _head_major(v.astype(acc))
-    valid = jnp.ones((b, s_len), bool) if keymask is None else keymask
-    a = _assign(kh, protos)                                    # [B, K, S]
-    onehot = jax.nn.one_hot(a, m, dtype=acc)                   # [B, K, S, M]
-    p_a = jnp.take_along_axis(protos, a[..., None], axis=2)
-    r = kh - p_a
-    feats = _features(r, w, degree)
-    ti, si = jnp.arange(t), jnp.arange(s_len)
-    q_chunk = ti // chunk if causal else jnp.zeros_like(ti)
-    k_chunk = si // chunk if causal else jnp.zeros_like(si)
-    past = valid[:, None, :] & ((si[None, :] < q_chunk[:, None] * chunk) if causal
-                                else jnp.ones((t, s_len), bool))[None]   # [B, T, S]
-    o = onehot[:, :, None] * past[:, None, :, :, None].astype(acc)        # [B, K, T, S, M]
-    n = o.sum(3)
-    sums = lambda x: jnp.einsum("bktsm,bks...->bktm...", o, x)
-    e = (jnp.stack([sums(f) for f in feats[1:]], axis=2) if degree > 1
-         else jnp.zeros((b, shapes.kv_heads, 1, t, m, w.shape[1]), acc))
-    # anchors: mean of the cluster's keys in the first chunk where it has (valid) keys
-    member = onehot * valid[:, None, :, None]                             # [B, K, S, M]
-    big = jnp.iinfo(jnp.int32).max
-    first = jnp.min(jnp.where(member > 0, k_chunk[None, None, :, None], big), axis=2)  # [B,K,M]
-    in_first = member * (k_chunk[None, None, :, None] == first[:, :, None, :])
-    cnt = jnp.maximum(in_first.sum(2), 1.0)
-    ka = jnp.einsum("bksm,bksd->bkmd", in_first, kh) / cnt[..., None]
-    va = jnp.einsum("bksm,bksv->bkmv", in_first, vh) / cnt[..., None]
-    has = first[:, :, None, :] < q_chunk[None, None, :, None] if causal else (
-        jnp.broadcast_to((first < big)[:, :, None, :], (b, shapes.kv_heads, t, m)))
-    dk = _norm(kh[:, :, :, None] - ka[:, :, None])                        # [B, K, S, M]
-    dvv = _norm(vh[:, :, :, None] - va[:, :, None])
-    rk = jnp.max(o * dk[:, :, None], axis=3)
-    rv = jnp.max(o * dvv[:, :, None], axis=3)
-    ka_t = jnp.broadcast_to(ka[:, :, None], (b, shapes.kv_heads, t, m, ka.shape[-1]))
-    va_t = jnp.broadcast_to(va[:, :, None], (b, shapes.kv_heads, t, m, va.shape[-1]))
-    stats = ClusterStats(n, sums(r), sums(jnp.sum(r * r, -1)), e, sums(vh),
-                         jnp.einsum("bktsm,bksv,bksD->bktmvD", o, vh, feats[0]),
-                         ka_t, va_t, has, rk, rv)
-    en = _enrich(qg, stats, protos, w, degree, s, per_query=True)
-    out_p, lse_p = _softmax_past(en)
-    if causal:
-        sc = jnp.einsum("bkgtd,bksd->bkgts", qg, kh) * s
-        vis = (si[None, :] <= ti[:, None]) & (k_chunk[None, :] == q_chunk[:, None])
-        vis = vis[None, None, None]
-        vis = vis & valid[:, None, None, None, :]
-        sc = jnp.where(vis, sc, -jnp.inf)
-        probs, m_safe, l = softmax_rows(sc)
-        out_c = jnp.einsum("bkgts,bksv->bkgtv", probs, vh)
-        lse_c = (m_safe + jnp.log(l))[..., 0]
-        out, lse = merge_attention(out_p, lse_p, out_c, lse_c)
-        dist = _norm(vh[:, :, None, None] - out[..., None, :])
-        cert = _certificate(en, lse_p, out, lse,
-                            exact=(out_c, lse_c, jnp.max(jnp.where(vis, dist, 0.0), -1)))
-    else:
-        out, cert = out_p, _certificate(en, lse_p, out_p, lse_p)
+    valid = (jnp.ones((shapes.batch, shapes.kv_len), bool) if keymask is None
+             else keymask)
+    out, cert = _reference_core(q.astype(acc), k.astype(acc), v.astype(acc), valid, protos, w,
+                                degree=degree, scale=s, chunk=chunk, causal=causal)
     out = _ungroup(out).astype(q.dtype)
     if return_certificate:
         return out, {"certificate": _ungroup(cert).astype(jnp.float32)}
