@@ -11,6 +11,8 @@
         (see ``lcjax bench token_sparse --help`` and ``lcjax.bench.token_sparse``)
     lcjax bench context_parallel [--seq-lens 8192,32768] [--budget-mib M] [--kv-heads 8]
         (Ulysses / Ring / UPipe memory and step time; ``lcjax.bench.context_parallel``)
+    lcjax bench plash [--seq-lens 1024,...,65536] [--prototypes 16,64]
+        (PLASH vs blockwise, Performer, Nystrom: time, memory, slope, error, certificate)
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import argparse
 
 from lcjax.bench import context_parallel as context_parallel_bench
 from lcjax.bench import entmax as entmax_bench
+from lcjax.bench import plash as plash_bench
 from lcjax.bench import token_sparse as token_sparse_bench
 from lcjax.bench.attention import (
     DEFAULT_MAX_LEN,
@@ -81,6 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     entmax_bench.add_arguments(sub)
     token_sparse_bench.add_arguments(sub)
     context_parallel_bench.add_arguments(sub)
+    plash_bench.add_arguments(sub)
 
 
 def _parse_max_len(specs) -> dict[str, int]:
@@ -117,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
         return token_sparse_bench.run_cli(args)
     if args.bench == "context_parallel":
         return context_parallel_bench.run_cli(args)
+    if args.bench == "plash":
+        return plash_bench.run_cli(args)
     if args.bench != "attention":
         raise ValueError(f"unknown benchmark {args.bench!r}")
     result = run_attention_benchmark(config_from_args(args))
