@@ -17,6 +17,7 @@ from lcjax.nn.attention import (
 )
 from lcjax.nn.decoder import DecoderBlock, DecoderCache, DecoderConfig, DecoderLM
 from lcjax.nn.layers import RMSNorm, SwiGLU, rms_norm
+from lcjax.nn.plash import PlashAttention, plash_prototypes
 from lcjax.nn.sampling import GenerateResult, generate, sample_logits, sampling_candidates
 from lcjax.nn.variant_params import LearnableAlpha, VariantConfig, learnable_alpha
 
@@ -24,6 +25,8 @@ __all__ = [
     "Attention",
     "AttentionTap",
     "LearnableAlpha",
+    "PlashAttention",
+    "plash_prototypes",
     "VariantConfig",
     "capture_attention",
     "learnable_alpha",
