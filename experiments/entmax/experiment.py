@@ -344,6 +344,11 @@ def _plot(path: Path, task: Task, cells: dict, positions) -> None:
                              squeeze=False)
     mults = np.array(EVAL_MULTS)
     for ax, pos in zip(axes[0], positions):
+        unlearned = [v for v in VARIANTS
+                     if (v, pos) in cells and not cells[v, pos]["learned_seeds"]]
+        if unlearned:
+            ax.text(0.98, 0.6, "not learned at 1×:\n" + ", ".join(unlearned), ha="right",
+                    transform=ax.transAxes, fontsize=8)
         for i, variant in enumerate(VARIANTS):
             c = cells.get((variant, pos))
             if c is None or not c["learned_seeds"]:
