@@ -415,6 +415,10 @@ class Attention(nnx.Module):
             self.attention_inputs({"q": q, "k": k, "v": v,
                                    "scale": default_scale(q.shape[-1], self.scale)})
         if self.attention_weights.enabled:
+            if "alibi_slopes" in options:
+                raise ValueError("Attention: the attention-weights tap does not include the "
+                                 "ALiBi bias of position='nape' yet (lcjax.attention.weights "
+                                 "takes no alibi_slopes)")
             self.attention_weights(self._weights_fn()(
                 q, k, causal=causal, mask=mask, scale=self.scale, q_segment_ids=segment_ids,
                 kv_segment_ids=kv_segment_ids, **options))
