@@ -13,9 +13,10 @@ from pathlib import Path
 
 import grain
 import numpy as np
-from test_parallel_train import ContextParallelLM
+from flax import nnx
 
 from lcjax import data
+from lcjax.parallel import init_layer_params, layer_apply
 from lcjax.train import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +35,7 @@ assert distributed.initialize()                     # from LCJAX_COORDINATOR etc
 import jax
 jax.config.update("jax_default_matmul_precision", "highest")
 sys.path.insert(0, "tests")
-from test_parallel_train import ContextParallelLM
+from test_multiprocess import ContextParallelLM
 from lcjax.parallel import make_mesh
 from lcjax.train import TrainConfig, train
 spec = json.loads(sys.argv[1])
@@ -47,6 +48,26 @@ rows = distributed.process_rows(mesh)
 print("RESULT " + json.dumps({"process": jax.process_index(), "rows": rows,
                               "losses": res.losses, "evals": res.evals}), flush=True)
 """
+
+
+class ContextParallelLM(nnx.Module):
+    """A one-layer byte LM whose attention layer (projections included) runs a context-
+    parallel strategy of :func:`lcjax.parallel.layer_apply` on the mesh it finds in
+    ``jax.set_mesh`` (which ``train(..., mesh=...)`` sets); ``"none"``: one device.
+    logits = E^T (x + Attn(x)), x = E[tokens]; H=4, Hkv=2 (kv_heads < C=4 for Ulysses).
+    Its config (:data:`MODEL`) is the same for every strategy, so the checkpoint of the
+    Ulysses run resumes on one device ("none"); a resume checks every ``DecoderConfig``
+    field, ``context_parallel`` included."""
+
+    def __init__(self, strategy: str, rngs: nnx.Rngs):
+        self.strategy = strategy
+        self.embed = nnx.Embed(data.VOCAB_SIZE, 32, rngs=rngs)
+        self.attn = nnx.Param(init_layer_params(rngs.params(), d_model=32, num_heads=4,
+                                                num_kv_heads=2, head_dim=8))
+
+    def __call__(self, tokens):
+        x = self.embed(tokens)
+        return self.embed.attend(x + layer_apply(self.strategy, dict(self.attn.get_value()), x))
 
 
 def _one_device(_, rngs):

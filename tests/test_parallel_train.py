@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 from lcjax import data
 from lcjax.nn import DecoderConfig
-from lcjax.parallel import distributed, init_layer_params, layer_apply, make_mesh, token_sharding
+from lcjax.parallel import distributed, make_mesh, token_sharding
 from lcjax.train import TrainConfig, train
 from lcjax.train import checkpoint as ckpt
 from lcjax.train.cli import add_arguments, configs_from_args
@@ -25,23 +25,6 @@ TINY = DecoderConfig(vocab_size=data.VOCAB_SIZE, d_model=32, num_layers=1, num_h
                      num_kv_heads=1, head_dim=16, mlp_hidden=64, max_len=64)
 _rng = np.random.default_rng(0)
 DOCS = [_rng.integers(97, 123, n).astype(np.uint8).tobytes() for n in (300, 170, 410)]
-
-
-class ContextParallelLM(nnx.Module):
-    """A one-layer byte LM whose attention layer (projections included) runs a context-
-    parallel strategy of :func:`lcjax.parallel.layer_apply` on the mesh it finds in
-    ``jax.set_mesh`` (which ``train(..., mesh=...)`` sets); ``"none"``: one device.
-    logits = E^T (x + Attn(x)), x = E[tokens]; H=4, Hkv=2 (kv_heads < C=4 for Ulysses)."""
-
-    def __init__(self, strategy: str, rngs: nnx.Rngs):
-        self.strategy = strategy
-        self.embed = nnx.Embed(data.VOCAB_SIZE, 32, rngs=rngs)
-        self.attn = nnx.Param(init_layer_params(rngs.params(), d_model=32, num_heads=4,
-                                                num_kv_heads=2, head_dim=8))
-
-    def __call__(self, tokens):
-        x = self.embed(tokens)
-        return self.embed.attend(x + layer_apply(self.strategy, dict(self.attn.get_value()), x))
 
 
 def _cfg(**kw):
@@ -95,23 +78,21 @@ def test_mesh_training_matches_single_device_and_resumes_across_meshes(tmp_path)
         np.testing.assert_array_equal(a, b)
 
 
-def test_context_parallel_strategy_trains_like_one_device():
-    """UPipe (head-chunk stages in a scan, each rematerialised; its all-to-alls in
-    ``shard_map``) inside the jitted train step on data=2,context=4, found through
-    ``jax.set_mesh``: the losses and gradient norms of the same model on one device.
-    (tests/test_parallel_*.py check every strategy's outputs and gradients; one strategy
-    here keeps the compile cost down.)"""
-    cfg = _cfg(steps=3, eval_batches=0, ckpt_every=0, log_every=3)
-    run = lambda strategy, mesh: train(strategy, dataclasses.replace(cfg, mesh=mesh),
-                                       train_docs=DOCS, model_fn=ContextParallelLM)
-    ref = run("none", None)
+def test_context_parallel_decoder_trains_like_one_device():
+    """``DecoderConfig(context_parallel="upipe")`` (head-chunk stages in a scan, each
+    rematerialised, all-to-alls in ``shard_map``; the mesh found through the
+    ``jax.set_mesh`` that a mesh run sets) on data=2,context=4: the losses and gradient
+    norms of the same LM on one device. (tests/test_parallel_*.py check every strategy's
+    outputs and gradients; one strategy here keeps the compile cost down.)"""
+    cp = dataclasses.replace(TINY, num_heads=4, num_kv_heads=2, head_dim=8,
+                             context_parallel="upipe")
+    cfg = _cfg(steps=3, ckpt_every=0, log_every=3)
+    ref = train(dataclasses.replace(cp, context_parallel=None), cfg, train_docs=DOCS)
     assert len(set(ref.losses)) == 3
-    for strategy in ("upipe",):
-        res = run(strategy, "data=2,context=4")
-        np.testing.assert_allclose(res.losses, ref.losses, rtol=1e-5, err_msg=strategy)
-        np.testing.assert_allclose([r["grad_norm"] for r in res.history],
-                                   [r["grad_norm"] for r in ref.history], rtol=1e-5,
-                                   err_msg=strategy)
+    res = train(cp, dataclasses.replace(cfg, mesh="data=2,context=4"), train_docs=DOCS)
+    np.testing.assert_allclose(res.losses, ref.losses, rtol=1e-5)
+    np.testing.assert_allclose([r["grad_norm"] for r in res.history],
+                               [r["grad_norm"] for r in ref.history], rtol=1e-5)
 
 
 def test_sharded_checkpoint_restores_onto_other_meshes(tmp_path):
