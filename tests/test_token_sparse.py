@@ -308,3 +308,18 @@ def test_drift_and_per_layer_attention_in_the_decoder():
     np.testing.assert_allclose(forward(mixed, short), want_short, atol=1e-5)
     with pytest.raises(ValueError, match="attention"):
         DecoderConfig(**base, attention=("softmax",))
+
+
+def test_bench_token_sparse_writes_its_report(tmp_path):
+    from lcjax.bench.token_sparse import TokenSparseBenchConfig, run_token_sparse_benchmark
+
+    cfg = TokenSparseBenchConfig(seq_lens=(96,), coverages=(0.5,), heads=2, head_dim=16,
+                                 window=8, min_tokens=16, pool=3, block=32, repeats=1,
+                                 warmup=0, out_dir=str(tmp_path))
+    result = run_token_sparse_benchmark(cfg, verbose=False)
+    dense, sparse = result["rows"]
+    assert dense["variant"] == "blockwise (dense)" and sparse["coverage"] == 0.5
+    assert 0 < sparse["kept_fraction"] < 1 and sparse["budget"] < 96 - 8
+    assert sparse["speedup"] == dense["median_s"] / sparse["median_s"]
+    for name in ("token_sparse.json", "token_sparse.md", "token_sparse.png"):
+        assert (tmp_path / name).stat().st_size > 0

@@ -185,7 +185,7 @@ def run_token_sparse_benchmark(cfg: TokenSparseBenchConfig, *, verbose: bool = T
                 print(f"T={t} {r['variant']} coverage={r['coverage']:g}: "
                       f"{1e3 * r['median_s']:.1f} ms, kept {r['kept_fraction']:.3f}, "
                       f"{r['speedup']:.2f}x", flush=True)
-    result = {"config": dataclasses.asdict(cfg), "machine": machine_info(),
+    result = {"config": {**dataclasses.asdict(cfg), "causal": True}, "machine": machine_info(),
               "command": _command(cfg), "rows": rows}
     longest = [r for r in rows if r["T"] == max(cfg.seq_lens) and r["variant"] == "token_sparse"]
     if longest:
