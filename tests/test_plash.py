@@ -112,7 +112,7 @@ def _cases():
     """Adversarial inputs (float64 numpy), 16 batch elements each, stacked on the batch
     axis: q, k, v, prototypes [B, Hkv, 4, d] and a key mask [B, 1, 1, S]."""
     rng = np.random.default_rng(5)
-    b, t, s, h, hk, d = 16, 12, 24, 2, 1, 8
+    b, t, s, h, hk, d = 24, 12, 24, 2, 1, 8
     fams = []
     default = lambda k: np.asarray(P.default_prototypes(jnp.asarray(k), 4, causal=False, chunk=s))
     first = lambda k: np.asarray(P.default_prototypes(jnp.asarray(k), 4, causal=True, chunk=5))
@@ -141,10 +141,10 @@ def _cases():
 
 
 def test_certificate_bounds_true_deviation_on_adversarial_inputs():
-    """≥ 2,000 inputs (batch elements of 11 adversarial families — random at four scales,
+    """≥ 2,000 inputs (24 batch elements of each of 11 adversarial families — random at four scales,
     clustered, large queries, peaked queries, outlier keys/values, duplicated keys, large
-    norms, near-empty key masks — each with 12 query rows × 2 heads, causal and not, three
-    (degree, sketch_dim) settings and several sketch seeds): the certificate is ≥
+    norms, near-empty key masks — each with 12 query rows × 2 heads, causal and not, two
+    (degree, sketch_dim) settings and two sketch seeds): the certificate is ≥
     ‖PLASH − softmax‖₂ on every row (float64; 1e-9 relative rounding slack)."""
     n_inputs, ratios = 0, []
     with jax.enable_x64(True):
@@ -152,7 +152,7 @@ def test_certificate_bounds_true_deviation_on_adversarial_inputs():
         slack = 1e-9 * (1 + float(jnp.max(jnp.abs(v))))
         for causal in (False, True):
             ref = dot_product_attention(q, k, v, causal=causal, mask=mask)
-            for degree, dsk in ((1, 4), (2, 8), (3, 16)):
+            for degree, dsk in ((1, 4), (3, 16)):
                 for seed in range(2):
                     out, aux = P.plash_attention(q, k, v, protos_causal if causal else protos,
                                                  causal=causal, chunk=5, degree=degree,
