@@ -108,15 +108,16 @@ def _empty(q, v, *refs):
 
 
 def _step_fn(attn: Callable, causal: bool, balance, scale, options, axis: str, size: int):
-    """``partial(s, q, k, v) -> (out_s, lse_s)``: the attention of the local queries to
-    the block held at step s (from device (r - s) mod C), by branch."""
+    """(branches, index): ``branches[index(s)](q, k, v) -> (out_s, lse_s)`` is the
+    attention of the local queries to the block held at step s (from device
+    (r - s) mod C)."""
 
     def call(q, k, v, c):
         out, lse = attn(q, k, v, causal=c, scale=scale, return_lse=True, **options)
         return out, lse.astype(jnp.float32)
 
     if not causal:
-        return lambda s, q, k, v: call(q, k, v, False)
+        return (lambda q, k, v: call(q, k, v, False),), None
 
     def diagonal(q, k, v):
         return call(q, k, v, True)
@@ -139,13 +140,19 @@ def _step_fn(attn: Callable, causal: bool, balance, scale, options, axis: str, s
 
     later = (first_kv_chunk, second_q_chunk) if balance == "zigzag" else (full, skip)
 
-    def partial(s, q, k, v):
+    def index(s):
         r = lax.axis_index(axis)
         j = (r - s) % size
-        branch = jnp.where(s == 0, 0, jnp.where(j < r, 1, 2))
-        return lax.switch(branch, (diagonal, *later), q, k, v)
+        return jnp.where(s == 0, 0, jnp.where(j < r, 1, 2))
 
-    return partial
+    return (diagonal, *later), index
+
+
+def _by_branch(branches, index, s, *args):
+    """``branches[index(s)](*args)`` (one branch: called directly)."""
+    if index is None:
+        return branches[0](*args)
+    return lax.switch(index(s), branches, *args)
 
 
 def ring_local(q, k, v, *, axis: str, size: int, attn: Callable, causal: bool,
@@ -153,7 +160,7 @@ def ring_local(q, k, v, *, axis: str, size: int, attn: Callable, causal: bool,
     """Ring attention inside ``shard_map`` over ``axis`` (``size`` devices): local q
     [B, L, H, D], k, v [B, L, Hkv, D] in the layout ``balance`` names (zigzag: chunks
     r, 2C-1-r; None: contiguous) -> out [B, L, H, D] (and the float32 lse [B, L, H])."""
-    partial = _step_fn(attn, causal, balance, scale, options, axis, size)
+    branches, index = _step_fn(attn, causal, balance, scale, options, axis, size)
 
     def forward(q, k, v):
         out, lse = _empty(q, v, k)
@@ -162,7 +169,7 @@ def ring_local(q, k, v, *, axis: str, size: int, attn: Callable, causal: bool,
         def body(carry, s):
             out, lse, kv = carry
             nxt = ring_shift(kv, axis, size)  # sent while this block is attended
-            o_s, l_s = partial(s, q, *kv)
+            o_s, l_s = _by_branch(branches, index, s, q, *kv)
             out, lse = merge_attention(out, lse, o_s.astype(jnp.float32), l_s)
             return (out, lse, nxt), None
 
@@ -185,13 +192,25 @@ def ring_local(q, k, v, *, axis: str, size: int, attn: Callable, causal: bool,
         zeros = lambda x: match_varying(jnp.zeros(x.shape, jnp.float32), q, k, v, d_out)
         out32 = out.astype(jnp.float32)
 
+        def step_grads(fn):
+            """The step's (dq, dk, dv), its pullback inside the branch (so a switch keeps
+            no residuals of the other branches)."""
+
+            def grads(q, k, v):
+                (o_s, l_s), pull = jax.vjp(fn, q, k, v)
+                w = jnp.where(jnp.isfinite(l_s), jnp.exp(l_s - lse_safe), 0.0)
+                d_o = (w[..., None] * d_out).astype(o_s.dtype)
+                d_l = w * (jnp.sum(d_out * (o_s.astype(jnp.float32) - out32), axis=-1)
+                           + d_lse)
+                return match_varying(pull((d_o, d_l)), q, k, v, d_out)
+
+            return grads
+
+        grad_branches = tuple(step_grads(fn) for fn in branches)
+
         def body(carry, s):
             kv, dkv, dq = carry
-            (o_s, l_s), pull = jax.vjp(lambda q, k, v: partial(s, q, k, v), q, *kv)
-            w = jnp.where(jnp.isfinite(l_s), jnp.exp(l_s - lse_safe), 0.0)
-            d_o = (w[..., None] * d_out).astype(o_s.dtype)
-            d_l = w * (jnp.sum(d_out * (o_s.astype(jnp.float32) - out32), axis=-1) + d_lse)
-            dq_s, dk_s, dv_s = pull((d_o, d_l))
+            dq_s, dk_s, dv_s = _by_branch(grad_branches, index, s, q, *kv)
             dkv = (dkv[0] + dk_s.astype(jnp.float32), dkv[1] + dv_s.astype(jnp.float32))
             kv, dkv = ring_shift((kv, dkv), axis, size)  # after C shifts: home again
             return (kv, dkv, dq + dq_s.astype(jnp.float32)), None
