@@ -87,7 +87,3 @@ def token_sharding(mesh: Mesh) -> NamedSharding:
 def mesh_size(mesh: Mesh, axis: str) -> int:
     """Size of ``axis`` in ``mesh`` (1 when the mesh lacks it)."""
     return int(dict(zip(mesh.axis_names, mesh.devices.shape)).get(axis, 1))
-
-
-
-
