@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.test_util import check_grads
 
 from lcjax.attention import plash as P
 from lcjax.attention.core import dot_product_attention
@@ -200,7 +201,7 @@ def test_gradients_match_finite_differences_float64():
                 out = P.plash_attention(q, k, v, p, causal=causal, chunk=4, sketch_dim=6,
                                         degree=2)
                 return jnp.sum(out * w)
-            jax.test_util.check_grads(f, (q, k, v, protos), order=1, modes=("rev",),
+            check_grads(f, (q, k, v, protos), order=1, modes=("rev",),
                                       eps=1e-6, atol=1e-6, rtol=1e-6)
 
 
