@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lcjax.attention.core import default_scale, stat_dtype, validate_qkv
+from lcjax.attention.core import default_scale, match_varying, stat_dtype, validate_qkv
 from lcjax.attention.registry import register
 from lcjax.attention.spec import AttentionSpec, Features, Implementation, with_empty_aux
 
@@ -111,9 +111,11 @@ def _favor(fq, fk, vh, *, causal, chunk):
         num = jnp.einsum("bhtm,bhmv->bhtv", fqc, kv) + jnp.einsum("bhts,bhsv->bhtv", a, vc)
         den = jnp.einsum("bhtm,bhm->bht", fqc, ks) + jnp.sum(a, -1)
         kv = kv + jnp.einsum("bhsm,bhsv->bhmv", fkc, vc)
-        return (kv, ks + jnp.sum(fkc, 2)), num / den[..., None]
+        # padded query rows (zero features) have den = 0: keep them finite for the gradient
+        return (kv, ks + jnp.sum(fkc, 2)), num / jnp.where(den > 0, den, 1.0)[..., None]
 
-    init = (jnp.zeros((b, h, m, dv), fq.dtype), jnp.zeros((b, h, m), fq.dtype))
+    init = match_varying((jnp.zeros((b, h, m, dv), fq.dtype), jnp.zeros((b, h, m), fq.dtype)),
+                         fq, fk, vh)
     _, outs = lax.scan(step, init, (fqp, fkp, vp))
     return jnp.moveaxis(outs, 0, 2).reshape(b, h, length, dv)[:, :, :t]
 

@@ -56,6 +56,7 @@ from jaxtyping import Array, Bool, Float, Int
 from lcjax.attention.core import (
     default_scale,
     dot_product_attention,
+    match_varying,
     merge_attention,
     softmax_rows,
     stat_dtype,
@@ -493,6 +494,7 @@ def _causal(qg, kh, vh, valid, protos, w, degree, scale, chunk):
     vp = _pad_axis(vh, length, 2).reshape(b, kk, nc, chunk, dv)
     validp = _pad_axis(valid, length, 2).reshape(b, valid.shape[1], nc, chunk)
     stats = _empty_stats((b, kk), m, d, dv, w.shape[1], degree, qg.dtype)
+    stats = match_varying(stats, qg, kh, vh, valid, protos)
 
     def step(stats, xs):
         qc, kc, vc, valc = xs
