@@ -84,10 +84,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
-from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels.entmax_rules import alpha_cotangent, hermite_root, polish_step, solver_step
+from pallas_kernels.platform import pallas_call_per_platform
 
 __all__ = ["BlockSizes", "entmax_attention_pallas", "entmax_attention_reference",
            "unsupported_block_sizes"]
@@ -575,31 +574,6 @@ def _dkv_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref
 # ----------------------------------------------------------------------------
 # pallas_call plumbing
 # ----------------------------------------------------------------------------
-def _call(kernel, *, grid, in_specs, out_specs, out_shape, interpret: bool, name: str):
-    """A pallas_call for every target: interpret mode, or per lowering platform Mosaic TPU
-    (all grid axes parallel) / Triton on GPU (``plgpu.CompilerParams``)."""
-
-    def build(params, interp=False):
-        return pl.pallas_call(
-            kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-            compiler_params=params, interpret=interp, name=name,
-        )
-
-    if interpret:
-        return build(None, True)
-    tpu = pltpu.CompilerParams(dimension_semantics=("parallel",) * len(grid))
-    gpu = plgpu.CompilerParams(num_warps=4, num_stages=2)
-
-    def run(*args):
-        return lax.platform_dependent(
-            *args,
-            tpu=lambda *a: build(tpu)(*a),
-            cuda=lambda *a: build(gpu)(*a),
-            rocm=lambda *a: build(gpu)(*a),
-            default=lambda *a: build(None)(*a),  # CPU: JAX says to use interpret mode
-        )
-
-    return run
 
 
 def _row_spec(bq):
@@ -622,7 +596,7 @@ def _forward(q, k, v, lens, alpha, cfg: _Config):
     nq, nk = Tp // bq, Sp // bk
     nkp = pl.next_power_of_2(nk)
     row = jax.ShapeDtypeStruct((B, H, Tp, 1), _F32)
-    outs = _call(
+    outs = pallas_call_per_platform(
         functools.partial(_fwd_kernel, cfg=cfg),
         grid=(B, H, nq),
         in_specs=[
@@ -679,7 +653,7 @@ def _backward(q, k, v, lens, alpha, mz, tau, l, live, d_out, cfg: _Config):
     nkp = pl.next_power_of_2(nk)
     live_q = jnp.pad(live_q, ((0, 0), (0, 0), (0, 0), (0, nkp - nk)))[:, :, :, None, :]
     learn = cfg.alpha is None
-    dq, delta, *da_rows = _call(
+    dq, delta, *da_rows = pallas_call_per_platform(
         functools.partial(_dq_kernel, cfg=cfg),
         grid=(B, H, nq),
         in_specs=[
@@ -710,7 +684,7 @@ def _backward(q, k, v, lens, alpha, mz, tau, l, live, d_out, cfg: _Config):
     live_k = jnp.pad(jnp.swapaxes(live_k, 2, 3), ((0, 0), (0, 0), (0, 0), (0, nqp - nq)))
     live_k = live_k[:, :, :, None, :]  # [B, H, nk, 1, nqp]
     group_rows = pl.BlockSpec((None, G, Tp, 1), lambda b, g, j: (b, g, 0, 0))
-    dk, dv = _call(
+    dk, dv = pallas_call_per_platform(
         functools.partial(_dkv_kernel, cfg=cfg),
         grid=(B, Hkv, nk),
         in_specs=[

@@ -43,8 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
-from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels.platform import pallas_call_per_platform
 
 __all__ = ["BlockSizes", "token_scores_pallas", "token_scores_reference",
            "unsupported_block_sizes"]
@@ -124,30 +124,6 @@ def _columns_kernel(q_ref, m_ref, l_ref, k_ref, o_ref, *, cfg: _Config):
     o_ref[...] = jnp.sum(p, axis=0, keepdims=True) * (1.0 / cfg.window)
 
 
-def _call(kernel, *, grid, in_specs, out_specs, out_shape, interpret: bool, name: str):
-    """A pallas_call for interpret mode, or per lowering platform: Mosaic TPU (all grid
-    axes parallel) / Triton on GPU."""
-
-    def build(params, interp=False):
-        return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs,
-                              out_shape=out_shape, compiler_params=params, interpret=interp,
-                              name=name)
-
-    if interpret:
-        return build(None, True)
-    tpu = pltpu.CompilerParams(dimension_semantics=("parallel",) * len(grid))
-    gpu = plgpu.CompilerParams(num_warps=4, num_stages=2)
-
-    def run(*args):
-        return lax.platform_dependent(
-            *args,
-            tpu=lambda *a: build(tpu)(*a),
-            cuda=lambda *a: build(gpu)(*a),
-            rocm=lambda *a: build(gpu)(*a),
-            default=lambda *a: build(None)(*a),
-        )
-
-    return run
 
 
 def _min_block(interpret: bool) -> int:
@@ -232,7 +208,7 @@ def token_scores_pallas(
     kp = _pad_to(_pad_to(jnp.swapaxes(k, 1, 2), 2, nk * bk), 3, dp)  # [B, Hkv, Sp, Dp]
     g = cfg.groups
     row = pl.BlockSpec((None, None, wp, 1), lambda b_, h_: (b_, h_, 0, 0))
-    m, l = _call(
+    m, l = pallas_call_per_platform(
         functools.partial(_stats_kernel, cfg=cfg), grid=(b, h),
         in_specs=[pl.BlockSpec((None, None, wp, dp), lambda b_, h_: (b_, h_, 0, 0)),
                   pl.BlockSpec((None, None, nk * bk, dp),
@@ -241,7 +217,7 @@ def token_scores_pallas(
         out_shape=[jax.ShapeDtypeStruct((b, h, wp, 1), _F32)] * 2,
         interpret=cfg.interpret, name="token_scores_stats")(qw, kp)
     row3 = pl.BlockSpec((None, None, wp, 1), lambda b_, h_, j: (b_, h_, 0, 0))
-    cols = _call(
+    cols = pallas_call_per_platform(
         functools.partial(_columns_kernel, cfg=cfg), grid=(b, h, npb),
         in_specs=[pl.BlockSpec((None, None, wp, dp), lambda b_, h_, j: (b_, h_, 0, 0)),
                   row3, row3,

@@ -66,7 +66,13 @@ from lcjax.attention.blocks import (
 )
 from lcjax.attention.core import alibi_bias, build_mask, stat_dtype, validate_qkv
 from lcjax.attention.registry import register
-from lcjax.attention.spec import AttentionSpec, Features, Implementation
+from lcjax.attention.spec import (
+    AttentionSpec,
+    Features,
+    Implementation,
+    on_accelerator,
+    pallas_skip_on_cpu,
+)
 from lcjax.entmax import (
     ALPHA_ARRAY_FLOOR,
     ResolvedSolver,
@@ -515,18 +521,6 @@ def _xla(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
                  "block_sparsity": block_sparsity(live, plan.block_q, plan.block_kv, causal)}
 
 
-def _on_accelerator() -> bool:
-    return jax.default_backend() in ("gpu", "cuda", "rocm", "tpu")
-
-
-def _pallas_skip() -> str | None:
-    """Why ``implementation=None`` passes the kernel over (None: it may serve)."""
-    if not _on_accelerator():
-        return ("no GPU or TPU: on CPU the kernel runs only in the Pallas interpreter, for "
-                "tests (implementation='pallas')")
-    return None
-
-
 def _pallas(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
             v: Float[Array, "B S Hkv Dv"], *, causal=False, mask=None, scale=None,
             q_segment_ids=None, kv_segment_ids=None, return_aux=False, alpha=1.5,
@@ -540,7 +534,7 @@ def _pallas(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
     tiles too), instead of ``block_q``/``block_kv``; ``interpret``: None = on CPU."""
     config = EntmaxConfig(solver, bins, n_iter, tol, block_q, block_kv)
     shapes, a_static, a_arr = _prepare(q, k, v, alpha)
-    on_accel = _on_accelerator()
+    on_accel = on_accelerator()
     interpret = (not on_accel) if interpret is None else bool(interpret)
     if not (on_accel or interpret):
         raise NotImplementedError("needs a GPU or TPU backend (or interpret=True)")
@@ -696,7 +690,7 @@ _TEST_OPTIONS = {"block_q": 16, "block_kv": 16}  # tiny conformance shapes span 
 def _spec(name, alpha, description):
     fix = functools.partial(_with_alpha, alpha=alpha) if alpha else (lambda fn: fn)
     impls = (Implementation("pallas", fix(_pallas), features=_PALLAS_FEATURES,
-                            config=EntmaxConfig, skip_unless_named=_pallas_skip),
+                            config=EntmaxConfig, skip_unless_named=pallas_skip_on_cpu),
              Implementation("xla", fix(_xla), config=EntmaxConfig))
     ref = fix(entmax_attention_reference)
     # with a free alpha, a learnable per-head α (Attention(learn=("alpha",))), see

@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
@@ -57,6 +58,8 @@ __all__ = [
     "Implementation",
     "keyword_names",
     "validate_segment_ids",
+    "on_accelerator",
+    "pallas_skip_on_cpu",
     "with_empty_aux",
 ]
 
@@ -137,6 +140,21 @@ def with_empty_aux(fn: Callable) -> Callable:
     impl.__signature__ = sig.replace(parameters=params)
     del impl.__wrapped__  # inspect.signature must read __signature__, not fn's
     return impl
+
+
+def on_accelerator() -> bool:
+    """Whether JAX's default backend is a GPU or TPU (where Pallas kernels compile)."""
+    return jax.default_backend() in ("gpu", "cuda", "rocm", "tpu")
+
+
+def pallas_skip_on_cpu() -> str | None:
+    """The ``skip_unless_named`` rule of every Pallas implementation: on CPU a kernel runs
+    only in the Pallas interpreter (for tests, ``implementation="pallas"``), so
+    ``implementation=None`` passes it over; on a GPU or TPU it may serve (None)."""
+    if not on_accelerator():
+        return ("no GPU or TPU: on CPU the kernel runs only in the Pallas interpreter, for "
+                "tests (implementation='pallas')")
+    return None
 
 
 def validate_segment_ids(q, k, q_segment_ids, kv_segment_ids, *, name: str) -> None:

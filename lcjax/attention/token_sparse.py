@@ -75,7 +75,13 @@ from lcjax.attention.blocks import group_queries, match_varying, pad_axis
 from lcjax.attention.core import default_scale, stat_dtype, validate_qkv
 from lcjax.attention.registry import get, register
 from lcjax.attention.registry import spec as spec_of
-from lcjax.attention.spec import AttentionSpec, Features, Implementation
+from lcjax.attention.spec import (
+    AttentionSpec,
+    Features,
+    Implementation,
+    on_accelerator,
+    pallas_skip_on_cpu,
+)
 
 __all__ = [
     "AUX",
@@ -504,17 +510,6 @@ def _xla(q: Float[Array, "B L H D"], k: Float[Array, "B L Hkv D"],
                          inner=inner, inner_options=inner_options, scorer=scorer)
 
 
-def _on_accelerator() -> bool:
-    return jax.default_backend() in ("gpu", "cuda", "rocm", "tpu")
-
-
-def _pallas_skip() -> str | None:
-    if not _on_accelerator():
-        return ("no GPU or TPU: on CPU the scoring kernel runs only in the Pallas interpreter, "
-                "for tests (implementation='pallas')")
-    return None
-
-
 def _pallas(q: Float[Array, "B L H D"], k: Float[Array, "B L Hkv D"],
             v: Float[Array, "B L Hkv Dv"], *, causal=False, mask=None, scale=None,
             q_segment_ids=None, kv_segment_ids=None, return_aux=False, coverage=0.005,
@@ -526,7 +521,7 @@ def _pallas(q: Float[Array, "B L H D"], k: Float[Array, "B L Hkv D"],
     ``block_sizes``: the kernel's ``BlockSizes`` instead of ``block_kv``; ``interpret``:
     None = on CPU. ``NotImplementedError`` (before any computation) where it cannot serve."""
     TokenScoresConfig(block_kv)
-    on_accel = _on_accelerator()
+    on_accel = on_accelerator()
     interpret = (not on_accel) if interpret is None else bool(interpret)
     if not (on_accel or interpret):
         raise NotImplementedError("needs a GPU or TPU backend (or interpret=True)")
@@ -762,7 +757,7 @@ TOKEN_SPARSE = register(AttentionSpec(
     "token_sparse", reference=token_sparse_reference,
     implementations=(
         Implementation("pallas", _pallas, features=_PALLAS_FEATURES, config=TokenScoresConfig,
-                       skip_unless_named=_pallas_skip),
+                       skip_unless_named=pallas_skip_on_cpu),
         Implementation("xla", _xla, config=TokenScoresConfig),
     ),
     features=_FEATURES, aux=AUX, test_options=_TEST_OPTIONS,
