@@ -38,8 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-import importlib.util
 import inspect
 import numbers
 from typing import NamedTuple
@@ -70,8 +68,8 @@ from lcjax.attention.spec import (
     AttentionSpec,
     Features,
     Implementation,
-    on_accelerator,
     pallas_skip_on_cpu,
+    resolve_kernel,
 )
 from lcjax.entmax import (
     ALPHA_ARRAY_FLOOR,
@@ -534,12 +532,7 @@ def _pallas(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
     tiles too), instead of ``block_q``/``block_kv``; ``interpret``: None = on CPU."""
     config = EntmaxConfig(solver, bins, n_iter, tol, block_q, block_kv)
     shapes, a_static, a_arr = _prepare(q, k, v, alpha)
-    on_accel = on_accelerator()
-    interpret = (not on_accel) if interpret is None else bool(interpret)
-    if not (on_accel or interpret):
-        raise NotImplementedError("needs a GPU or TPU backend (or interpret=True)")
-    if importlib.util.find_spec(_KERNEL_MODULE) is None:
-        raise NotImplementedError(f"needs the kernel module {_KERNEL_MODULE}")
+    kernel, interpret = resolve_kernel(_KERNEL_MODULE, interpret)
     gaps = [what for what, bad in (
         ("mask", mask is not None),
         ("q_segment_ids/kv_segment_ids", q_segment_ids is not None),
@@ -548,7 +541,6 @@ def _pallas(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
     ) if bad]
     if gaps:
         raise NotImplementedError("does not support " + ", ".join(gaps))
-    kernel = importlib.import_module(_KERNEL_MODULE)
     sizes = block_sizes or kernel.BlockSizes(block_q=config.block_q, block_k=config.block_kv)
     reason = kernel.unsupported_block_sizes(sizes, interpret=interpret)
     if reason:

@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
+import importlib.util
 import inspect
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -60,6 +62,7 @@ __all__ = [
     "validate_segment_ids",
     "on_accelerator",
     "pallas_skip_on_cpu",
+    "resolve_kernel",
     "with_empty_aux",
 ]
 
@@ -155,6 +158,20 @@ def pallas_skip_on_cpu() -> str | None:
         return ("no GPU or TPU: on CPU the kernel runs only in the Pallas interpreter, for "
                 "tests (implementation='pallas')")
     return None
+
+
+def resolve_kernel(module: str, interpret: bool | None):
+    """``(kernel module, interpret flag)`` for a Pallas implementation: ``interpret=None``
+    means interpret mode exactly when no GPU/TPU is present; ``NotImplementedError`` (so
+    dispatch falls through) when the kernel cannot run — no accelerator and
+    ``interpret=False``, or the kernel module missing."""
+    on_accel = on_accelerator()
+    interpret = (not on_accel) if interpret is None else bool(interpret)
+    if not (on_accel or interpret):
+        raise NotImplementedError("needs a GPU or TPU backend (or interpret=True)")
+    if importlib.util.find_spec(module) is None:
+        raise NotImplementedError(f"needs the kernel module {module}")
+    return importlib.import_module(module), interpret
 
 
 def validate_segment_ids(q, k, q_segment_ids, kv_segment_ids, *, name: str) -> None:

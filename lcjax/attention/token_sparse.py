@@ -59,8 +59,6 @@ tokens (:func:`token_sparse_reference`).
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -79,8 +77,8 @@ from lcjax.attention.spec import (
     AttentionSpec,
     Features,
     Implementation,
-    on_accelerator,
     pallas_skip_on_cpu,
+    resolve_kernel,
 )
 
 __all__ = [
@@ -521,15 +519,9 @@ def _pallas(q: Float[Array, "B L H D"], k: Float[Array, "B L Hkv D"],
     ``block_sizes``: the kernel's ``BlockSizes`` instead of ``block_kv``; ``interpret``:
     None = on CPU. ``NotImplementedError`` (before any computation) where it cannot serve."""
     TokenScoresConfig(block_kv)
-    on_accel = on_accelerator()
-    interpret = (not on_accel) if interpret is None else bool(interpret)
-    if not (on_accel or interpret):
-        raise NotImplementedError("needs a GPU or TPU backend (or interpret=True)")
-    if importlib.util.find_spec(_KERNEL_MODULE) is None:
-        raise NotImplementedError(f"needs the kernel module {_KERNEL_MODULE}")
+    kernel, interpret = resolve_kernel(_KERNEL_MODULE, interpret)
     if stat_dtype(q, k, v) == jnp.float64:
         raise NotImplementedError("does not support float64 (the kernel computes in float32)")
-    kernel = importlib.import_module(_KERNEL_MODULE)
     sizes = block_sizes or kernel.BlockSizes(block_kv=block_kv)
     reason = kernel.unsupported_block_sizes(sizes, interpret=interpret)
     if reason:
