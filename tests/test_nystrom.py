@@ -42,13 +42,13 @@ def test_matches_numpy_and_reference():
                                rtol=1e-4)
 
 
-def test_exact_with_one_token_segments_and_error_falls():
+def test_exact_with_one_token_segments():
     with jax.enable_x64(True):
         kq, kk, kv = jax.random.split(jax.random.key(1), 3)
         q, k, v = (jax.random.normal(x, (1, 16, 2, 8), jnp.float64) for x in (kq, kk, kv))
         exact = dot_product_attention(q, k, v)
         np.testing.assert_allclose(NY.nystrom_attention(q, k, v, num_landmarks=16), exact,
                                    atol=1e-8)
-        errs = [float(jnp.abs(NY.nystrom_attention(q, k, v, num_landmarks=m) - exact).mean())
-                for m in (2, 8, 16)]
-        assert errs[0] > errs[1] > errs[2], errs
+        # No assertion that the error falls with the landmarks: on random N(0, 1) q, k it
+        # does not, even on average (12 draws, T = 16, D = 8: mean |error| 0.72, 0.72, 0.95
+        # at 2, 4, 8 landmarks, 0 at 16) -- segment-mean landmarks are no guarantee below N.
