@@ -6,8 +6,10 @@ lists them. In quick mode each experiment has a wall-clock budget (``quick_budge
 declared beside it); the runner prints every experiment's wall time against it, and the
 budgets add up to at most ``TOTAL_QUICK_BUDGET_S`` (25 minutes on the 2-CPU machine).
 
-Every run writes ``reports/<name>/results.json``; ``index.md`` is rebuilt from all of
-them, so ``--only`` refreshes one experiment's section and keeps the others'.
+A full run writes ``reports/<name>/results.json`` (the committed report); a quick run
+writes ``reports/<name>/quick/results.json``, so ``make reproduce`` never overwrites a full
+report. ``index.md`` is rebuilt from all of them (the full result first, the quick one
+beside it), so ``--only`` refreshes one experiment's section and keeps the others'.
 
     python experiments/reproduce.py --quick                # `make reproduce`
     python experiments/reproduce.py                        # the full runs
@@ -99,12 +101,21 @@ def list_lines(experiments: list[Experiment]) -> list[str]:
     return lines + [f"warning: {p}" for p in budget_problems(experiments)]
 
 
+MODES = ("full", "quick")
+
+
+def report_dir(out: Path, name: str, quick: bool) -> Path:
+    """Where a run's files go: ``out/<name>`` (full) or ``out/<name>/quick`` (quick)."""
+    return out / name / "quick" if quick else out / name
+
+
 def run_one(exp: Experiment, quick: bool, out: Path, command: str) -> tuple[dict, bool]:
-    """Run one experiment, write ``out/<name>/results.json``; returns (record, crashed)."""
+    """Run one experiment, write ``results.json`` in its report dir; returns (record, crashed)."""
     print(f"== {exp.name}: {exp.summary}", flush=True)
     start, crashed = time.perf_counter(), False
+    dest = report_dir(out, exp.name, quick)
     try:
-        res = exp.run(quick, out / exp.name)
+        res = exp.run(quick, dest)
     except Exception:  # report and go on; the exit code says it failed
         traceback.print_exc()
         crashed = True
@@ -124,7 +135,7 @@ def run_one(exp: Experiment, quick: bool, out: Path, command: str) -> tuple[dict
         else seconds <= exp.quick_budget_s,
         "crashed": crashed, "command": command, "machine": machine_info(),
     }
-    write_json(out / exp.name / "results.json", record)
+    write_json(dest / "results.json", record)
     return record, crashed
 
 
@@ -136,29 +147,41 @@ def _relative(path: Path, out: Path) -> str:
         return path.as_posix()
 
 
-def load_records(out: Path, experiments: list[Experiment]) -> dict[str, dict | None]:
-    """Each experiment's last ``results.json`` under ``out`` (None when it has none)."""
+def load_records(out: Path, experiments: list[Experiment]) -> dict[str, dict[str, dict]]:
+    """Each experiment's last ``results.json`` per mode: ``{name: {"full": rec, "quick": rec}}``
+    (a mode without a run is absent)."""
     records = {}
     for exp in experiments:
-        path = out / exp.name / "results.json"
-        records[exp.name] = json.loads(path.read_text()) if path.exists() else None
+        records[exp.name] = {}
+        for mode in MODES:
+            path = report_dir(out, exp.name, mode == "quick") / "results.json"
+            if path.exists():
+                records[exp.name][mode] = json.loads(path.read_text())
     return records
 
 
-def _claims_table(records: dict[str, dict | None]) -> list[str]:
-    lines = ["| experiment | claim | target | ours | holds |", "|---|---|---|---|---|"]
-    for name, rec in records.items():
-        for c in (rec or {}).get("claims", []):
-            lines.append(f"| {name} | {c['claim']} | {c['target']} | {c['ours']} | "
-                         f"{'yes' if c['holds'] else '**no**'} |")
+def _claims_table(records: dict[str, dict[str, dict]]) -> list[str]:
+    lines = ["| experiment | run | claim | target | ours | holds |", "|---|---|---|---|---|---|"]
+    for name, by_mode in records.items():
+        for mode, rec in by_mode.items():
+            for c in rec.get("claims", []):
+                lines.append(f"| {name} | {mode} | {c['claim']} | {c['target']} | {c['ours']} | "
+                             f"{'yes' if c['holds'] else '**no**'} |")
     return lines
 
 
-def _section(exp: Experiment, rec: dict | None, out: Path) -> list[str]:
+def _section(exp: Experiment, by_mode: dict[str, dict], out: Path) -> list[str]:
     lines = [f"## {exp.name} — {exp.paper}", "", exp.summary, ""]
-    if rec is None:
+    if not by_mode:
         return lines + ["Not run yet: `python experiments/reproduce.py --quick --only "
                         f"{exp.name}`.", ""]
+    for mode, rec in by_mode.items():
+        lines += [f"### {mode} run", ""] + _run_lines(exp, rec, out)
+    return lines
+
+
+def _run_lines(exp: Experiment, rec: dict, out: Path) -> list[str]:
+    lines = []
     m = rec.get("machine", {})
     verdict = budget_verdict(rec["seconds"], rec.get("quick_budget_s"), rec["quick"])
     command = rec.get("command") or ("python experiments/reproduce.py"
@@ -171,7 +194,8 @@ def _section(exp: Experiment, rec: dict | None, out: Path) -> list[str]:
         lines += [rec["notes"], ""]
     figures = rec.get("figures")
     if figures is None:  # a results.json from before figures were recorded
-        figures = [p.relative_to(out).as_posix() for p in sorted((out / exp.name).glob("*.png"))]
+        run_dir = report_dir(out, exp.name, rec["quick"])
+        figures = [p.relative_to(out).as_posix() for p in sorted(run_dir.glob("*.png"))]
     for fig in figures:
         lines += [f"![{Path(fig).stem}]({fig})", ""]
     return lines
@@ -182,8 +206,9 @@ def write_index(out: Path, experiments: list[Experiment]) -> Path:
     records = load_records(out, experiments)
     lines = ["# lcjax — reproduced claims", "",
              f"Index rebuilt {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M UTC} from "
-             "`reports/<experiment>/results.json`; each section names the command, machine "
-             "and date of its numbers.", ""]
+             "`reports/<experiment>/results.json` (full runs) and "
+             "`reports/<experiment>/quick/results.json` (quick runs, `make reproduce`); each "
+             "section names the command, machine and date of its numbers.", ""]
     lines += _claims_table(records) + [""]
     for exp in experiments:
         lines += _section(exp, records[exp.name], out)

@@ -57,20 +57,21 @@ def test_only_runs_the_named_ones_and_the_index_keeps_the_others(capsys, tmp_pat
     assert calls == [("alpha", True), ("gamma", True)]  # discovery order, quick mode
     out = capsys.readouterr().out
     assert "wall time" in out and "within its 60 s quick budget" in out
-    rec = json.loads((tmp_path / "alpha" / "results.json").read_text())
+    rec = json.loads((tmp_path / "alpha" / "quick" / "results.json").read_text())
     assert rec["quick"] and rec["within_budget"] is True and rec["quick_budget_s"] == 60
-    assert rec["claims"][0]["claim"] == "alpha claim" and rec["figures"] == ["alpha/curve.png"]
+    assert rec["claims"][0]["claim"] == "alpha claim"
+    assert rec["figures"] == ["alpha/quick/curve.png"]
     assert not (tmp_path / "beta").exists()
     index = (tmp_path / "index.md").read_text()
-    assert "| alpha | alpha claim | x > 1 | x = 5 | yes |" in index
+    assert "| alpha | quick | alpha claim | x > 1 | x = 5 | yes |" in index
     assert "Not run yet: `python experiments/reproduce.py --quick --only beta`" in index
-    assert "![curve](alpha/curve.png)" in index
+    assert "![curve](alpha/quick/curve.png)" in index
     # a second --only run refreshes beta and keeps alpha's and gamma's sections
     assert reproduce.main(["--quick", "--only", "beta", "--out", str(tmp_path)],
                           experiments=exps) == 0
     index = (tmp_path / "index.md").read_text()
     for name in ("alpha", "beta", "gamma"):
-        assert f"| {name} | {name} claim |" in index and f"notes of {name}" in index
+        assert f"| {name} | quick | {name} claim |" in index and f"notes of {name}" in index
     assert "Not run yet" not in index
 
 
@@ -79,7 +80,8 @@ def test_over_budget_is_reported(capsys, tmp_path):
     assert reproduce.main(["--quick", "--out", str(tmp_path)], experiments=exps) == 0
     out = capsys.readouterr().out
     assert "OVER its 0 s quick budget" in out
-    assert json.loads((tmp_path / "slow" / "results.json").read_text())["within_budget"] is False
+    rec = json.loads((tmp_path / "slow" / "quick" / "results.json").read_text())
+    assert rec["within_budget"] is False
 
 
 def test_full_run_has_no_budget(capsys, tmp_path):
@@ -89,14 +91,26 @@ def test_full_run_has_no_budget(capsys, tmp_path):
     assert rec["quick"] is False and rec["within_budget"] is None
 
 
+def test_a_quick_run_never_overwrites_the_full_report(tmp_path):
+    exps = [_fake("alpha")]
+    assert reproduce.main(["--out", str(tmp_path)], experiments=exps) == 0
+    full = (tmp_path / "alpha" / "results.json").read_text()
+    assert reproduce.main(["--quick", "--out", str(tmp_path)], experiments=exps) == 0
+    assert (tmp_path / "alpha" / "results.json").read_text() == full
+    assert json.loads((tmp_path / "alpha" / "quick" / "results.json").read_text())["quick"]
+    index = (tmp_path / "index.md").read_text()
+    assert "| alpha | full | alpha claim |" in index and "| alpha | quick | alpha claim |" in index
+    assert index.index("### full run") < index.index("### quick run")
+
+
 def test_a_crash_is_reported_and_the_others_still_run(tmp_path):
     calls = []
     exps = [_fake("bad", crash=True, calls=calls), _fake("good", calls=calls)]
     assert reproduce.main(["--quick", "--out", str(tmp_path)], experiments=exps) == 1
     assert [c[0] for c in calls] == ["bad", "good"]
-    rec = json.loads((tmp_path / "bad" / "results.json").read_text())
+    rec = json.loads((tmp_path / "bad" / "quick" / "results.json").read_text())
     assert rec["crashed"] and rec["claims"][0]["holds"] is False
-    assert "| bad | experiment ran | no exception | crashed | **no** |" in (
+    assert "| bad | quick | experiment ran | no exception | crashed | **no** |" in (
         (tmp_path / "index.md").read_text())
 
 
