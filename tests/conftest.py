@@ -1,11 +1,30 @@
-"""Test configuration: 8 CPU devices for multi-device tests, set before jax is imported."""
+"""Test configuration, set before jax is imported and exported through ``os.environ`` so
+that subprocess tests and notebook kernels (nbmake) inherit it:
+
+- 8 CPU devices for multi-device tests;
+- ``--xla_backend_optimization_level=0`` (LLVM's opt level for XLA:CPU code generation):
+  the suite is bound by compiling many tiny programs, whose run time is negligible
+  (``LCJAX_TEST_XLA_OPT=<level>`` overrides it, e.g. 2 for XLA's default);
+- optionally (``LCJAX_TEST_CACHE=1``) JAX's persistent compilation cache in
+  ``.jax_test_cache/`` (gitignored), shared by the xdist workers, subprocesses and notebooks.
+"""
 
 import os
+from pathlib import Path
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
+_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _flags:
+    _flags += " --xla_force_host_platform_device_count=8"
+_opt = os.environ.get("LCJAX_TEST_XLA_OPT", "0")
+if _opt and "xla_backend_optimization_level" not in _flags:
+    _flags += f" --xla_backend_optimization_level={_opt}"
+os.environ["XLA_FLAGS"] = _flags.strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if os.environ.get("LCJAX_TEST_CACHE", "0") != "0":
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                          str(Path(__file__).resolve().parents[1] / ".jax_test_cache"))
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jax  # noqa: E402
 
@@ -13,4 +32,6 @@ jax.config.update("jax_default_matmul_precision", "highest")
 
 
 def pytest_report_header(config):
-    return f"jax {jax.__version__}, devices: {jax.device_count()} x {jax.devices()[0].platform}"
+    return (f"jax {jax.__version__}, devices: {jax.device_count()} x "
+            f"{jax.devices()[0].platform}; XLA_FLAGS={os.environ['XLA_FLAGS']!r}; compilation "
+            f"cache: {os.environ.get('JAX_COMPILATION_CACHE_DIR') or 'off'}")
