@@ -1,8 +1,10 @@
 """Two processes on 127.0.0.1, 4 CPU devices each (gloo collectives), train one model on a
 data=2,context=4 mesh spanning both, its attention layer context-parallel (Ulysses): each
-process builds only its half of every batch, and the losses and held-out loss are those of
-one process on one device fed the same global batches; the checkpoint the two processes
-wrote resumes in one process and continues the same curve."""
+process builds only its block of rows of every global batch, and the losses and held-out
+loss are those of one process on one device trained on the same documents with the same
+seed; the checkpoint the two processes wrote resumes in one process and continues the
+same curve. The data pipeline's process blocks are checked against the one-process
+batches directly."""
 
 import json
 import os
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import grain
 import numpy as np
+import pytest
 from flax import nnx
 
 from lcjax import data
@@ -80,14 +83,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _global_batches(docs, n: int | None = None, **kw) -> grain.MapDataset:
-    """What the 2-process job reads: process p builds rows p*B/2 .. (p+1)*B/2 from its own
-    shard of the windows (``make_dataset(shard_index=p, shard_count=2)``)."""
-    kw = dict(seq_len=TRAIN["seq_len"], batch_size=TRAIN["batch_size"], shard_count=2, **kw)
-    halves = [data.make_dataset(docs, shard_index=p, **kw) for p in (0, 1)]
-    n = min(len(h) for h in halves) if n is None else n
-    return grain.MapDataset.range(n).map(
-        lambda i: {k: np.concatenate([h[i][k] for h in halves]) for k in halves[0][i]})
+@pytest.mark.parametrize("count", [2, 4])
+def test_processes_take_their_rows_of_the_one_process_batches(count):
+    """make_dataset(shard_index=p, shard_count=n) is rows [p B/n, (p+1) B/n) of the batch
+    one process gets with the same seed, across an epoch boundary (reshuffled), with
+    segments; a strided split of the windows would give other rows."""
+    kw = dict(seq_len=8, batch_size=8, seed=11, segments=True)
+    one = data.make_iterator(data.make_dataset(DOCS, shard_index=0, shard_count=1, **kw))
+    its = [data.make_iterator(data.make_dataset(DOCS, shard_index=p, shard_count=count, **kw))
+           for p in range(count)]
+    epoch = data.num_windows(len(data.pack_stream(DOCS, 8)), 8) // 8 + 1
+    for _ in range(epoch + 2):
+        want, parts = next(one), [next(it) for it in its]
+        assert all(p["inputs"].shape == (8 // count, 8) for p in parts)
+        for key in want:
+            np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), want[key])
+        assert not np.array_equal(parts[0]["inputs"], parts[1]["inputs"])
+
+
+def _held_out() -> grain.MapDataset:
+    """The held-out batches of the 2-process run's eval (whole global batches only)."""
+    return data.make_dataset(HELD_OUT, seq_len=TRAIN["seq_len"], batch_size=TRAIN["batch_size"],
+                             seed=TrainConfig().data_seed, num_epochs=1, drop_remainder=True,
+                             shard_index=0, shard_count=1)
 
 
 def test_two_processes_train_like_one(tmp_path):
@@ -116,24 +134,19 @@ def test_two_processes_train_like_one(tmp_path):
                                                                         (1, (1, 2))]
     assert results[0]["losses"] == results[1]["losses"]  # one program, one loss
 
-    # one process, one device, the same global batches
-    held_out = _global_batches(HELD_OUT, num_epochs=1, drop_remainder=True)  # whole batches
+    # one process, one device, the same documents and seed (so the same global batches)
+    held_out = _held_out()
     assert len(held_out) == 2
     cfg = TrainConfig(**{**TRAIN, "eval_batches": None, "eval_every": 2})
-    ref = train(MODEL, cfg, dataset=_global_batches(DOCS, TRAIN["steps"]),
-                eval_dataset=held_out, model_fn=_one_device)
+    ref = train(MODEL, cfg, train_docs=DOCS, eval_dataset=held_out, model_fn=_one_device)
     assert len(set(ref.losses)) == 4
     np.testing.assert_allclose(results[0]["losses"], ref.losses[:2], rtol=1e-5)
     (mp_eval,) = results[0]["evals"]
     assert mp_eval["eval_tokens"] == ref.evals[0]["eval_tokens"] > 8 * 16
     np.testing.assert_allclose(mp_eval["eval_loss"], ref.evals[0]["eval_loss"], rtol=1e-5)
-    # wrong rows would not match: one process's own data differs from the global batch
-    own = train(MODEL, TrainConfig(**{**TRAIN, "steps": 2}), train_docs=DOCS,
-                model_fn=_one_device)
-    assert abs(own.losses[1] - ref.losses[1]) > 1e-3
 
     # the checkpoint both processes wrote, resumed in this process on one device
     resumed = train(MODEL, TrainConfig(**TRAIN, out_dir=str(out), resume=True),
-                    dataset=_global_batches(DOCS, TRAIN["steps"]), model_fn=_one_device)
+                    train_docs=DOCS, model_fn=_one_device)
     assert [r["step"] for r in resumed.history] == [3, 4]
     np.testing.assert_allclose(resumed.losses, ref.losses[2:], rtol=1e-5)

@@ -7,9 +7,13 @@ windows of ``T + 1`` tokens with stride ``T``::
     window i = s[i*T : i*T + T + 1],  inputs = window[:-1],  targets = window[1:]
 
 so every token after the first is a target exactly once and concatenating the
-inputs of windows ``0, 1, ...`` gives back the stream. Windows are split across
-processes (``jax.process_index() :: jax.process_count()``) before a seeded global
-shuffle, which grain reseeds each epoch. The pipeline is a ``grain.MapDataset``
+inputs of windows ``0, 1, ...`` gives back the stream. The windows get one seeded
+global shuffle (grain reseeds it each epoch) and are cut into GLOBAL batches of
+``batch_size`` rows; process ``p`` of ``n`` (``jax.process_index()``,
+``jax.process_count()``) takes rows ``[p B/n, (p+1) B/n)`` of every global batch and
+builds only those windows, so the batches a multi-process job assembles
+(:func:`lcjax.parallel.distributed.global_batch`) are those of one process with the same
+seed. The pipeline is a ``grain.MapDataset``
 of window indices, so an iterator's state is one integer
 (``it.get_state() == {"next_index": k}``) and ``it.set_state(state)`` resumes
 the exact same batch sequence. Everything runs in-process (no grain workers).
@@ -117,12 +121,15 @@ def make_dataset(
       docs: the documents to pack (see :func:`pack_stream`).
       seq_len: ``T``, the length of inputs and targets.
       batch_size: the GLOBAL batch size; each of ``shard_count`` processes gets
-        ``batch_size // shard_count`` rows per batch.
+        ``batch_size // shard_count`` rows per batch: its block of rows of the global
+        batch (the same global batches for every ``shard_count``). A last, smaller
+        global batch (``drop_remainder=False``) gives each process its block of the rows
+        there are (possibly none): multi-process training uses whole batches.
       seed: shuffle seed (grain reseeds each epoch deterministically from it).
       shuffle: global shuffle of the windows; False keeps stream order.
       num_epochs: passes over the data; None repeats forever.
       drop_remainder: drop a last, smaller batch (only matters for finite epochs).
-      shard_index, shard_count: this process's shard; default
+      shard_index, shard_count: this process's block of rows; default
         ``jax.process_index()`` and ``jax.process_count()``.
       segments: also return ``segment_ids`` and ``positions`` (see :func:`gather_windows`).
 
@@ -140,15 +147,19 @@ def make_dataset(
     stream, doc_starts = _pack(docs, seq_len)
     doc_starts = doc_starts if segments else None
     n = num_windows(len(stream), seq_len)
-    ds = grain.MapDataset.range(n)[shard_index::shard_count]
-    if len(ds) == 0:
+    ds = grain.MapDataset.range(n)
+    if n < shard_count:
         raise ValueError(f"no windows for shard {shard_index}/{shard_count}: {n} windows in all")
     if shuffle:
         ds = ds.shuffle(seed=seed)
     if num_epochs != 1:
         ds = ds.repeat(num_epochs)
-    ds = ds.batch(batch_size // shard_count, drop_remainder=drop_remainder)
-    return ds.map(lambda idx: gather_windows(stream, idx, seq_len, doc_starts))
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder)  # the global batch
+    rows = batch_size // shard_count
+    lo = shard_index * rows
+    # this process's block of rows of the global batch: only those windows are built
+    return ds.map(lambda idx: gather_windows(stream, np.asarray(idx)[lo:lo + rows], seq_len,
+                                             doc_starts))
 
 
 def make_iterator(ds: grain.MapDataset, state: dict | None = None) -> grain.DatasetIterator:
