@@ -39,10 +39,21 @@ certificate 0 (exact up to rounding). The slow reference follows the same rule.
 
 Cost O((N + T)·M·d) for fixed degree, sketch_dim and chunk (the sketch adds M·dv·D per
 query); memory O(M·(d + degree·D + dv·D)) for the statistics plus O(N) per-key values.
+
+**Log-sum-exp** (``return_lse=True``): logsumexp_m λ_m, PLASH's estimate of
+log Σ_j e^{s q·k_j} (merged with the exact present chunk's when causal), so PLASH outputs
+over disjoint key sets combine by :func:`lcjax.attention.core.merge_attention`.
+
+**Implementations** of the registered ``"plash"`` spec: ``"pallas"`` — the compressed-past
+attention (queries to the enriched prototypes, the T·M·(d + dv·D) part) by the kernel
+``pallas_kernels.prototype_attention`` (backward: its pure-jnp reference's VJP), the rest
+(prototype build, exact present chunk, merge, certificate) as the XLA path; float32 /
+16-bit inputs; on CPU only in the Pallas interpreter when named — and ``"xla"``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import numbers
@@ -63,10 +74,17 @@ from lcjax.attention.core import (
     validate_qkv,
 )
 from lcjax.attention.registry import register
-from lcjax.attention.spec import AttentionSpec, Features, Implementation
+from lcjax.attention.spec import (
+    AttentionSpec,
+    Features,
+    Implementation,
+    pallas_skip_on_cpu,
+    resolve_kernel,
+)
 
-__all__ = ["AUX", "PLASH", "plash_attention", "plash_reference", "plash_sketch",
-           "default_prototypes", "key_mask_or_none", "polynomial_features"]
+__all__ = ["AUX", "PLASH", "PlashKernelConfig", "plash_attention", "plash_reference",
+           "plash_sketch", "default_prototypes", "key_mask_or_none", "polynomial_features",
+           "prototype_table"]
 
 AUX = {"certificate": "[B, T, H] float32: upper bound on ||PLASH(q) - softmax(q)||_2 per row"}
 _DEFAULT_KEY_SEED = 0
@@ -275,6 +293,31 @@ def _bennett_log(a, var):
     return jnp.log1p(g * var)
 
 
+def _moments(stats: ClusterStats, protos, per_query: bool):
+    """Per-cluster means and radii from the sums: (live n > 0, n (1 where empty), μ, τ, u,
+    R, ρ) — docs/plash.md §1 and §3."""
+    live = stats.n > 0
+    nn = jnp.where(live, stats.n, 1.0)
+    mu = stats.s1 / nn[..., None]
+    tau = jnp.maximum(stats.s2 / nn - jnp.sum(mu * mu, -1), 0.0)
+    u = stats.sv / nn[..., None]
+    pr = protos[:, :, None] if per_query else protos
+    big_r = stats.rk + jnp.where(stats.has, _norm(stats.ka - (pr + mu)), 0.0)
+    rho = stats.rv + jnp.where(stats.has, _norm(stats.va - u), 0.0)
+    return live, nn, mu, tau, u, big_r, rho
+
+
+def prototype_table(stats: ClusterStats, protos):
+    """The per-cluster table the Pallas kernel reads
+    (``pallas_kernels.prototype_attention.Table``), [B, K, M, ...], from the statistics."""
+    from pallas_kernels.prototype_attention import Table
+
+    live, nn, mu, tau, u, big_r, rho = _moments(stats, protos, per_query=False)
+    return Table(live=live, logn=jnp.log(nn), protos=protos, mu=mu,
+                 e=stats.e / nn[:, :, None, :, None], u=u, g=stats.g / nn[..., None, None],
+                 radius=big_r, tau=tau, rho=rho)
+
+
 def _enrich(q, stats: ClusterStats, protos, w, degree, scale, per_query: bool) -> Enriched:
     """q [B, K, G, T, d]; protos [B, K, M, d]; stats [B, K, M, …] with ``e`` [B, K, J, M, D]
     (``per_query``: [B, K, T, M, …], ``e`` [B, K, J, T, M, D]) -> :class:`Enriched`
@@ -282,14 +325,8 @@ def _enrich(q, stats: ClusterStats, protos, w, degree, scale, per_query: bool) -
     x = "t" if per_query else ""
     ins = (lambda a: a[:, :, None]) if per_query else (lambda a: a[:, :, None, None])
     s = scale
-    live_raw = stats.n > 0
-    nn_raw = jnp.where(live_raw, stats.n, 1.0)
-    mu_raw = stats.s1 / nn_raw[..., None]
-    tau = ins(jnp.maximum(stats.s2 / nn_raw - jnp.sum(mu_raw * mu_raw, -1), 0.0))
-    u_raw = stats.sv / nn_raw[..., None]
-    pr = protos[:, :, None] if per_query else protos
-    big_r = ins(stats.rk + jnp.where(stats.has, _norm(stats.ka - (pr + mu_raw)), 0.0))
-    rho = ins(stats.rv + jnp.where(stats.has, _norm(stats.va - u_raw), 0.0))
+    live_raw, nn_raw, mu_raw, tau, u_raw, big_r, rho = _moments(stats, protos, per_query)
+    tau, big_r, rho = ins(tau), ins(big_r), ins(rho)
     live, nn, u = ins(live_raw), ins(nn_raw), ins(u_raw)
 
     qn = _norm(q)[..., None]                                     # [B, K, G, T, 1]
@@ -433,9 +470,11 @@ def _prepare(q, k, v, *, mask, scale, q_segment_ids, kv_segment_ids, prototypes,
             default_scale(shapes.head_dim, scale))
 
 
-def _fallback(q, k, v, causal, mask, scale, q_segment_ids, kv_segment_ids, return_aux):
+def _fallback(q, k, v, causal, mask, scale, q_segment_ids, kv_segment_ids, return_aux,
+              return_lse=False):
     out = dot_product_attention(q, k, v, causal=causal, mask=mask, scale=scale,
-                                q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+                                q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                                return_lse=return_lse)
     if not return_aux:
         return out
     return out, {"certificate": jnp.zeros(q.shape[:3], jnp.float32)}
@@ -450,24 +489,62 @@ def _pad_axis(x, length, axis):
     return jnp.pad(x, widths)
 
 
-def _non_causal(qg, kh, vh, valid, protos, w, degree, scale, chunk):
-    """qg [B, K, G, T, d]; kh, vh [B, K, S, ·]; valid [B, 1, S] -> out, cert."""
+def _to_chunks(x, chunk, axis=3):
+    """Pad axis ``axis`` to a multiple of ``chunk`` and split it: [..., n, chunk, ...]."""
+    n = -(-x.shape[axis] // chunk)
+    x = _pad_axis(x, n * chunk, axis)
+    return x.reshape(x.shape[:axis] + (n, chunk) + x.shape[axis + 1:])
+
+
+def _kernel_past(kernel, qc, stats, protos, w, degree, scale):
+    """The compressed-past attention by the Pallas kernel
+    (``pallas_kernels.prototype_attention``): qc [B, K, G, T, d] -> (out [B, K, G, T, dv],
+    lse [B, K, G, T]); ``kernel`` = (BlockSizes, interpret)."""
+    from pallas_kernels.prototype_attention import prototype_attention_pallas
+
+    b, kk, g, t, d = qc.shape
+    block_sizes, interpret = kernel
+    out, lse = prototype_attention_pallas(
+        qc.reshape(b, kk, g * t, d), prototype_table(stats, protos), w, scale=scale,
+        degree=degree, block_sizes=block_sizes, interpret=interpret)
+    return out.astype(qc.dtype).reshape(b, kk, g, t, -1), lse.reshape(b, kk, g, t)
+
+
+def _non_causal(qg, kh, vh, valid, protos, w, degree, scale, chunk, kernel=None,
+                want_cert=True):
+    """qg [B, K, G, T, d]; kh, vh [B, K, S, ·]; valid [B, 1, S] -> out, lse, cert.
+    ``kernel``: None (XLA) or the Pallas kernel's (BlockSizes, interpret); the certificate
+    (``want_cert``) is the XLA computation either way."""
     b, kk, g, t, d = qg.shape
     m, dv = protos.shape[2], vh.shape[-1]
     stats = _empty_stats((b, kk), m, d, dv, w.shape[1], degree, qg.dtype)
     stats = _update(stats, kh, vh, valid, protos, w, degree)
-    nq = -(-t // chunk)
-    qp = _pad_axis(qg, nq * chunk, 3).reshape(b, kk, g, nq, chunk, d)
+    qp = jnp.moveaxis(_to_chunks(qg, chunk), 3, 0)                # [n, B, K, G, C, d]
+    nq = qp.shape[0]
+    unchunk = lambda x: jnp.moveaxis(x, 0, 3).reshape((b, kk, g, nq * chunk)
+                                                      + x.shape[5:])[:, :, :, :t]
+    if kernel is not None:
+        out, lse = _kernel_past(kernel, qg, stats, protos, w, degree, scale)
+        if not want_cert:
+            return out, lse, jnp.zeros(lse.shape, qg.dtype)
+
+        def cert_of(xs):
+            qc, oc, lc = xs
+            en = _enrich(qc, stats, protos, w, degree, scale, per_query=False)
+            return _certificate(en, lc, oc, lc)
+
+        certs = lax.map(cert_of, (qp, jnp.moveaxis(_to_chunks(out, chunk), 3, 0),
+                                  jnp.moveaxis(_to_chunks(lse, chunk), 3, 0)))
+        return out, lse, unchunk(certs)
 
     def one(qc):
         en = _enrich(qc, stats, protos, w, degree, scale, per_query=False)
         out, lse = _softmax_past(en)
-        return out, _certificate(en, lse, out, lse)
+        cert = _certificate(en, lse, out, lse) if want_cert else jnp.zeros_like(lse)
+        return out, lse, cert
 
-    outs, certs = lax.map(one, jnp.moveaxis(qp, 3, 0))
-    out = jnp.moveaxis(outs, 0, 3).reshape(b, kk, g, nq * chunk, dv)[:, :, :, :t]
-    cert = jnp.moveaxis(certs, 0, 3).reshape(b, kk, g, nq * chunk)[:, :, :, :t]
-    return out, cert
+    outs, lses, certs = lax.map(one, qp)
+    return unchunk(outs), unchunk(lses), unchunk(certs)
 
 
 def _exact_chunk(qc, kc, vc, valid_c, scale):
@@ -483,8 +560,9 @@ def _exact_chunk(qc, kc, vc, valid_c, scale):
     return out, _lse(m_safe, l)[..., 0], vis
 
 
-def _causal(qg, kh, vh, valid, protos, w, degree, scale, chunk):
-    """Chunked causal PLASH (docs/plash.md §4)."""
+def _causal(qg, kh, vh, valid, protos, w, degree, scale, chunk, kernel=None, want_cert=True):
+    """Chunked causal PLASH (docs/plash.md §4) -> out, lse, cert; ``kernel`` as in
+    :func:`_non_causal` (the compressed past by the Pallas kernel)."""
     b, kk, g, t, d = qg.shape
     m, dv = protos.shape[2], vh.shape[-1]
     nc = -(-t // chunk)
@@ -498,29 +576,41 @@ def _causal(qg, kh, vh, valid, protos, w, degree, scale, chunk):
 
     def step(stats, xs):
         qc, kc, vc, valc = xs
-        en = _enrich(qc, stats, protos, w, degree, scale, per_query=False)
-        out_p, lse_p = _softmax_past(en)
+        en = None
+        if kernel is None:
+            en = _enrich(qc, stats, protos, w, degree, scale, per_query=False)
+            out_p, lse_p = _softmax_past(en)
+        else:
+            out_p, lse_p = _kernel_past(kernel, qc, stats, protos, w, degree, scale)
         out_c, lse_c, vis = _exact_chunk(qc, kc, vc, valc, scale)
         out, lse = merge_attention(out_p, lse_p, out_c, lse_c)
-        dist = _norm(vc[:, :, None, None, :, :] - lax.stop_gradient(out)[..., None, :])
-        cap_c = jnp.max(jnp.where(vis, dist, 0.0), -1)
-        cert = _certificate(en, lse_p, out, lse, exact=(out_c, lse_c, cap_c))
+        if want_cert:
+            if en is None:
+                en = _enrich(qc, stats, protos, w, degree, scale, per_query=False)
+            dist = _norm(vc[:, :, None, None, :, :] - lax.stop_gradient(out)[..., None, :])
+            cap_c = jnp.max(jnp.where(vis, dist, 0.0), -1)
+            cert = _certificate(en, lse_p, out, lse, exact=(out_c, lse_c, cap_c))
+        else:
+            cert = jnp.zeros(lse.shape, qc.dtype)
         stats = _update(stats, kc, vc, valc, protos, w, degree)
-        return stats, (out, cert)
+        return stats, (out, lse, cert)
 
     xs = (jnp.moveaxis(qp, 3, 0), jnp.moveaxis(kp, 2, 0), jnp.moveaxis(vp, 2, 0),
           jnp.moveaxis(validp, 2, 0))
-    _, (outs, certs) = lax.scan(step, stats, xs)
+    _, (outs, lses, certs) = lax.scan(step, stats, xs)
     out = jnp.moveaxis(outs, 0, 3).reshape(b, kk, g, length, dv)[:, :, :, :t]
+    lse = jnp.moveaxis(lses, 0, 3).reshape(b, kk, g, length)[:, :, :, :t]
     cert = jnp.moveaxis(certs, 0, 3).reshape(b, kk, g, length)[:, :, :, :t]
-    return out, cert
+    return out, lse, cert
 
 
-@functools.partial(jax.jit, static_argnames=("degree", "scale", "chunk", "causal"))
-def _run(qg, kh, vh, valid, protos, w, *, degree, scale, chunk, causal):
+@functools.partial(jax.jit, static_argnames=("degree", "scale", "chunk", "causal", "kernel",
+                                             "want_cert"))
+def _run(qg, kh, vh, valid, protos, w, *, degree, scale, chunk, causal, kernel=None,
+         want_cert=True):
     """Compiled once per shape and static option set (also inlined under an outer jit)."""
     return (_causal if causal else _non_causal)(qg, kh, vh, valid, protos, w, degree, scale,
-                                                chunk)
+                                                chunk, kernel, want_cert)
 
 
 def plash_attention(
@@ -538,9 +628,11 @@ def plash_attention(
     chunk: int | None = None,
     implementation: str | None = None,
     return_aux: bool = False,
+    return_lse: bool = False,
     q_segment_ids: Int[Array, "B T"] | None = None,
     kv_segment_ids: Int[Array, "B S"] | None = None,
     num_prototypes: int | None = None,
+    **implementation_options,
 ):
     """PLASH attention (module docstring; ``docs/plash.md``).
 
@@ -557,35 +649,55 @@ def plash_attention(
         falls back to exact softmax attention with certificate 0.
       scale: defaults to 1/sqrt(D).
       implementation: ``None`` / ``"xla"`` (this function), or a name of the
-        ``"plash"`` spec's implementations (dispatched through the spec).
+        ``"plash"`` spec's implementations (dispatched through the spec; ``"pallas"``:
+        the compressed-past attention by ``pallas_kernels.prototype_attention``, with
+        its ``block_q``, ``block_m``, ``interpret`` in ``implementation_options``).
       return_aux: also return ``{"certificate": [B, T, H] float32}``.
+      return_lse: also return the log-sum-exp [B, T, H] float32 of the attention PLASH
+        computes: logsumexp_m λ_m (an estimate of log Σ_j e^{s q·k_j}, so PLASH outputs
+        over disjoint key sets merge by ``core.merge_attention``); causal, merged with
+        the exact present chunk's; −inf for a row that sees no key.
 
     Returns:
-      [B, T, H, Dv] in q's dtype (and the aux dict).
+      [B, T, H, Dv] in q's dtype, or (out, lse) with ``return_lse``; with ``return_aux``
+      ``(that, aux)``.
     """
-    if implementation not in (None, "xla"):
+    if implementation not in (None, "xla") or implementation_options:
         return PLASH(q, k, v, causal=causal, mask=mask, scale=scale,
                      implementation=implementation, q_segment_ids=q_segment_ids,
                      kv_segment_ids=kv_segment_ids, return_aux=return_aux,
-                     prototypes=prototypes, degree=degree, sketch_dim=sketch_dim, key=key,
-                     chunk=chunk, num_prototypes=num_prototypes)
-    name = "plash_attention"
+                     return_lse=return_lse, prototypes=prototypes, degree=degree,
+                     sketch_dim=sketch_dim, key=key, chunk=chunk,
+                     num_prototypes=num_prototypes, **implementation_options)
+    return _plash(q, k, v, prototypes, degree=degree, sketch_dim=sketch_dim, key=key,
+                  causal=causal, mask=mask, scale=scale, chunk=chunk, return_aux=return_aux,
+                  return_lse=return_lse, q_segment_ids=q_segment_ids,
+                  kv_segment_ids=kv_segment_ids, num_prototypes=num_prototypes)
+
+
+def _plash(q, k, v, prototypes, *, degree, sketch_dim, key, causal, mask, scale, chunk,
+           return_aux, return_lse, q_segment_ids, kv_segment_ids, num_prototypes,
+           kernel=None, name="plash_attention"):
+    """The XLA path (``kernel=None``) or the Pallas one (``kernel`` = (BlockSizes,
+    interpret) for the compressed-past attention)."""
     (shapes, degree, chunk, protos, keymask, fallback, w, acc, s) = _prepare(
         q, k, v, mask=mask, scale=scale, q_segment_ids=q_segment_ids,
         kv_segment_ids=kv_segment_ids, prototypes=prototypes, num_prototypes=num_prototypes,
         degree=degree, sketch_dim=sketch_dim, key=key, chunk=chunk, causal=causal, name=name)
     if fallback:
-        return _fallback(q, k, v, causal, mask, scale, q_segment_ids, kv_segment_ids, return_aux)
+        return _fallback(q, k, v, causal, mask, scale, q_segment_ids, kv_segment_ids,
+                         return_aux, return_lse)
     qg = _group_q(q.astype(acc), shapes.kv_heads)
     kh, vh = _head_major(k.astype(acc)), _head_major(v.astype(acc))
     valid = (jnp.ones((shapes.batch, 1, shapes.kv_len), acc) if keymask is None
              else keymask[:, None, :].astype(acc))
-    out, cert = _run(qg, kh, vh, valid, protos, w, degree=degree, scale=s, chunk=chunk,
-                     causal=causal)
+    out, lse, cert = _run(qg, kh, vh, valid, protos, w, degree=degree, scale=s, chunk=chunk,
+                          causal=causal, kernel=kernel, want_cert=bool(return_aux))
     out = _ungroup(out).astype(q.dtype)
+    result = (out, _ungroup(lse).astype(jnp.float32)) if return_lse else out
     if not return_aux:
-        return out
-    return out, {"certificate": _ungroup(cert).astype(jnp.float32)}
+        return result
+    return result, {"certificate": _ungroup(cert).astype(jnp.float32)}
 
 
 # ----------------------------------------------------------------------------
@@ -594,7 +706,7 @@ def plash_attention(
 @functools.partial(jax.jit, static_argnames=("degree", "scale", "chunk", "causal"))
 def _reference_core(q, k, v, valid, protos, w, *, degree, scale, chunk, causal):
     """Body of :func:`plash_reference` on prepared inputs (stat dtype, valid [B, S] bool,
-    protos [B, Hkv, M, d]) -> grouped (out, certificate)."""
+    protos [B, Hkv, M, d]) -> grouped (out, lse, certificate)."""
     b, t, s_len, hk = q.shape[0], q.shape[1], k.shape[1], k.shape[2]
     m, acc, s = protos.shape[2], q.dtype, scale
     qg = _group_q(q, hk)                                       # [B, K, G, T, d]
@@ -649,53 +761,107 @@ def _reference_core(q, k, v, valid, protos, w, *, degree, scale, chunk, causal):
         cert = _certificate(en, lse_p, out, lse,
                             exact=(out_c, lse_c, jnp.max(jnp.where(vis, dist, 0.0), -1)))
     else:
-        out, cert = out_p, _certificate(en, lse_p, out_p, lse_p)
-    return out, cert
+        out, lse, cert = out_p, lse_p, _certificate(en, lse_p, out_p, lse_p)
+    return out, lse, cert
 
 
 def plash_reference(q, k, v, *, causal=False, mask=None, scale=None, q_segment_ids=None,
                     kv_segment_ids=None, prototypes=None, num_prototypes=None, degree=2,
-                    sketch_dim=64, key=None, chunk=None, return_certificate=False):
+                    sketch_dim=64, key=None, chunk=None, return_certificate=False,
+                    return_lse=False):
     """The same function as :func:`plash_attention`, computed the slow way: for every query
     its own statistics are summed from a dense [T, S] visibility matrix (keys of earlier
     chunks when causal) and its own anchors, so the chunk scan, the carry, padding and the
-    merge are checked independently. O(T·S·M·dv·D) memory: tiny shapes only."""
+    merge are checked independently. O(T·S·M·dv·D) memory: tiny shapes only.
+    ``return_lse``: (out, lse) as :func:`plash_attention`; ``return_certificate``: that and
+    ``{"certificate": ...}``."""
     name = "plash_reference"
     (shapes, degree, chunk, protos, keymask, fallback, w, acc, s) = _prepare(
         q, k, v, mask=mask, scale=scale, q_segment_ids=q_segment_ids,
         kv_segment_ids=kv_segment_ids, prototypes=prototypes, num_prototypes=num_prototypes,
         degree=degree, sketch_dim=sketch_dim, key=key, chunk=chunk, causal=causal, name=name)
     if fallback:
-        out = _fallback(q, k, v, causal, mask, scale, q_segment_ids, kv_segment_ids, True)
+        out = _fallback(q, k, v, causal, mask, scale, q_segment_ids, kv_segment_ids, True,
+                        return_lse)
         return out if return_certificate else out[0]
     valid = (jnp.ones((shapes.batch, shapes.kv_len), bool) if keymask is None
              else keymask)
-    out, cert = _reference_core(q.astype(acc), k.astype(acc), v.astype(acc), valid, protos, w,
-                                degree=degree, scale=s, chunk=chunk, causal=causal)
+    out, lse, cert = _reference_core(q.astype(acc), k.astype(acc), v.astype(acc), valid,
+                                     protos, w, degree=degree, scale=s, chunk=chunk,
+                                     causal=causal)
     out = _ungroup(out).astype(q.dtype)
+    result = (out, _ungroup(lse).astype(jnp.float32)) if return_lse else out
     if return_certificate:
-        return out, {"certificate": _ungroup(cert).astype(jnp.float32)}
-    return out
+        return result, {"certificate": _ungroup(cert).astype(jnp.float32)}
+    return result
 
 
 # ----------------------------------------------------------------------------
 # The spec
 # ----------------------------------------------------------------------------
 def _xla(q, k, v, *, causal=False, mask=None, scale=None, q_segment_ids=None,
-         kv_segment_ids=None, return_aux=False, prototypes=None, num_prototypes=None,
-         degree=2, sketch_dim=64, key=None, chunk=None):
-    return plash_attention(q, k, v, prototypes, degree=degree, sketch_dim=sketch_dim, key=key,
-                           causal=causal, mask=mask, scale=scale, chunk=chunk,
-                           return_aux=return_aux, q_segment_ids=q_segment_ids,
-                           kv_segment_ids=kv_segment_ids, num_prototypes=num_prototypes)
+         kv_segment_ids=None, return_aux=False, return_lse=False, prototypes=None,
+         num_prototypes=None, degree=2, sketch_dim=64, key=None, chunk=None):
+    return _plash(q, k, v, prototypes, degree=degree, sketch_dim=sketch_dim, key=key,
+                  causal=causal, mask=mask, scale=scale, chunk=chunk, return_aux=return_aux,
+                  return_lse=return_lse, q_segment_ids=q_segment_ids,
+                  kv_segment_ids=kv_segment_ids, num_prototypes=num_prototypes)
 
 
+@dataclasses.dataclass(frozen=True)
+class PlashKernelConfig:
+    """Tiles of the ``"pallas"`` implementation
+    (``pallas_kernels.prototype_attention.BlockSizes``): ``block_q`` query rows per
+    program, ``block_m`` prototypes per step of its loop; powers of two ≥ 8 (≥ 16 when
+    compiled for a GPU/TPU; clamped to the rounded sizes)."""
+
+    block_q: int = 128
+    block_m: int = 16
+
+    def __post_init__(self):
+        for name in ("block_q", "block_m"):
+            val = getattr(self, name)
+            if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < 8 or (
+                    val & (val - 1)):
+                raise ValueError(f"PlashKernelConfig: `{name}` must be a power of two >= 8, "
+                                 f"got {val!r}")
+
+
+def _pallas(q, k, v, *, causal=False, mask=None, scale=None, q_segment_ids=None,
+            kv_segment_ids=None, return_aux=False, return_lse=False, prototypes=None,
+            num_prototypes=None, degree=2, sketch_dim=64, key=None, chunk=None,
+            block_q=PlashKernelConfig.block_q, block_m=PlashKernelConfig.block_m,
+            interpret=None):
+    """The XLA path with the compressed-past attention (queries to enriched prototypes) by
+    the Pallas kernel ``pallas_kernels.prototype_attention``; the prototype build, the
+    exact present chunk, the merge and the certificate stay in XLA. ``interpret``: None =
+    on CPU. ``NotImplementedError`` (before any computation) where it cannot serve."""
+    PlashKernelConfig(block_q, block_m)
+    kernel, interpret = resolve_kernel(_KERNEL_MODULE, interpret)
+    if stat_dtype(q, k, v) == jnp.float64:
+        raise NotImplementedError("does not support float64 (the kernel computes in float32)")
+    sizes = kernel.BlockSizes(block_q=block_q, block_m=block_m)
+    reason = kernel.unsupported_block_sizes(sizes, interpret=interpret)
+    if reason:
+        raise NotImplementedError(reason)
+    return _plash(q, k, v, prototypes, degree=degree, sketch_dim=sketch_dim, key=key,
+                  causal=causal, mask=mask, scale=scale, chunk=chunk, return_aux=return_aux,
+                  return_lse=return_lse, q_segment_ids=q_segment_ids,
+                  kv_segment_ids=kv_segment_ids, num_prototypes=num_prototypes,
+                  kernel=(sizes, interpret), name="plash_attention(pallas)")
+
+
+_KERNEL_MODULE = "pallas_kernels.prototype_attention"
 _TEST_OPTIONS = {"num_prototypes": 4, "degree": 2, "sketch_dim": 8, "chunk": 8}
+_PALLAS_FEATURES = Features(lse=True, dtypes=("float32", "bfloat16", "float16"))
 
 PLASH = register(AttentionSpec(
     "plash", reference=plash_reference,
-    implementations=(Implementation("xla", _xla),),
-    features=Features(lse=False), aux=AUX, params="lcjax.nn.plash:plash_prototypes",
+    implementations=(Implementation("pallas", _pallas, features=_PALLAS_FEATURES,
+                                    config=PlashKernelConfig,
+                                    skip_unless_named=pallas_skip_on_cpu),
+                     Implementation("xla", _xla)),
+    features=Features(lse=True), aux=AUX, params="lcjax.nn.plash:plash_prototypes",
     test_options=_TEST_OPTIONS,
     benchmark_options={"num_prototypes": 64, "degree": 2, "sketch_dim": 64},
     description="PLASH: prototype attention with randomized polynomial enrichment and a "

@@ -3,12 +3,16 @@
 Time (median of ``repeats`` compiled forward calls) and XLA's compiled temporary memory vs
 N (self-attention, T = S = N) for blockwise softmax, PLASH at several M, Performer FAVOR+
 and Nyström; the log–log slope of each method's time from 4K to the longest N; the
-PLASH / blockwise time ratio at 32K; and, on random q/k at a short length, PLASH's error
-against exact softmax and its certificate vs M (docs/plash.md). Non-causal by default
-(Nyström has no causal form); ``--causal`` times the causal variants only.
+PLASH / blockwise time ratio at 32K; and PLASH's error against exact softmax, its
+certificate and the certificate's tightness (certificate ÷ true deviation) vs M, on random
+q/k at a short length and on the real q/k of every layer of a small ``DecoderLM`` trained
+in-process on Shakespeare (``--train-steps``; ``lcjax.bench.trained``: the model's own
+post-RoPE attention inputs on a held-out window). Non-causal by default (Nyström has no
+causal form); ``--causal`` times the causal variants only.
 
     lcjax bench plash [--seq-lens 1024,...,65536] [--prototypes 16,64] [--head-dim 64]
-        [--repeats 3] [--causal] [--out reports/bench/plash]
+        [--repeats 3] [--causal] [--train-steps 300] [--model-len 512]
+        [--out reports/bench/plash]
 """
 
 from __future__ import annotations
@@ -47,6 +51,10 @@ def add_arguments(sub) -> None:
     p.add_argument("--blockwise-max-len", type=int, default=32768,
                    help="longest N timed for blockwise softmax (quadratic)")
     p.add_argument("--error-len", type=int, default=2048)
+    p.add_argument("--train-steps", type=int, default=300,
+                   help="steps of the trained model whose q/k are measured (0: none)")
+    p.add_argument("--model-len", type=int, default=512,
+                   help="training length and held-out window length of the trained model")
     p.add_argument("--out", default="reports/bench/plash", help="'none' writes no files")
 
 
@@ -68,6 +76,65 @@ def _methods(args):
 def _inputs(n, heads, d, seed=0):
     keys = jax.random.split(jax.random.key(seed), 3)
     return tuple(jax.random.normal(kk, (1, n, heads, d)) for kk in keys)
+
+
+def quality_rows(q, k, v, ms, *, causal: bool, sketch_dim: int, chunk: int = 256,
+                 scale: float | None = None, log=print, **extra) -> list[dict]:
+    """PLASH (default prototypes, M in ``ms``) against exact softmax on q [B, T, H, D],
+    k, v [B, S, Hkv, D]: per M the mean deviation ‖PLASH − softmax‖₂ over rows, the mean
+    and relative (÷ mean ‖softmax‖) deviation, the mean certificate, whether it holds on
+    every row (1e-4 rounding slack), and the median tightness (certificate ÷ deviation over
+    rows whose deviation exceeds 1e-6). ``extra`` is merged into every row."""
+    exact = dot_product_attention(q, k, v, causal=causal, scale=scale).astype(jnp.float32)
+    scale_out = float(jnp.mean(jnp.linalg.norm(exact, axis=-1)))
+    out_rows = []
+    for m in ms:
+        protos = default_prototypes(k, m, causal=causal, chunk=chunk)
+        out, aux = plash_attention(q, k, v, protos, causal=causal, chunk=chunk, scale=scale,
+                                   sketch_dim=sketch_dim, return_aux=True)
+        dev = np.asarray(jnp.linalg.norm(out.astype(jnp.float32) - exact, axis=-1))
+        cert = np.asarray(aux["certificate"])
+        tight = cert[dev > 1e-6] / dev[dev > 1e-6]
+        row = {**extra, "M": int(m), "mean_error": float(dev.mean()),
+               "relative_error": float(dev.mean()) / max(scale_out, 1e-30),
+               "mean_certificate": float(cert.mean()),
+               "certificate_holds": bool(np.all(cert >= dev - 1e-4)),
+               "median_tightness": float(np.median(tight)) if tight.size else None}
+        out_rows.append(row)
+        where = "".join(f"{key}={val} " for key, val in extra.items())
+        tight_s = "n/a" if row["median_tightness"] is None else f"{row['median_tightness']:.1f}"
+        log(f"  {where}M={m:>4}: mean ||PLASH - softmax|| {row['mean_error']:.4f} "
+            f"({row['relative_error']:.3f} of ||softmax||), mean certificate "
+            f"{row['mean_certificate']:.4f}, median tightness {tight_s}, holds on every row: "
+            f"{row['certificate_holds']}")
+    return out_rows
+
+
+def _trained_quality(args, ms):
+    """Error and certificate vs M on the q/k/v of each layer of a small softmax DecoderLM
+    trained for ``args.train_steps`` steps (``lcjax.bench.trained``), on one held-out
+    window of ``args.model_len`` tokens."""
+    from lcjax.bench import trained
+    from lcjax.data import VOCAB_SIZE
+    from lcjax.nn import DecoderConfig
+    from lcjax.train import TrainConfig
+
+    model_cfg = DecoderConfig(vocab_size=VOCAB_SIZE, d_model=128, num_layers=2, num_heads=4,
+                              num_kv_heads=2, head_dim=32, mlp_hidden=512,
+                              max_len=args.model_len, attention="softmax")
+    train_cfg = TrainConfig(steps=args.train_steps, batch_size=8, seq_len=args.model_len,
+                            warmup_steps=min(100, args.train_steps // 10), eval_batches=4,
+                            progress=False)
+    print(f"trained q/k: DecoderLM (2 layers, d=128, 4 heads / 2 kv heads x 32) trained "
+          f"{args.train_steps} steps on Shakespeare at length {args.model_len} ...")
+    model, info = trained.train_model(model_cfg, train_cfg)
+    window = trained.heldout_windows(args.model_len, 1, train_cfg)
+    rows = []
+    for layer, (q, k, v, scale) in enumerate(trained.capture_qkv(model, window)):
+        rows += quality_rows(q, k, v, [m for m in ms if m < args.model_len],
+                             causal=args.causal, sketch_dim=args.sketch_dim, scale=scale,
+                             layer=layer)
+    return rows, info
 
 
 def run_cli(args) -> int:
@@ -98,24 +165,18 @@ def run_cli(args) -> int:
         if ("blockwise", 32768) in at and (f"plash M={m}", 32768) in at:
             ratio[m] = at[("blockwise", 32768)] / at[(f"plash M={m}", 32768)]
     print("blockwise / PLASH time at N=32768:", {m: round(r, 2) for m, r in ratio.items()})
-    # error and certificate vs M on random q/k
+    # error and certificate vs M on random q/k, then on a trained model's q/k
+    ms = sorted(set(args.prototypes) | {4, 256})
     q, k, v = _inputs(args.error_len, args.heads, args.head_dim, seed=1)
-    exact = dot_product_attention(q, k, v, causal=args.causal)
-    quality = []
-    for m in sorted(set(args.prototypes) | {4, 256}):
-        out, aux = plash_attention(q, k, v, default_prototypes(k, m, causal=args.causal,
-                                                                chunk=256),
-                                   causal=args.causal, chunk=256, sketch_dim=args.sketch_dim,
-                                   return_aux=True)
-        dev = jnp.linalg.norm(out - exact, axis=-1)
-        quality.append({"M": m, "mean_error": float(dev.mean()),
-                        "mean_certificate": float(aux["certificate"].mean()),
-                        "certificate_holds": bool(jnp.all(aux["certificate"] >= dev - 1e-4))})
-        print(f"M={m:>4}: mean ||PLASH - softmax|| {quality[-1]['mean_error']:.4f}, "
-              f"mean certificate {quality[-1]['mean_certificate']:.4f}, "
-              f"holds on every row: {quality[-1]['certificate_holds']}")
+    print(f"random q/k (N={args.error_len}, d={args.head_dim}):")
+    quality = quality_rows(q, k, v, [m for m in ms if m < args.error_len], causal=args.causal,
+                           sketch_dim=args.sketch_dim)
+    trained_quality, model_info = [], None
+    if args.train_steps > 0:
+        trained_quality, model_info = _trained_quality(args, ms)
     result = {"rows": rows, "slopes": slopes, "blockwise_over_plash_32k": ratio,
-              "quality_random": quality, "machine": machine_info(), "args": {
+              "quality_random": quality, "quality_trained": trained_quality,
+              "trained_model": model_info, "machine": machine_info(), "args": {
                   k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, tuple,
                                                                          bool))}}
     if args.out.lower() not in ("", "none"):

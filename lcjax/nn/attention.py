@@ -188,7 +188,7 @@ def _learn_names(learn: Sequence[str], learn_alpha: bool) -> tuple[str, ...]:
 
 TAPS = ("weights", "inputs")
 # lcjax.parallel strategies an Attention layer can run over the mesh of jax.set_mesh
-CONTEXT_PARALLEL = (None, "ulysses", "ring", "upipe")
+CONTEXT_PARALLEL = (None, "ulysses", "ring", "upipe", "usp")
 
 
 class AttentionTap(nnx.Module):
@@ -242,7 +242,7 @@ class Attention(nnx.Module):
       capture_weights, capture_inputs: enable the taps ``self.attention_weights`` /
         ``self.attention_inputs`` (:class:`AttentionTap`); see :func:`capture_attention`.
       learn_alpha: deprecated alias of ``learn=("alpha",)``.
-      context_parallel: None, "ulysses", "ring" or "upipe": without a cache, the layer runs
+      context_parallel: None, "ulysses", "ring", "upipe" or "usp": without a cache, the layer runs
         by that :mod:`lcjax.parallel` strategy over the mesh set with
         ``jax.set_mesh(mesh)`` (x sharded ``P("data", "context", None)``); no mask,
         segment ids, NAPE, interleaved RoPE, variant parameters or taps there.

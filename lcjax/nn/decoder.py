@@ -52,9 +52,11 @@ class DecoderConfig:
     with the default ``()``. ``capture_attention_weights``: enable every layer's
     attention-weights tap (``lcjax.nn.AttentionTap``; see
     ``lcjax.nn.capture_attention``, which enables them for one call).
-    ``context_parallel``: None, "ulysses", "ring" or "upipe" — every layer's attention
-    (without a KV cache) runs that :mod:`lcjax.parallel` strategy over the mesh given by
-    ``with jax.set_mesh(mesh):`` around the call (tokens sharded ``P("data", "context")``).
+    ``context_parallel``: None, "ulysses", "ring", "upipe" or "usp" — every layer's
+    attention (without a KV cache) runs that :mod:`lcjax.parallel` strategy over the mesh
+    given by ``with jax.set_mesh(mesh):`` around the call (tokens sharded
+    ``P("data", "context")``; "usp": a ``make_mesh(data=, ring=, context=)`` mesh, tokens
+    ``P("data", ("ring", "context"))``).
     ``position``: "rope" (default), "nape" (no RoPE; half the heads ALiBi, half NoPE, as
     in ASEntmax) or "none" (NoPE); see ``lcjax.nn.Attention``.
     ``max_len`` is the default KV-cache length; the full forward pass accepts any length.
@@ -119,9 +121,9 @@ class DecoderConfig:
         if self.rope_layout not in ("half", "interleaved"):
             raise ValueError(f"DecoderConfig: rope_layout must be 'half' or 'interleaved', "
                              f"got {self.rope_layout!r}")
-        if self.context_parallel not in (None, "ulysses", "ring", "upipe"):
+        if self.context_parallel not in (None, "ulysses", "ring", "upipe", "usp"):
             raise ValueError(f"DecoderConfig: `context_parallel` must be None, 'ulysses', "
-                             f"'ring' or 'upipe', got {self.context_parallel!r}")
+                             f"'ring', 'upipe' or 'usp', got {self.context_parallel!r}")
 
 
     def layer_attention(self, i: int) -> tuple[str | Callable, Mapping[str, Any]]:

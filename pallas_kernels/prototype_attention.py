@@ -1,0 +1,458 @@
+r"""PLASH's query-to-enriched-prototype attention as a Pallas kernel.
+
+PLASH (prototype attention with randomized polynomial enrichment; the construction is ours,
+``docs/plash.md``, after the PLASH abstract in ``../shared/PAPERS.md`` §2 — there is no
+public code) compresses the keys of one (batch, KV head) into M clusters around prototypes
+p_m and keeps per cluster a small table of statistics. This kernel is the query side: every
+query q attends by exact softmax to the M enriched prototypes. With scale s, the table
+(means over the cluster's keys; residual rᵢ = kᵢ − p_{a(i)}) and the sketch
+φⱼ(x)_t = D^{-1/2} Π_{l≤j} (W_{j,l} x)_t (``docs/plash.md`` §1):
+
+    ȳ_m = s q·μ_m,  a_m = s‖q‖R_m,  σ̄²_m = s²‖q‖²τ_m
+    ū_m = min(a_m, a_m²/2, log(1 + g(a_m) σ̄²_m)),  g(a) = (eᵃ − 1 − a)/a²
+    Ẑ_m = 1 + ȳ_m + Σ_{j=2}^{p} (sʲ/j!) φⱼ(q)·Ē_{m,j}
+    λ_m = log n_m + s q·p_m + clip(log Ẑ_m, ȳ_m, ȳ_m + ū_m)   (ȳ_m if Ẑ_m ≤ 0; −∞ if n_m = 0)
+    δ_m = s (Ḡ_m φ₁(q) − u_m (q·μ_m)),   r_m = ρ_m min(1, β_m)
+    β_m = min(max(e^{a_m} − 1, 1 − e^{−a_m−ū_m}), e^{a_m} σ̄_m + e^{ū_m} − 1)
+    ũ_m = u_m + δ_m min(1, r_m/‖δ_m‖)
+    out(q) = Σ_m softmax(λ)_m ũ_m,    lse(q) = logsumexp_m λ_m
+
+Kernel (``_kernel``; grid (batch, KV head, row block)): the rows are the queries of the KV
+head's whole GQA group (G·T rows share its prototypes); the query's sketch features are
+computed once per row block, then a ``lax.fori_loop`` over blocks of ``block_m``
+prototypes does an online softmax over prototypes (as flash attention does over keys):
+logits, the clipped log-partition, and the value shift of the block. The per-prototype
+value shifts are a [rows, block_m·dv] tile: one matmul φ₁(q)·Ḡᵀ with the block's Ḡ
+flattened to [block_m·dv, D]; the per-prototype norms ‖δ_m‖² and the weighted sum over the
+block's prototypes are matmuls with 0/1 block-indicator matrices built from iotas, so
+there is no reshape, gather, sort, cumsum or scatter in the kernel, only 2-D tiles.
+Per-prototype scalars (log n, R, τ, ρ, live) arrive as a [M, 16] table whose columns are
+turned into [1, block_m] rows by masked reductions (no dynamic lane indexing). ``expm1``
+has no Mosaic lowering: it is exp(x) − 1 with a cubic Taylor branch for |x| < 1e-3.
+
+Backward (``jax.custom_vjp``): the VJP of :func:`prototype_attention_reference`, the
+pure-jnp computation of the same function (XLA, recomputed from the saved inputs). The
+backward of this map costs what its forward costs (the T·M·dv·D value term dominates
+both) and its inputs are small per-cluster tables, so a second kernel would buy no
+asymptotic saving; the XLA VJP is exact, and it keeps one formula for the gradient that
+the PLASH XLA path and its finite-difference tests already check. It does store the
+[rows, M, dv] value shifts of the rows it differentiates (the XLA path does too).
+
+Layout: q [B, K, R, d] (R = G·T rows); the table per (B, K) as in :class:`Table`; all
+math in float32. The wrapper pads d, D, dv to powers of two ≥ 16, M to a power of two ≥
+``block_m`` and R to ``block_q`` (zeros; padded prototypes are empty, padded sketch
+columns are zero features). Targets: Mosaic (TPU) and Triton (GPU) per lowering platform
+(``pallas_kernels.platform``); on CPU use ``interpret=True``. Imports only jax and numpy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import numbers
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from pallas_kernels.platform import pallas_call_per_platform
+
+__all__ = ["BlockSizes", "Table", "prototype_attention_pallas", "prototype_attention_reference",
+           "unsupported_block_sizes"]
+
+_NAME = "prototype_attention_pallas"
+NEG = -1e30  # logit of an empty (or padded) prototype: finite, so no inf - inf in the kernel
+_EXP_CAP = 60.0  # as lcjax.attention.plash: e^a beyond this only enters through a min
+_F32 = jnp.float32
+_SCALARS = 16  # columns of the per-prototype scalar table (a power of two for Triton)
+# columns of the scalar table
+_LOGN, _LIVE, _RADIUS, _TAU, _RHO = range(5)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BlockSizes:
+    """Tile sizes, powers of two (≥ 16 compiled, ≥ 8 in interpret mode), clamped to the
+    power-of-two rounded sizes.
+
+    Attributes:
+      block_q: query rows per program (rows of a KV head's GQA group).
+      block_m: prototypes per step of the in-kernel loop (the value tile is
+        [block_q, block_m·dv]).
+    """
+
+    block_q: int = 128
+    block_m: int = 16
+
+    @classmethod
+    def get_default(cls) -> BlockSizes:
+        return cls(block_q=128, block_m=16)
+
+
+class Table(NamedTuple):
+    """Per-cluster statistics of one (batch, KV head), [B, K, M, ...] (float32).
+
+    live: n_m > 0 (bool); logn: log n_m (any value where not live); protos: p_m [M, d];
+    mu: mean residual μ_m [M, d]; e: mean sketched residual moments Ē_{m,j}, j = 2…degree,
+    [J, M, D] (J = max(degree − 1, 1); unused when degree = 1); u: value mean u_m [M, dv];
+    g: mean v φ₁(r)ᵀ, Ḡ_m [M, dv, D]; radius: key radius R_m [M]; tau: residual spread
+    τ_m [M]; rho: value radius ρ_m [M]."""
+
+    live: jax.Array
+    logn: jax.Array
+    protos: jax.Array
+    mu: jax.Array
+    e: jax.Array
+    u: jax.Array
+    g: jax.Array
+    radius: jax.Array
+    tau: jax.Array
+    rho: jax.Array
+
+
+class _Config(NamedTuple):
+    scale: float
+    degree: int
+    sketch_dim: int  # true D (the 1/sqrt(D) of the features)
+    dsp: int  # padded D
+    mp: int  # padded M
+    dvp: int
+    bq: int
+    bm: int
+    jp: int  # padded J
+
+
+# ----------------------------------------------------------------------------
+# Shared elementwise pieces (used by the kernel and the reference alike)
+# ----------------------------------------------------------------------------
+def _expm1(x):
+    """e^x − 1 without ``lax.expm1`` (no Mosaic rule): Taylor to x³ for |x| < 1e-3."""
+    small = jnp.abs(x) < 1e-3
+    return jnp.where(small, x * (1.0 + x * (0.5 + x / 6.0)), jnp.exp(x) - 1.0)
+
+
+def _bennett_log(a, var):
+    """log(1 + g(a)·var), g(a) = (eᵃ − 1 − a)/a² (g(0) = 1/2)."""
+    small = a < 1e-3
+    a_s = jnp.where(small, 1.0, jnp.minimum(a, _EXP_CAP))
+    g = jnp.where(small, 0.5 + a / 6.0, (_expm1(a_s) - a_s) / (a_s * a_s))
+    return jnp.log1p(g * var)
+
+
+def _logit_parts(s, qn, y0, qmu, zsk, logn, radius, tau, rho):
+    """The logits λ [.., M] and the value radius r [.., M] from the query's
+    scores y0 = s q·p, qmu = q·μ, the sketch sum zsk = Σⱼ sʲ/j! φⱼ(q)·Ē_j, and the
+    per-prototype rows (broadcast over queries)."""
+    ybar = s * qmu
+    a = s * qn * radius
+    var = (s * qn) * (s * qn) * tau
+    ubar = jnp.minimum(jnp.minimum(a, 0.5 * a * a), _bennett_log(a, var))
+    ubar = jnp.where(a > _EXP_CAP, a, ubar)
+    zhat = 1.0 + ybar + zsk
+    pos = zhat > 0
+    logz = jnp.log(jnp.where(pos, zhat, 1.0))
+    zeta = jnp.where(pos, jnp.minimum(jnp.maximum(logz, ybar), ybar + ubar), ybar)
+    lam = logn + y0 + zeta
+    tau_pos = tau > 0
+    sig = s * qn * jnp.where(tau_pos, jnp.sqrt(jnp.where(tau_pos, tau, 1.0)), 0.0)
+    ea = jnp.exp(jnp.minimum(a, _EXP_CAP))
+    beta1 = jnp.maximum(ea - 1.0, -_expm1(-a - ubar))
+    beta2 = jnp.where(sig > 0, ea * sig, 0.0) + _expm1(jnp.minimum(ubar, _EXP_CAP))
+    r = rho * jnp.minimum(1.0, jnp.minimum(beta1, beta2))
+    return lam, r
+
+
+def _shrink(dn, r):
+    """min(1, r/‖δ‖) with a finite gradient everywhere."""
+    over = dn > r
+    return jnp.where(over, r / jnp.where(over, dn, 1.0), 1.0)
+
+
+# ----------------------------------------------------------------------------
+# The kernel
+# ----------------------------------------------------------------------------
+# Full float32 matmuls (no TF32 / single bf16 pass): the 0/1 indicator products must
+# reproduce the values they select.
+_HIGHEST = lax.Precision.HIGHEST
+
+
+def _nt(a, b):  # a [m, k] · b [n, k]ᵀ in float32
+    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=_HIGHEST,
+                           preferred_element_type=_F32)
+
+
+def _nn(a, b):  # a [m, k] · b [k, n]
+    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=_HIGHEST,
+                           preferred_element_type=_F32)
+
+
+def _iota(shape, dim):
+    return lax.broadcasted_iota(jnp.int32, shape, dim)
+
+
+def _rowsum(x):
+    return jnp.sum(x, axis=1, keepdims=True)
+
+
+def _kernel(q_ref, w_ref, p_ref, mu_ref, e_ref, u_ref, g_ref, sc_ref, o_ref, lse_ref, *,
+            cfg: _Config):
+    s, bm, dvp, dsp = cfg.scale, cfg.bm, cfg.dvp, cfg.dsp
+    q = q_ref[...].astype(_F32)                                   # [bq, dp]
+    bq = q.shape[0]
+    sq = _rowsum(q * q)
+    qn = jnp.where(sq > 0, jnp.sqrt(jnp.where(sq > 0, sq, 1.0)), 0.0)  # [bq, 1]
+    # sketch features of the rows: φⱼ(q), j = 1…degree, [bq, D] each
+    feats, start = [], 0
+    inv = 1.0 / math.sqrt(cfg.sketch_dim)
+    for j in range(1, cfg.degree + 1):
+        f = None
+        for l in range(j):
+            w = w_ref[(start + l) * dsp:(start + l + 1) * dsp, :]
+            proj = _nt(q, w)
+            f = proj if f is None else f * proj
+        feats.append(f * inv)
+        start += j
+    coef = [s ** j / math.factorial(j) for j in range(2, cfg.degree + 1)]
+    eye = _iota((bm, bm), 0) == _iota((bm, bm), 1)
+    lane = _iota((bm, _SCALARS), 1)
+    # block indicators: expand[m, i] = (i // dv == m); collapse[i, c] = (i % dv == c)
+    col_i = _iota((bm, bm * dvp), 1)
+    row_m = _iota((bm, bm * dvp), 0)
+    expand = ((col_i >= row_m * dvp) & (col_i < (row_m + 1) * dvp)).astype(_F32)
+    flat_i = _iota((bm * dvp, dvp), 0)
+    collapse = (jnp.bitwise_and(flat_i, dvp - 1) == _iota((bm * dvp, dvp), 1)).astype(_F32)
+
+    def scalar_row(sc, c):
+        """Column c of the [bm, 16] scalar block as a [1, bm] row."""
+        col = _rowsum(jnp.where(lane == c, sc, 0.0))              # [bm, 1]
+        return jnp.sum(jnp.where(eye, col, 0.0), axis=0, keepdims=True)
+
+    def body(jb, carry):
+        m_run, l_run, acc = carry
+        rows = pl.ds(pl.multiple_of(jb * bm, bm), bm)
+        sc = sc_ref[rows, :]
+        live = scalar_row(sc, _LIVE) > 0.5
+        logn = scalar_row(sc, _LOGN)
+        radius, tau, rho = (scalar_row(sc, c) for c in (_RADIUS, _TAU, _RHO))
+        y0 = s * _nt(q, p_ref[rows, :])                            # [bq, bm]
+        qmu = _nt(q, mu_ref[rows, :])
+        zsk = jnp.zeros_like(y0)
+        for j, c in enumerate(coef):
+            ej = e_ref[pl.ds(pl.multiple_of(j * cfg.mp + jb * bm, bm), bm), :]
+            zsk = zsk + c * _nt(feats[j + 1], ej)
+        lam, r = _logit_parts(s, qn, y0, qmu, zsk, logn, radius, tau, rho)
+        lam = jnp.where(live, lam, NEG)
+        # value shifts of the block's prototypes: [bq, bm·dv]
+        gb = g_ref[pl.ds(pl.multiple_of(jb * bm * dvp, bm * dvp), bm * dvp), :]
+        ub = u_ref[rows, :]                                         # [bm, dv]
+        u_flat = jnp.sum(expand * _nt(ub, collapse), axis=0, keepdims=True)  # [1, bm·dv]
+        delta = s * (_nt(feats[0], gb) - u_flat * _nn(qmu, expand))
+        dsq = _nt(delta * delta, expand)                            # [bq, bm]
+        dn = jnp.where(dsq > 0, jnp.sqrt(jnp.where(dsq > 0, dsq, 1.0)), 0.0)
+        shrink = _shrink(dn, r)
+        # online softmax over prototype blocks
+        m_new = jnp.maximum(m_run, jnp.max(lam, axis=1, keepdims=True))
+        alpha = jnp.exp(m_run - m_new)
+        p = jnp.where(live, jnp.exp(lam - m_new), 0.0)
+        contrib = _nn(p, ub) + _nn(_nn(p * shrink, expand) * delta, collapse)
+        return m_new, l_run * alpha + _rowsum(p), acc * alpha + contrib
+
+    init = (jnp.full((bq, 1), NEG, _F32), jnp.zeros((bq, 1), _F32),
+            jnp.zeros((bq, dvp), _F32))
+    m_run, l_run, acc = lax.fori_loop(0, cfg.mp // bm, body, init)
+    pos = l_run > 0
+    o_ref[...] = (acc / jnp.where(pos, l_run, 1.0)).astype(o_ref.dtype)
+    lse_ref[...] = jnp.where(pos, m_run + jnp.log(jnp.where(pos, l_run, 1.0)), NEG)
+
+
+# ----------------------------------------------------------------------------
+# Wrapper
+# ----------------------------------------------------------------------------
+def _min_block(interpret: bool) -> int:
+    return 8 if interpret else 16
+
+
+def unsupported_block_sizes(block_sizes: BlockSizes, *, interpret: bool) -> str | None:
+    """Why the kernel cannot run these tiles (None if it can)."""
+    if not isinstance(block_sizes, BlockSizes):
+        return f"block_sizes must be a BlockSizes, got {type(block_sizes).__name__}"
+    low = _min_block(interpret)
+    for name in ("block_q", "block_m"):
+        val = getattr(block_sizes, name)
+        if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < low or (
+                val & (val - 1)):
+            return f"block_sizes.{name} must be a power of two >= {low}, got {val!r}"
+    return None
+
+
+def _pow2(n: int, low: int) -> int:
+    return max(low, 1 << max(int(n) - 1, 0).bit_length())
+
+
+def _pad(x, sizes):
+    return jnp.pad(x, [(0, t - n) for n, t in zip(x.shape, sizes)])
+
+
+def _check(q, table: Table, w, degree):
+    if getattr(q, "ndim", None) != 4:
+        raise ValueError(f"{_NAME}: `q` must be [batch, kv_heads, rows, head_dim], got shape "
+                         f"{getattr(q, 'shape', None)}")
+    if not isinstance(table, Table):
+        raise ValueError(f"{_NAME}: `table` must be a Table, got {type(table).__name__}")
+    if isinstance(degree, bool) or not isinstance(degree, numbers.Integral) or degree < 1:
+        raise ValueError(f"{_NAME}: `degree` must be an int >= 1, got {degree!r}")
+    b, kk, _, d = q.shape
+    m = table.protos.shape[2]
+    dv, dsk = table.g.shape[-2:]
+    want = {"live": (b, kk, m), "logn": (b, kk, m), "protos": (b, kk, m, d),
+            "mu": (b, kk, m, d), "e": (b, kk, max(degree - 1, 1), m, dsk), "u": (b, kk, m, dv),
+            "g": (b, kk, m, dv, dsk), "radius": (b, kk, m), "tau": (b, kk, m),
+            "rho": (b, kk, m)}
+    for name, shape in want.items():
+        got = tuple(getattr(table, name).shape)
+        if got != shape:
+            raise ValueError(f"{_NAME}: `table.{name}` must have shape {shape} (from q "
+                             f"{tuple(q.shape)}, M={m}, dv={dv}, D={dsk}), got {got}")
+    count = degree * (degree + 1) // 2
+    if tuple(w.shape) != (count, dsk, d):
+        raise ValueError(f"{_NAME}: `w` must have shape {(count, dsk, d)} (degree {degree}), "
+                         f"got {tuple(w.shape)}")
+    return b, kk, d, m, dv, dsk
+
+
+def _forward(q, table: Table, w, *, scale, degree, block_sizes, interpret):
+    b, kk, d, m, dv, dsk = _check(q, table, w, degree)
+    rows = q.shape[2]
+    low = _min_block(interpret)
+    bq = min(block_sizes.block_q, _pow2(rows, low))
+    bm = min(block_sizes.block_m, _pow2(m, low))
+    dp, dsp, dvp = _pow2(d, 16), _pow2(dsk, 16), _pow2(dv, 16)
+    mp = _pow2(m, bm)
+    jp = _pow2(max(degree - 1, 1), 1)
+    count = degree * (degree + 1) // 2
+    cp = _pow2(count, 1)
+    rp = -(-rows // bq) * bq
+    cfg = _Config(scale=float(scale), degree=int(degree), sketch_dim=int(dsk), dsp=dsp, mp=mp,
+                  dvp=dvp, bq=bq, bm=bm, jp=jp)
+    f32 = lambda x: x.astype(_F32)
+    qp = _pad(f32(q), (b, kk, rp, dp))
+    wp = _pad(f32(w), (cp, dsp, dp)).reshape(cp * dsp, dp)
+    pp = _pad(f32(table.protos), (b, kk, mp, dp))
+    mup = _pad(f32(table.mu), (b, kk, mp, dp))
+    ep = _pad(f32(table.e), (b, kk, jp, mp, dsp)).reshape(b, kk, jp * mp, dsp)
+    up = _pad(f32(table.u), (b, kk, mp, dvp))
+    gp = _pad(f32(table.g), (b, kk, mp, dvp, dsp)).reshape(b, kk, mp * dvp, dsp)
+    live = table.live.astype(bool)
+    cols = [jnp.where(live, f32(table.logn), 0.0), live.astype(_F32), f32(table.radius),
+            f32(table.tau), f32(table.rho)]
+    sc = jnp.stack(cols + [jnp.zeros_like(cols[0])] * (_SCALARS - len(cols)), axis=-1)
+    sc = _pad(sc, (b, kk, mp, _SCALARS))
+    whole = lambda *shape: pl.BlockSpec((None, None) + shape, lambda i, j, r: (i, j, 0, 0))
+    out, lse = pallas_call_per_platform(
+        functools.partial(_kernel, cfg=cfg), grid=(b, kk, rp // bq),
+        in_specs=[pl.BlockSpec((None, None, bq, dp), lambda i, j, r: (i, j, r, 0)),
+                  pl.BlockSpec((cp * dsp, dp), lambda i, j, r: (0, 0)),
+                  whole(mp, dp), whole(mp, dp), whole(jp * mp, dsp), whole(mp, dvp),
+                  whole(mp * dvp, dsp), whole(mp, _SCALARS)],
+        out_specs=[pl.BlockSpec((None, None, bq, dvp), lambda i, j, r: (i, j, r, 0)),
+                   pl.BlockSpec((None, None, bq, 1), lambda i, j, r: (i, j, r, 0))],
+        out_shape=[jax.ShapeDtypeStruct((b, kk, rp, dvp), _F32),
+                   jax.ShapeDtypeStruct((b, kk, rp, 1), _F32)],
+        interpret=bool(interpret), name="plash_prototype_attention",
+    )(qp, wp, pp, mup, ep, up, gp, sc)
+    lse = lse[:, :, :rows, 0]
+    return out[:, :, :rows, :dv], jnp.where(lse > 0.5 * NEG, lse, -jnp.inf)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _attend(q, table, w, scale, degree, block_sizes, interpret):
+    return _forward(q, table, w, scale=scale, degree=degree, block_sizes=block_sizes,
+                    interpret=interpret)
+
+
+def _attend_fwd(q, table, w, scale, degree, block_sizes, interpret):
+    return _attend(q, table, w, scale, degree, block_sizes, interpret), (q, table, w)
+
+
+def _attend_bwd(scale, degree, block_sizes, interpret, res, cot):
+    q, table, w = res
+    _, pullback = jax.vjp(
+        lambda q_, t_, w_: prototype_attention_reference(q_, t_, w_, scale=scale,
+                                                         degree=degree), q, table, w)
+    return pullback(cot)
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd)
+
+
+def prototype_attention_pallas(q: jax.Array, table: Table, w: jax.Array, *, scale: float,
+                               degree: int, block_sizes: BlockSizes | None = None,
+                               interpret: bool = False) -> tuple[jax.Array, jax.Array]:
+    """Exact softmax of each query row to the enriched prototypes (module docstring).
+
+    Args:
+      q: [B, K, R, d] query rows of each KV head (its GQA group's queries, flattened).
+      table: the per-cluster :class:`Table`, [B, K, M, ...].
+      w: the sketch's Rademacher matrices [degree·(degree+1)/2, D, d]
+        (``lcjax.attention.plash.plash_sketch``).
+      scale: s. degree: the logit enrichment's degree p.
+      block_sizes: :class:`BlockSizes` (default ``BlockSizes.get_default()``).
+      interpret: run in the Pallas interpreter (required on CPU).
+
+    Returns:
+      (out [B, K, R, dv] float32, lse [B, K, R] float32, −inf where no prototype is live).
+      Differentiable in q, every table entry and w (backward: the reference's VJP).
+    """
+    bs = BlockSizes.get_default() if block_sizes is None else block_sizes
+    reason = unsupported_block_sizes(bs, interpret=bool(interpret))
+    if reason:
+        raise ValueError(f"{_NAME}: {reason}")
+    _check(q, table, w, degree)
+    table = table._replace(live=lax.stop_gradient(table.live.astype(_F32)))
+    return _attend(q, table, w, float(scale), int(degree), bs, bool(interpret))
+
+
+def prototype_attention_reference(q: jax.Array, table: Table, w: jax.Array, *, scale: float,
+                                  degree: int) -> tuple[jax.Array, jax.Array]:
+    """The same map in pure jnp (dense [R, M] and [R, M, dv] tensors): (out, lse)."""
+    _check(q, table, w, degree)
+    s = float(scale)
+    f32 = lambda x: x.astype(_F32)
+    q, w = f32(q), f32(w)
+    dsk = w.shape[1]
+    proj = jnp.einsum("bkrd,nDd->bkrnD", q, w)
+    feats, start = [], 0
+    for j in range(1, degree + 1):
+        f = proj[..., start, :]
+        for l in range(1, j):
+            f = f * proj[..., start + l, :]
+        feats.append(f / math.sqrt(dsk))
+        start += j
+    sq = jnp.sum(q * q, -1, keepdims=True)
+    qn = jnp.where(sq > 0, jnp.sqrt(jnp.where(sq > 0, sq, 1.0)), 0.0)   # [B, K, R, 1]
+    y0 = s * jnp.einsum("bkrd,bkmd->bkrm", q, f32(table.protos))
+    qmu = jnp.einsum("bkrd,bkmd->bkrm", q, f32(table.mu))
+    zsk = jnp.zeros_like(y0)
+    for j in range(2, degree + 1):
+        zsk = zsk + (s ** j / math.factorial(j)) * jnp.einsum(
+            "bkrD,bkmD->bkrm", feats[j - 1], f32(table.e)[:, :, j - 2])
+    row = lambda x: f32(x)[:, :, None, :]
+    live = table.live.astype(bool)[:, :, None, :]
+    lam, r = _logit_parts(s, qn, y0, qmu, zsk, jnp.where(live, row(table.logn), 0.0),
+                          row(table.radius), row(table.tau), row(table.rho))
+    lam = jnp.where(live, lam, -jnp.inf)
+    u = f32(table.u)[:, :, None]                                       # [B, K, 1, M, dv]
+    delta = s * (jnp.einsum("bkrD,bkmvD->bkrmv", feats[0], f32(table.g)) - u * qmu[..., None])
+    dsq = jnp.sum(delta * delta, -1)
+    dn = jnp.where(dsq > 0, jnp.sqrt(jnp.where(dsq > 0, dsq, 1.0)), 0.0)
+    ut = u + delta * _shrink(dn, r)[..., None]
+    mx = jnp.max(lam, -1, keepdims=True)
+    mx = jnp.where(jnp.isfinite(mx), mx, 0.0)
+    p = jnp.exp(lam - mx)
+    l = jnp.sum(p, -1, keepdims=True)
+    pos = l > 0
+    out = jnp.einsum("bkrm,bkrmv->bkrv", p / jnp.where(pos, l, 1.0), ut)
+    lse = jnp.where(pos, mx + jnp.log(jnp.where(pos, l, 1.0)), -jnp.inf)[..., 0]
+    return out, lse
