@@ -16,7 +16,7 @@ def _loss(model, tokens):
     return jnp.mean(jax.nn.log_softmax(logits)[..., 0] * jnp.arange(tokens.shape[1]))
 
 
-@pytest.mark.parametrize("strategy", ["ulysses", "upipe"])
+@pytest.mark.parametrize("strategy", ["ulysses", "upipe", "usp"])
 def test_decoder_context_parallel_equals_one_device(strategy):
     cfg = dict(vocab_size=64, d_model=32, num_layers=2, num_heads=8, num_kv_heads=4,
                head_dim=8, mlp_hidden=64)
@@ -24,7 +24,9 @@ def test_decoder_context_parallel_equals_one_device(strategy):
     cp = DecoderLM(DecoderConfig(**cfg, context_parallel=strategy), rngs=nnx.Rngs(0))
     tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 32), 0, 64)
     want, want_g = nnx.jit(nnx.value_and_grad(_loss))(ref, tokens)
-    mesh = make_mesh(data=2, context=4)
+    # usp: Ulysses over "context" (U = 2), ring over "ring" (R = 2), causal zigzag
+    mesh = make_mesh(data=2, ring=2, context=2) if strategy == "usp" else make_mesh(
+        data=2, context=4)
     with jax.set_mesh(mesh):
         placed = jax.device_put(tokens, token_sharding(mesh))
         got, got_g = nnx.jit(nnx.value_and_grad(_loss))(cp, placed)

@@ -9,11 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from lcjax.nn import Attention
 from lcjax.parallel import (
+    activation_sharding,
     from_zigzag,
     heads_to_seq,
     layer,
@@ -113,11 +113,11 @@ def _check_layer(strategy, mesh, heads, kv_heads, causal, variant="softmax", **o
     params = init(jax.random.PRNGKey(0))
     x = jax.random.normal(jax.random.PRNGKey(1), (2, T, D_MODEL))
     w = jax.random.normal(jax.random.PRNGKey(2), x.shape)
-    xs = jax.device_put(x, NamedSharding(mesh, P("data", "context", None)))
+    xs = jax.device_put(x, activation_sharding(mesh))  # P("data", <sequence axes>, None)
     loss = lambda f: (lambda p, x: jnp.sum(w * f(p, x)))
     both = lambda f: jax.jit(lambda p, x: (f(p, x), jax.grad(loss(f), (0, 1))(p, x)))
     y, g = both(apply)(params, xs)
-    assert y.sharding.is_equivalent_to(NamedSharding(mesh, P("data", "context", None)), 3)
+    assert y.sharding.is_equivalent_to(activation_sharding(mesh), 3)
     y_ref, g_ref = both(ref)(params, x)
     np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5 * float(jnp.abs(y_ref).max()))
     for got, want in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
@@ -140,6 +140,14 @@ def test_bidirectional_gqa_kv_heads_below_context_equals_one_device(strategy):
 def test_entmax_inside_equals_one_device(strategy):
     _check_layer(strategy, make_mesh(data=2, context=4), 8, 4, True, variant="entmax",
                  block_q=16, block_kv=16)
+
+
+def test_usp_layer_causal_gqa_equals_one_device():
+    """layer("usp") on a data=2 x ring=2 x context=2 mesh (x sharded P("data", ("ring",
+    "context"))), causal (zigzag over the ring), Hkv = 1 < U = 2 (replicated kv head)."""
+    mesh = make_mesh(data=2, ring=2, context=2)
+    assert mesh.axis_names == ("data", "ring", "context")
+    _check_layer("usp", mesh, 4, 1, True)
 
 
 def test_none_layer_is_lcjax_nn_attention():
@@ -197,6 +205,13 @@ def test_bad_configurations_raise_value_errors_naming_the_numbers():
         ulysses_attention(*(jnp.ones((1, 32, 8, 8)),) * 3, mesh=other)
     with pytest.raises(ValueError, match="no mesh"):
         ulysses_attention(*(jnp.ones((1, 32, 8, 8)),) * 3)
+    with pytest.raises(ValueError, match=r"missing \['ring'\]"):
+        layer("usp", num_heads=8, num_kv_heads=8, **kw)
+    _, usp = layer("usp", num_heads=8, num_kv_heads=8, mesh=make_mesh(ring=2, context=4),
+                   d_model=16, head_dim=8)
+    with pytest.raises(ValueError, match=r"T=24 is not a multiple of 2 x the context size "
+                                         r"\(ring 2 x ulysses 4\) 8 \(= 16\)"):
+        usp(params, jnp.ones((1, 24, 16)))
     with pytest.raises(ValueError, match=r"batch B=3 is not a multiple of the data axis size 2"):
         layer("upipe", num_heads=8, num_kv_heads=8, mesh=make_mesh(data=2, context=4),
               d_model=16, head_dim=8)[1](params, jnp.ones((3, 32, 16)))
@@ -222,3 +237,17 @@ def test_usp_hybrid_ulysses_by_ring_equals_dense_fwd_and_grad():
     g_ref = jax.grad(lambda *a: jnp.sum(w * ref(*a)), (0, 1, 2))(q, k, v)
     for a, b in zip(g, g_ref):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunks", [1, 4])
+def test_accumulate_matmul_in_slices_equals_one_einsum(chunks):
+    """UPipe's in-place accumulation of a stage's projection share, in sequence slices."""
+    from lcjax.parallel import accumulate_matmul
+
+    ks = jax.random.split(jax.random.PRNGKey(5), 3)
+    acc = jax.random.normal(ks[0], (2, 16, 12))
+    a = jax.random.normal(ks[1], (2, 16, 3, 4))
+    w = jax.random.normal(ks[2], (12, 3, 4))
+    got = jax.jit(lambda *t: accumulate_matmul(*t, "BTNH,DNH->BTD", chunks))(acc, a, w)
+    want = np.asarray(acc) + np.einsum("btnh,dnh->btd", np.asarray(a), np.asarray(w))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

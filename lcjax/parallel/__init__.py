@@ -31,11 +31,13 @@ from lcjax.parallel.mesh import (
     ACTIVATION_SPEC,
     CONTEXT,
     DATA,
+    RING,
     TOKEN_SPEC,
     activation_sharding,
     make_mesh,
     mesh_size,
     parse_mesh,
+    sequence_axes,
     token_sharding,
 )
 from lcjax.parallel.ring import from_zigzag, ring_attention, ring_local, ring_shift, to_zigzag
@@ -46,12 +48,14 @@ from lcjax.parallel.ulysses import (
     ulysses_attention,
     ulysses_local,
 )
-from lcjax.parallel.upipe import stage_heads, upipe_layer, upipe_local
-from lcjax.parallel.usp import usp_attention
+from lcjax.parallel.upipe import accumulate_matmul, stage_heads, upipe_layer, upipe_local
+from lcjax.parallel.usp import usp_attention, usp_local
 
-__all__ = ["ACTIVATION_SPEC", "CONTEXT", "DATA", "STRATEGIES", "TOKEN_SPEC",
-           "activation_sharding", "attention_layer_reference", "from_zigzag", "heads_to_seq",
+__all__ = ["ACTIVATION_SPEC", "CONTEXT", "DATA", "RING", "STRATEGIES", "TOKEN_SPEC",
+           "accumulate_matmul", "activation_sharding", "attention_layer_reference",
+           "from_zigzag", "heads_to_seq",
            "init_layer_params", "layer", "layer_apply", "make_mesh", "mesh_size",
            "parse_mesh", "replicate_kv", "resolve_mesh", "resolve_variant", "ring_attention",
-           "ring_local", "ring_shift", "seq_to_heads", "stage_heads", "to_zigzag", "token_sharding",
-           "ulysses_attention", "ulysses_local", "upipe_layer", "upipe_local", "usp_attention"]
+           "ring_local", "ring_shift", "seq_to_heads", "sequence_axes", "stage_heads", "to_zigzag",
+           "token_sharding", "ulysses_attention", "ulysses_local", "upipe_layer", "upipe_local",
+           "usp_attention", "usp_local"]

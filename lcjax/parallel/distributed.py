@@ -37,7 +37,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from lcjax.parallel.mesh import CONTEXT, DATA, TOKEN_SPEC, mesh_size
+from lcjax.parallel.mesh import CONTEXT, DATA, RING, mesh_size, sequence_axes
 
 __all__ = ["ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "global_batch",
            "initialize", "process_rows", "replicate"]
@@ -168,10 +168,10 @@ def process_rows(mesh: Mesh, process_index: int | None = None) -> tuple[int, int
     return rows[0] // size, devices.shape[0] // size
 
 
-def _batch_spec(key: str, ndim: int) -> P:
+def _batch_spec(key: str, ndim: int, mesh) -> P:
     if ndim == 2 and key in ("inputs", "targets", "loss_mask", "weights", "positions",
                              "segment_ids"):
-        return TOKEN_SPEC
+        return P(DATA, sequence_axes(mesh))
     return P(DATA)
 
 
@@ -179,7 +179,8 @@ def global_batch(batch: dict, mesh: Mesh) -> dict[str, jax.Array]:
     """This process's rows of a batch dict -> global arrays on ``mesh``.
 
     Token arrays (``inputs``, ``targets``, ``loss_mask``, ``weights``, ``positions``,
-    ``segment_ids``: ``[B_local, T]``) are placed as ``P("data", "context")``, any other
+    ``segment_ids``: ``[B_local, T]``) are placed as ``P("data", "context")`` (with a
+    ``"ring"`` axis: ``P("data", ("ring", "context"))``), any other
     key as ``P("data")`` on its leading axis. ``B_local`` rows are the process's block
     (:func:`process_rows`): the global batch has ``B = B_local * shard_count`` rows. In a
     single process ``B_local = B`` and this is ``jax.device_put`` with those shardings.
@@ -189,7 +190,8 @@ def global_batch(batch: dict, mesh: Mesh) -> dict[str, jax.Array]:
         size (naming the numbers), before anything is compiled.
     """
     _, count = process_rows(mesh)
-    data, context = mesh_size(mesh, DATA), mesh_size(mesh, CONTEXT)
+    data = mesh_size(mesh, DATA)
+    context = mesh_size(mesh, CONTEXT) * mesh_size(mesh, RING)
     out = {}
     for key, value in batch.items():
         value = np.asarray(value) if not isinstance(value, jax.Array) else value
@@ -197,8 +199,8 @@ def global_batch(batch: dict, mesh: Mesh) -> dict[str, jax.Array]:
         if rows % data:
             raise ValueError(f"batch[{key!r}]: the global batch of {rows} rows does not split "
                              f"over the mesh's data={data} devices")
-        spec = _batch_spec(key, value.ndim)
-        if spec == TOKEN_SPEC and value.shape[1] % context:
+        spec = _batch_spec(key, value.ndim, mesh)
+        if spec != P(DATA) and value.shape[1] % context:
             raise ValueError(f"batch[{key!r}]: sequence length T={value.shape[1]} is not "
                              f"divisible by the mesh's context={context}")
         out[key] = jax.make_array_from_process_local_data(

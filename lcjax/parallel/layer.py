@@ -11,7 +11,10 @@
 the same way. Strategies: ``"ulysses"`` (:mod:`lcjax.parallel.ulysses`), ``"ring"``
 (:mod:`lcjax.parallel.ring`, zigzag-balanced when causal: x and positions are moved to
 the zigzag layout before the projections, y back after), ``"upipe"``
-(:mod:`lcjax.parallel.upipe`), ``"none"`` (one device, no mesh needed: the reference).
+(:mod:`lcjax.parallel.upipe`), ``"usp"`` (:mod:`lcjax.parallel.usp`: Ulysses over
+``"context"`` and zigzag ring attention over ``"ring"`` on a ``make_mesh(data=, ring=,
+context=)`` mesh; x sharded ``P("data", ("ring", "context"), None)``), ``"none"`` (one
+device, no mesh needed: the reference).
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ from lcjax.parallel.common import (
     resolve_mesh,
     resolve_variant,
 )
-from lcjax.parallel.mesh import CONTEXT, DATA
+from lcjax.parallel.mesh import CONTEXT, DATA, RING
 from lcjax.parallel.ring import from_zigzag, ring_local, to_zigzag
 from lcjax.parallel.ulysses import ulysses_local
 from lcjax.parallel.upipe import upipe_layer
+from lcjax.parallel.usp import check_usp, usp_local
 from lcjax.parallel.validation import (
     axis_size,
     check_batch,
@@ -45,7 +49,7 @@ from lcjax.parallel.validation import (
 
 __all__ = ["STRATEGIES", "init_layer_params", "layer", "layer_apply"]
 
-STRATEGIES = ("ulysses", "ring", "upipe", "none")
+STRATEGIES = ("ulysses", "ring", "upipe", "usp", "none")
 
 
 def init_layer_params(rng, *, d_model: int, num_heads: int, num_kv_heads: int,
@@ -64,8 +68,9 @@ def layer_apply(strategy: str, params: Mapping[str, jax.Array], x, positions=Non
                 mesh=None, causal: bool = True, variant: str | Callable = "softmax",
                 scale: float | None = None, rope_base: float | None = 10000.0,
                 balance: str | None = "zigzag", data_axis: str | None = DATA,
-                context_axis: str = CONTEXT, **options):
-    """The layer by ``strategy`` on x [B, T, d] (positions [B, T], default arange(T))."""
+                context_axis: str = CONTEXT, ring_axis: str = RING, **options):
+    """The layer by ``strategy`` on x [B, T, d] (positions [B, T], default arange(T));
+    ``ring_axis``: the ring axis of ``"usp"`` (``context_axis`` is its Ulysses axis)."""
     name = f"layer({strategy!r})"
     if strategy not in STRATEGIES:
         raise ValueError(f"layer: `strategy` must be one of {STRATEGIES}, got {strategy!r}")
@@ -80,11 +85,23 @@ def layer_apply(strategy: str, params: Mapping[str, jax.Array], x, positions=Non
     if strategy == "upipe":
         return upipe_layer(params, x, positions, mesh=mesh, **common, **options)
     axes = (context_axis,) if data_axis is None else (data_axis, context_axis)
+    if strategy == "usp":
+        axes = (*axes, ring_axis)
     mesh = resolve_mesh(name, mesh, *axes)
     c = axis_size(mesh, context_axis)
     check_batch(name, x.shape[0], axis_size(mesh, data_axis))
     attn, check_vma = resolve_variant(variant, options)
-    if strategy == "ulysses":
+    seq_axes = context_axis
+    if strategy == "usp":
+        _, r, repeats, zigzag_ring = check_usp(
+            name, x.shape[1], x.shape[0], params["q_proj"].shape[1],
+            params["k_proj"].shape[1], mesh, ulysses_axis=context_axis, ring_axis=ring_axis,
+            data_axis=data_axis, causal=causal, balance=balance, attn=attn)
+        attend = functools.partial(usp_local, ulysses_axis=context_axis, ring_axis=ring_axis,
+                                   ring_size=r, attn=attn, causal=causal, zigzag=zigzag_ring,
+                                   kv_repeats=repeats, scale=scale, **options)
+        zigzag, seq_axes = False, (ring_axis, context_axis)  # usp_local does its own zigzag
+    elif strategy == "ulysses":
         check_length(name, x.shape[1], c)
         repeats = check_heads(name, params["q_proj"].shape[1], params["k_proj"].shape[1], c)
         attend = functools.partial(ulysses_local, axis=context_axis, attn=attn,
@@ -106,9 +123,9 @@ def layer_apply(strategy: str, params: Mapping[str, jax.Array], x, positions=Non
         y = layer_attention(params, x, positions, attend, rope_base=rope_base)
         return from_zigzag(y, context_axis, c) if zigzag else y
 
-    spec = P(data_axis, context_axis, None)
+    spec = P(data_axis, seq_axes, None)
     params = {n: params[n] for n in ("q_proj", "k_proj", "v_proj", "o_proj")}
-    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(), spec, P(data_axis, context_axis)),
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(), spec, P(data_axis, seq_axes)),
                        out_specs=spec, check_vma=check_vma)
     return fn(params, x, positions)
 
@@ -117,10 +134,11 @@ def layer(strategy: str, *, mesh=None, d_model: int, num_heads: int, num_kv_head
           head_dim: int, causal: bool = True, variant: str | Callable = "softmax",
           **options) -> tuple[Callable, Callable]:
     """``(init(rng) -> params, apply(params, x, positions=None) -> y)`` for one attention
-    layer by ``strategy`` ("ulysses" | "ring" | "upipe" | "none"); see the module
-    docstring. ``options``: ``scale``, ``rope_base`` (None: no RoPE), ``balance`` (ring),
-    and the variant's own options. Configuration errors (heads, length, batch, axes) are
-    ``ValueError``s at ``apply`` before tracing; head and axis rules already here."""
+    layer by ``strategy`` ("ulysses" | "ring" | "upipe" | "usp" | "none"); see the module
+    docstring. ``options``: ``scale``, ``rope_base`` (None: no RoPE), ``balance`` (ring,
+    usp), ``ring_axis`` (usp), and the variant's own options. Configuration errors
+    (heads, length, batch, axes) are ``ValueError``s at ``apply`` before tracing; head and
+    axis rules already here."""
     check_positive("layer", d_model=d_model, num_heads=num_heads, num_kv_heads=num_kv_heads,
                    head_dim=head_dim)
     if strategy not in STRATEGIES:
@@ -130,8 +148,9 @@ def layer(strategy: str, *, mesh=None, d_model: int, num_heads: int, num_kv_head
                          f"num_kv_heads Hkv={num_kv_heads}")
     if strategy != "none" and mesh is not None:
         name = f"layer({strategy!r})"
-        resolve_mesh(name, mesh, options.get("context_axis", CONTEXT))
-        if strategy in ("ulysses", "upipe"):
+        resolve_mesh(name, mesh, options.get("context_axis", CONTEXT),
+                     *((options.get("ring_axis", RING),) if strategy == "usp" else ()))
+        if strategy in ("ulysses", "upipe", "usp"):
             check_heads(name, num_heads, num_kv_heads,
                         axis_size(mesh, options.get("context_axis", CONTEXT)))
 

@@ -12,13 +12,20 @@ T. UPipe runs the layer in P = H/C stages of C heads (one head per device per st
 
 K/V chunk c (C kv heads, one per device) is projected and all-to-all'd once and reused
 by the G' = H / max(Hkv, C) query stages j of its group (the paper's "K/V when
-s mod g = 0"). Each stage is rematerialised in the backward (``jax.checkpoint``; the
-stage loop is a ``lax.scan`` so XLA cannot keep all stages alive); what a stage keeps
-for the backward is its inputs (x, the weights, the K/V chunk of its group), so peak
-attention intermediates are ∝ one head per device instead of H/C. The all-to-all volume
-equals Ulysses', in P pieces. (The paper also keeps each stage's output and LSE to skip
-re-running the attention forward; with ``jax.checkpoint`` around a variant's own
-``custom_vjp`` we recompute it — one more attention forward per stage.)
+s mod g = 0"). The layer is a ``custom_vjp`` whose forward keeps only its inputs (x,
+positions, the weights); the backward runs the stage loops again (``lax.scan``, so XLA
+cannot keep all stages alive), recomputing each stage's projections, all-to-alls and
+attention (through the variant's own VJP), and summing the kv cotangents over the G'
+stages of a group. Peak attention intermediates are therefore ∝ one head per device
+instead of H/C. The all-to-all volume equals Ulysses', in P pieces.
+
+What the layer does not keep (measured: ``docs/context_parallel.md``): the stages' shares
+of the output projection (forward) and of dx (backward, dq_s Wq_sᵀ, dk Wkᵀ, dv Wvᵀ) are
+added into the one [B, L, d] accumulator in place, one sequence slice at a time
+(:func:`accumulate_matmul`), so no full-size per-stage product sits beside it — with
+autodiff of a scan of ``jax.checkpoint``ed stages XLA kept one such x-sized product plus
+the accumulator. (The paper also keeps each stage's output and LSE to skip re-running
+the attention forward; we recompute it — one more attention forward per stage.)
 
 Head order — standard GQA exactly, no permutation of weights. With virtual kv heads
 Hv = max(Hkv, C) (each kv head repeated R = Hv / Hkv times when Hkv < C; the gather's
@@ -44,12 +51,13 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from lcjax.attention.core import match_varying
-from lcjax.parallel.common import project_kv, project_q, resolve_mesh, resolve_variant
+from lcjax.parallel.common import resolve_mesh, resolve_variant
 from lcjax.parallel.mesh import CONTEXT, DATA
 from lcjax.parallel.ulysses import heads_to_seq, seq_to_heads
 from lcjax.parallel.validation import axis_size, check_batch, check_heads, check_length
+from lcjax.rope import apply_rope
 
-__all__ = ["stage_heads", "upipe_layer", "upipe_local"]
+__all__ = ["accumulate_matmul", "stage_heads", "upipe_layer", "upipe_local"]
 
 
 def stage_heads(heads: int, kv_heads: int, context: int) -> tuple[np.ndarray, np.ndarray]:
@@ -65,45 +73,145 @@ def stage_heads(heads: int, kv_heads: int, context: int) -> tuple[np.ndarray, np
     return q_heads, kv
 
 
+def accumulate_matmul(acc: jax.Array, a: jax.Array, w: jax.Array, equation: str,
+                      chunks: int = 1) -> jax.Array:
+    """``acc + einsum(equation, a, w)`` with acc, a [B, L, ...], computed in ``chunks``
+    sequence slices of L / chunks, each added into ``acc`` in place
+    (``dynamic_update_slice`` in a ``fori_loop``): the full-size product is never a
+    buffer of its own, only one slice of it (what accumulating the output projection,
+    and in the backward dx, over the P stages needs)."""
+    w = w.astype(acc.dtype)
+    if chunks <= 1:
+        return acc + jnp.einsum(equation, a.astype(acc.dtype), w)
+    size = acc.shape[1] // chunks
+
+    def body(i, acc):
+        a_i = lax.dynamic_slice_in_dim(a, i * size, size, axis=1).astype(acc.dtype)
+        acc_i = lax.dynamic_slice_in_dim(acc, i * size, size, axis=1)
+        return lax.dynamic_update_slice_in_dim(acc, acc_i + jnp.einsum(equation, a_i, w),
+                                               i * size, axis=1)
+
+    return lax.fori_loop(0, chunks, body, acc)
+
+
+def _chunks(length: int, d_model: int, heads_width: int) -> int:
+    """Slices of the sequence for :func:`accumulate_matmul`: the fewest that make one
+    slice of the [B, L, d_model] product no larger than a stage's [B, L, C, D] tensors
+    (a divisor of L)."""
+    want = max(1, -(-d_model // max(1, heads_width)))
+    return next((n for n in range(want, length + 1) if length % n == 0), length)
+
+
+def _weight_grad(dp: jax.Array, x: jax.Array) -> jax.Array:
+    """dW [d, n, D] of a projection p = x W from dp [B, L, n, D]: contracted as
+    dpᵀ x -> [n, D, d] and transposed (a small copy), not as xᵀ dp, for which XLA's CPU
+    dot copies x transposed — a full [d, L] buffer (measured)."""
+    return jnp.transpose(jnp.einsum("BTNH,BTD->NHD", dp, x.astype(dp.dtype)), (2, 0, 1))
+
+
 def upipe_local(params: Mapping[str, jax.Array], x, positions, *, axis: str, size: int,
                 attn: Callable, causal: bool, scale=None, rope_base: float | None = 10000.0,
                 **options):
     """The UPipe layer inside ``shard_map`` over ``axis`` (``size`` = C devices): local x
-    [B, L, d] (sequence slice, device order), positions [B, L] -> y [B, L, d]."""
+    [B, L, d] (sequence slice, device order), positions [B, L] -> y [B, L, d].
+
+    A ``custom_vjp``: the forward keeps nothing but its inputs (x, positions, weights);
+    the backward loops over the stages again, recomputes each stage's projections,
+    all-to-alls and attention (the variant's own VJP), and accumulates dx and the
+    stage's output-projection share in place (:func:`accumulate_matmul`), so neither
+    pass holds a full-size [B, L, d] product per stage beside the accumulator."""
     wq, wk, wv, wo = (params[n] for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
-    q_heads, kv_heads = stage_heads(wq.shape[1], wk.shape[1], size)
+    q_np, kv_np = stage_heads(wq.shape[1], wk.shape[1], size)
     # the loops carry head indices, not weight copies: each stage gathers its C heads
-    # (and the backward scatter-adds their gradients into the one dW accumulator)
-    q_heads, kv_heads = jnp.asarray(q_heads, jnp.int32), jnp.asarray(kv_heads, jnp.int32)
+    # (made inside each pass: the custom_vjp may not close over traced values)
+    plans = lambda: (jnp.asarray(kv_np, jnp.int32), jnp.asarray(q_np, jnp.int32))
+    chunks = _chunks(x.shape[1], x.shape[2], size * wq.shape[2])
 
-    def q_stage(x, positions, k, v, wq, wo, heads):
-        wq_s, wo_s = jnp.take(wq, heads, axis=1), jnp.take(wo, heads, axis=0)
-        q = seq_to_heads(project_q(x, wq_s, positions, rope_base=rope_base), axis)
-        o = attn(q, k, v, causal=causal, scale=scale, **options)  # [B, T, 1, D]
-        o = heads_to_seq(o, axis)  # [B, L, C, D]
-        return jnp.einsum("BTNH,NHD->BTD", o.astype(x.dtype), wo_s.astype(x.dtype))
+    def attend(q, k, v):
+        return attn(q, k, v, causal=causal, scale=scale, **options)  # [B, T, 1, D]
 
-    def kv_group(x, positions, wq, wk, wv, wo, kv_c, q_c):
-        wk_c, wv_c = jnp.take(wk, kv_c, axis=1), jnp.take(wv, kv_c, axis=1)
-        k, v = project_kv(x, wk_c, wv_c, positions, rope_base=rope_base)
-        k, v = seq_to_heads(k, axis), seq_to_heads(v, axis)  # [B, T, 1, D], reused G' times
-        stage = jax.checkpoint(q_stage)
+    def rope(t, positions):
+        return t if rope_base is None else apply_rope(t, positions, base=rope_base)
 
-        def body(y, heads):
-            return y + stage(x, positions, k, v, wq, wo, heads), None
+    def q_heads(qp, positions):  # [B, L, C, D] projected -> [B, T, 1, D] (stage's heads)
+        return seq_to_heads(rope(qp, positions), axis)
 
-        y, _ = lax.scan(body, match_varying(jnp.zeros_like(x), x, k), q_c)
-        return y
+    def kv_heads(kp, vp, positions):
+        return seq_to_heads(rope(kp, positions), axis), seq_to_heads(vp, axis)
 
-    if kv_heads.shape[0] == 1:  # one kv chunk (Hkv <= C): no outer loop to carry y
-        return kv_group(x, positions, wq, wk, wv, wo, kv_heads[0], q_heads[0])
-    group = jax.checkpoint(kv_group)
+    def proj(x, w):  # x [B, L, d] @ w [d, n, D] -> [B, L, n, D]
+        return jnp.einsum("BTD,DNH->BTNH", x, w.astype(x.dtype))
 
-    def outer(y, idx):
-        return y + group(x, positions, wq, wk, wv, wo, *idx), None
+    def forward(wq, wk, wv, wo, x, positions):
+        def group(y, plan):
+            kv_c, q_c = plan
+            k, v = kv_heads(proj(x, jnp.take(wk, kv_c, axis=1)),
+                            proj(x, jnp.take(wv, kv_c, axis=1)), positions)
 
-    y, _ = lax.scan(outer, match_varying(jnp.zeros_like(x), x), (kv_heads, q_heads))
-    return y
+            def stage(y, heads):
+                o = attend(q_heads(proj(x, jnp.take(wq, heads, axis=1)), positions), k, v)
+                return accumulate_matmul(y, heads_to_seq(o, axis), jnp.take(wo, heads, axis=0),
+                                         "BTNH,NHD->BTD", chunks), None
+
+            return lax.scan(stage, y, q_c)[0], None
+
+        y = match_varying(jnp.zeros_like(x), x, wq)
+        return lax.scan(group, y, plans())[0]
+
+    @jax.custom_vjp
+    def layer(wq, wk, wv, wo, x, positions):
+        return forward(wq, wk, wv, wo, x, positions)
+
+    def layer_fwd(wq, wk, wv, wo, x, positions):
+        return forward(wq, wk, wv, wo, x, positions), (wq, wk, wv, wo, x, positions)
+
+    def layer_bwd(res, dy):
+        wq, wk, wv, wo, x, positions = res
+        dy = dy.astype(x.dtype)
+
+        def group(carry, plan):
+            dx, dwq, dwk, dwv, dwo = carry
+            kv_c, q_c = plan
+            wk_c, wv_c = jnp.take(wk, kv_c, axis=1), jnp.take(wv, kv_c, axis=1)
+            (k, v), kv_pull = jax.vjp(lambda kp, vp: kv_heads(kp, vp, positions),
+                                      proj(x, wk_c), proj(x, wv_c))
+
+            def stage(carry, heads):
+                dx, dk, dv, dwq, dwo = carry
+                wq_s, wo_s = jnp.take(wq, heads, axis=1), jnp.take(wo, heads, axis=0)
+                q, q_pull = jax.vjp(lambda qp: q_heads(qp, positions), proj(x, wq_s))
+                o, attn_pull = jax.vjp(attend, q, k, v)
+                o_seq = heads_to_seq(o, axis)  # [B, L, C, D]
+                dwo = dwo.at[heads].add(
+                    jnp.einsum("BTNH,BTD->NHD", o_seq, dy).astype(dwo.dtype))
+                d_o = seq_to_heads(jnp.einsum("BTD,NHD->BTNH", dy, wo_s.astype(dy.dtype)),
+                                   axis)
+                dq, dk_s, dv_s = attn_pull(d_o.astype(o.dtype))
+                (dqp,) = q_pull(dq)  # [B, L, C, D]
+                dwq = dwq.at[:, heads].add(_weight_grad(dqp, x).astype(dwq.dtype))
+                dx = accumulate_matmul(dx, dqp, wq_s, "BTNH,DNH->BTD", chunks)
+                return (dx, dk + dk_s.astype(dk.dtype), dv + dv_s.astype(dv.dtype), dwq,
+                        dwo), None
+
+            zeros = match_varying((jnp.zeros_like(k), jnp.zeros_like(v)), k, v, x)
+            (dx, dk, dv, dwq, dwo), _ = lax.scan(stage, (dx, *zeros, dwq, dwo), q_c)
+            dkp, dvp = kv_pull((dk, dv))
+            # repeated kv heads (Hkv < C) appear several times in kv_c: the scatter sums
+            dwk = dwk.at[:, kv_c].add(_weight_grad(dkp, x).astype(dwk.dtype))
+            dwv = dwv.at[:, kv_c].add(_weight_grad(dvp, x).astype(dwv.dtype))
+            dx = accumulate_matmul(dx, dkp, wk_c, "BTNH,DNH->BTD", chunks)
+            dx = accumulate_matmul(dx, dvp, wv_c, "BTNH,DNH->BTD", chunks)
+            return (dx, dwq, dwk, dwv, dwo), None
+
+        init = match_varying(tuple(jnp.zeros_like(a) for a in (x, wq, wk, wv, wo)), x, wq)
+        (dx, dwq, dwk, dwv, dwo), _ = lax.scan(group, init, plans())
+        return dwq, dwk, dwv, dwo, dx, None
+
+    layer.defvjp(layer_fwd, layer_bwd)
+    # the weights enter as varying over the mesh axes of x, so the custom_vjp returns
+    # this device's partial dW and the cast's transpose sums them (psum) outside it
+    wq, wk, wv, wo = match_varying((wq, wk, wv, wo), x)
+    return layer(wq, wk, wv, wo, x, positions)
 
 
 def upipe_layer(params: Mapping[str, jax.Array], x, positions=None, *, mesh=None,

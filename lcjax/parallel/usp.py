@@ -24,7 +24,40 @@ from lcjax.parallel.ring import from_zigzag, ring_local, to_zigzag
 from lcjax.parallel.ulysses import heads_to_seq, replicate_kv, seq_to_heads
 from lcjax.parallel.validation import axis_size, check_batch, check_heads, check_length
 
-__all__ = ["usp_attention"]
+__all__ = ["check_usp", "usp_attention", "usp_local"]
+
+
+def check_usp(name: str, seq_len: int, batch: int, heads: int, kv_heads: int, mesh, *,
+              ulysses_axis: str, ring_axis: str, data_axis: str | None, causal: bool,
+              balance, attn) -> tuple[int, int, int, bool]:
+    """The hybrid's rules (``ValueError`` naming the numbers): T a multiple of R U (2 R U
+    when zigzag-balanced), B of the data size, Ulysses' head rules over U, a variant with a
+    log-sum-exp. Returns ``(U, R, kv replication factor, zigzag)``."""
+    u, r = axis_size(mesh, ulysses_axis), axis_size(mesh, ring_axis)
+    zigzag = causal and balance == "zigzag" and r > 1
+    check_length(name, seq_len, u * r, multiple=2 if zigzag else 1,
+                 what=f"context size (ring {r} x ulysses {u})")
+    check_batch(name, batch, axis_size(mesh, data_axis))
+    repeats = check_heads(name, heads, kv_heads, u)
+    if isinstance(attn, AttentionSpec) and not attn.features.lse:
+        raise ValueError(f"{name}: variant {attn.name!r} gives no log-sum-exp "
+                         "(features.lse=False), which the ring part merges partials with")
+    return u, r, repeats, zigzag
+
+
+def usp_local(q, k, v, *, ulysses_axis: str, ring_axis: str, ring_size: int, attn: Callable,
+              causal: bool, zigzag: bool, kv_repeats: int = 1, scale=None, **options):
+    """The hybrid inside ``shard_map``: local q [B, L, H, D], k, v [B, L, Hkv, D] (slice
+    r U + u of the sequence on device (r, u)) -> local out [B, L, H, D]."""
+    k, v = replicate_kv(k, kv_repeats), replicate_kv(v, kv_repeats)
+    q, k, v = (seq_to_heads(x, ulysses_axis) for x in (q, k, v))  # chunk r of T/R, H/U heads
+    if zigzag:
+        q, k, v = (to_zigzag(x, ring_axis, ring_size) for x in (q, k, v))
+    out = ring_local(q, k, v, axis=ring_axis, size=ring_size, attn=attn, causal=causal,
+                     balance="zigzag" if zigzag else None, scale=scale, **options)
+    if zigzag:
+        out = from_zigzag(out, ring_axis, ring_size)
+    return heads_to_seq(out, ulysses_axis)
 
 
 def usp_attention(q, k, v, *, mesh=None, ulysses_axis: str, ring_axis: str,
@@ -36,29 +69,13 @@ def usp_attention(q, k, v, *, mesh=None, ulysses_axis: str, ring_axis: str,
     name = "usp_attention"
     axes = (ulysses_axis, ring_axis) + (() if data_axis is None else (data_axis,))
     mesh = resolve_mesh(name, mesh, *axes)
-    u, r = axis_size(mesh, ulysses_axis), axis_size(mesh, ring_axis)
-    zigzag = causal and balance == "zigzag" and r > 1
-    check_length(name, q.shape[1], u * r, multiple=2 if zigzag else 1,
-                 what=f"context size {r} (ring) x {u} (ulysses)")
-    check_batch(name, q.shape[0], axis_size(mesh, data_axis))
-    repeats = check_heads(name, q.shape[2], k.shape[2], u)
     attn, check_vma = resolve_variant(variant, options)
-    if isinstance(attn, AttentionSpec) and not attn.features.lse:
-        raise ValueError(f"{name}: variant {attn.name!r} gives no log-sum-exp "
-                         "(features.lse=False), which the ring part merges partials with")
-    ring = functools.partial(ring_local, axis=ring_axis, size=r, attn=attn, causal=causal,
-                             balance="zigzag" if zigzag else None, scale=scale, **options)
-
-    def local(q, k, v):
-        k, v = replicate_kv(k, repeats), replicate_kv(v, repeats)
-        q, k, v = (seq_to_heads(x, ulysses_axis) for x in (q, k, v))  # chunk r of T/R
-        if zigzag:
-            q, k, v = (to_zigzag(x, ring_axis, r) for x in (q, k, v))
-        out = ring(q, k, v)
-        if zigzag:
-            out = from_zigzag(out, ring_axis, r)
-        return heads_to_seq(out, ulysses_axis)
-
+    _, r, repeats, zigzag = check_usp(
+        name, q.shape[1], q.shape[0], q.shape[2], k.shape[2], mesh, ulysses_axis=ulysses_axis,
+        ring_axis=ring_axis, data_axis=data_axis, causal=causal, balance=balance, attn=attn)
+    local = functools.partial(usp_local, ulysses_axis=ulysses_axis, ring_axis=ring_axis,
+                              ring_size=r, attn=attn, causal=causal, zigzag=zigzag,
+                              kv_repeats=repeats, scale=scale, **options)
     spec = P(data_axis, (ring_axis, ulysses_axis), None, None)
     return jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec,
                          check_vma=check_vma)(q, k, v)

@@ -378,13 +378,13 @@ def run_mesh(cfg: TrainConfig) -> Mesh | None:
 
 
 def _check_mesh_shapes(cfg: TrainConfig, mesh: Mesh) -> None:
-    data, context = mesh_size(mesh, DATA), mesh_size(mesh, CONTEXT)
+    data, context = mesh_size(mesh, DATA), mesh_size(mesh, CONTEXT) * mesh_size(mesh, "ring")
     if cfg.batch_size % (data * cfg.grad_accum):
         raise ValueError(f"TrainConfig.batch_size={cfg.batch_size} must be divisible by the "
                          f"mesh's data={data} times grad_accum={cfg.grad_accum}")
     if cfg.seq_len % context:
         raise ValueError(f"TrainConfig.seq_len={cfg.seq_len} must be divisible by the mesh's "
-                         f"context={context}")
+                         f"context={context} (times ring, if any)")
 
 
 def _place_batch(batch: dict, *, mesh: Mesh, grad_accum: int) -> dict:
