@@ -73,11 +73,43 @@ def test_training_rows_carry_the_answer_and_eos():
         assert bytes(batch["inputs"][r][1:len(s.prompt) + 1].astype(np.uint8)) == s.prompt
 
 
+def test_curriculum_dataset_runs_the_stages_in_order():
+    """The staged dataset is each stage's TaskSource rows at its own length, one stage after
+    the other: batch widths follow the stages, and every row is the TaskSource sample of
+    that stage's seed (DATA_SEED + stage) and record, answer and EOS under the loss mask."""
+    from lcjax.data.sources import TaskSource
+
+    stages = ((128, 2, ("niah_single_1",)), (exp.TRAIN_LEN, 1, ("niah_single_1", "vt")))
+    ds = exp.curriculum_dataset(stages, batch=3)
+    assert len(ds) == 3
+    assert [ds[j]["inputs"].shape for j in range(3)] == [(3, 129), (3, 129), (3, 257)]
+    for j, (k, first) in enumerate([(0, 0), (0, 3), (1, 0)]):
+        length, _, tasks = stages[k]
+        src = TaskSource(exp.SUITE, list(tasks), length=length, num_records=8,
+                         seed=exp.DATA_SEED + k)
+        batch = ds[j]
+        for r in range(3):
+            s = src.sample(first + r)
+            assert s.length == length
+            row = batch["inputs"][r]
+            assert bytes(row[1:len(s.prompt) + 1].astype(np.uint8)) == s.prompt
+            tgt = batch["targets"][r][batch["loss_mask"][r]]
+            assert bytes(tgt[:-1].astype(np.uint8)) == s.answer and tgt[-1] == EOS
+
+
 def test_pipeline_end_to_end(tmp_path):
-    """A few training steps through lcjax.train, the lcjax-model evaluator at 1x and 2x L
-    over two depths, and the reports: files, keys, item counts, the claim, a falling loss."""
-    res = exp.run(True, tmp_path, steps=16, tasks=("niah_single_1", "vt"), mults=(1, 2),
+    """A few training steps through lcjax.train in two stages (a warm-up at 128 bytes,
+    then the mix at L), the lcjax-model evaluator at 1x and 2x L over two depths, and the
+    reports: files, keys, item counts, the claim, the stages in the history, a falling
+    loss."""
+    stages = ((128, 8, ("niah_single_1",)), (exp.TRAIN_LEN, 8, ("niah_single_1", "vt")))
+    res = exp.run(True, tmp_path, stages=stages, tasks=("niah_single_1", "vt"), mults=(1, 2),
                   depths=(0.0, 1.0), n_per_cell=1, batch=8, log=lambda *a: None)
+    assert res.numbers["steps"] == 16
+    assert res.numbers["stages"] == [[128, 8, ["niah_single_1"]],
+                                     [exp.TRAIN_LEN, 8, ["niah_single_1", "vt"]]]
+    length_at = {r["step"]: r["length"] for r in res.numbers["history"]}
+    assert [length_at[k] for k in (1, 8, 9, 16)] == [128, 128, exp.TRAIN_LEN, exp.TRAIN_LEN]
     ev = tmp_path / "eval"
     for name in ("results.json", "results.md", "niah_single_1_heatmap.png", "vt_heatmap.png"):
         assert (ev / name).stat().st_size > 0, name
