@@ -251,3 +251,20 @@ def test_accumulate_matmul_in_slices_equals_one_einsum(chunks):
     got = jax.jit(lambda *t: accumulate_matmul(*t, "BTNH,DNH->BTD", chunks))(acc, a, w)
     want = np.asarray(acc) + np.einsum("btnh,dnh->btd", np.asarray(a), np.asarray(w))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_usp_mesh_axes_parse_and_errors():
+    """make_mesh(ring=) adds the ring axis (ring-major sequence sharding); --mesh parses it;
+    sizes that do not multiply to the device count name the numbers."""
+    from lcjax.parallel import parse_mesh, sequence_axes, token_sharding
+
+    mesh = make_mesh(data=2, ring=2)  # context takes the rest: 8 / (2 x 2) = 2
+    assert dict(mesh.shape) == {"data": 2, "ring": 2, "context": 2}
+    assert sequence_axes(mesh) == ("ring", "context")
+    assert sequence_axes(make_mesh(data=2, context=4)) == "context"
+    assert token_sharding(mesh).spec == P("data", ("ring", "context"))
+    assert parse_mesh("data=2,ring=2,context=2") == {"data": 2, "ring": 2, "context": 2}
+    with pytest.raises(ValueError, match=r"data \* ring \* context = 1 \* 3 \* 2 = 6 but 8"):
+        make_mesh(ring=3, context=2)
+    with pytest.raises(ValueError, match="ring must be a positive int"):
+        make_mesh(ring=0)
