@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TEST_WORKERS ?= 2
 
-.PHONY: test test-tfds reproduce reproduce-full gpu-check bench bench-entmax lint clean venv
+.PHONY: test test-tfds test-hf reproduce reproduce-full gpu-check bench bench-entmax lint clean venv
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,13 @@ test: $(STAMP)
 test-tfds: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[tfds]"
 	$(PY) -m pytest tests/test_tfds.py
+
+# transformers + torch (CPU) are an optional extra: tests/test_hf_peer.py compares
+# lcjax.interop.hf with LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM (it skips
+# without them; tests/test_hf_interop.py tests the same code against numpy, always)
+test-hf: $(STAMP)
+	$(PY) -m pip install --quiet -e ".[hf]"
+	$(PY) -m pytest tests/test_hf_peer.py
 
 # every experiment's quick run (each prints its wall time against its quick budget;
 # 25 minutes in all on 2 CPUs); extra flags in ARGS, e.g. ARGS="--only lm_demo" or ARGS=--list

@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "train": ("lcjax.train.cli", "train a language model (config file or flags)"),
     "bench": ("lcjax.bench.cli", "benchmarks: `lcjax bench attention`, `lcjax bench entmax`"),
     "eval": ("lcjax.eval.cli", "long-context evaluation of a model folder or an endpoint"),
+    "analyze": ("lcjax.analysis.cli", "static head analysis: `lcjax analyze lps --checkpoint DIR`"),
 }
 
 

@@ -9,18 +9,36 @@ For a pair (x_{2m}, x_{2m+1}) (interleaved layout, GPT-J / RoFormer) or
 so q(n)·k(n') depends on n - n' only. Position ids are arbitrary (offsets for a
 KV cache, perturbed positions for self-distillation); ``inv_freq`` is exposed for
 head analysis (LPS).
+
+Frequency scaling (:func:`scaled_inv_freq`, the Hugging Face ``rope_scaling`` /
+``rope_parameters`` types): ``"default"``; ``"linear"`` (position interpolation, Chen et
+al. 2023: θ_m / factor); ``"llama3"`` (Llama 3.1: wavelengths λ_m = 2π/θ_m longer than
+L/low_freq_factor are divided by ``factor``, shorter than L/high_freq_factor kept, and in
+between interpolated with s = (L/λ_m − low_freq_factor)/(high_freq_factor −
+low_freq_factor): θ'_m = (1 − s) θ_m/factor + s θ_m, L = original_max_position_embeddings).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Layout = Literal["half", "interleaved"]
 
-__all__ = ["inv_freq", "rope_angles", "apply_rope", "Layout"]
+__all__ = ["inv_freq", "rope_angles", "apply_rope", "Layout", "scaled_inv_freq",
+           "check_rope_scaling", "ROPE_SCALING_TYPES"]
+
+# scaling types scaled_inv_freq implements -> the keys each one needs
+ROPE_SCALING_TYPES = {
+    "default": (),
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+               "original_max_position_embeddings"),
+}
 
 
 def inv_freq(head_dim: int, base: float = 10000.0) -> jax.Array:
@@ -28,6 +46,54 @@ def inv_freq(head_dim: int, base: float = 10000.0) -> jax.Array:
     if head_dim % 2:
         raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
     return base ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+
+
+def check_rope_scaling(scaling: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Validate a RoPE scaling mapping (``{"rope_type": "llama3", "factor": 8.0, ...}``; the
+    older key ``"type"`` is accepted) and return it as a plain dict with ``rope_type``, or
+    None for None / the default type. ``ValueError`` for an unknown type or missing keys."""
+    if scaling is None:
+        return None
+    if not isinstance(scaling, Mapping):
+        raise ValueError(f"rope scaling must be a mapping or None, got {type(scaling).__name__}")
+    out = {k: v for k, v in scaling.items() if k != "type"}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    out["rope_type"] = kind
+    if kind not in ROPE_SCALING_TYPES:
+        raise ValueError(f"rope scaling: rope_type {kind!r} is not supported; supported: "
+                         f"{sorted(ROPE_SCALING_TYPES)}")
+    missing = [k for k in ROPE_SCALING_TYPES[kind] if out.get(k) is None]
+    if missing:
+        raise ValueError(f"rope scaling {kind!r} needs {missing}, got keys {sorted(out)}")
+    if kind != "default" and not float(out["factor"]) > 0:
+        raise ValueError(f"rope scaling: `factor` must be > 0, got {out['factor']}")
+    if kind == "llama3" and not float(out["high_freq_factor"]) > float(out["low_freq_factor"]):
+        raise ValueError(f"rope scaling llama3: high_freq_factor ({out['high_freq_factor']}) "
+                         f"must exceed low_freq_factor ({out['low_freq_factor']})")
+    return None if kind == "default" else out
+
+
+def scaled_inv_freq(head_dim: int, base: float = 10000.0,
+                    scaling: Mapping[str, Any] | None = None) -> np.ndarray:
+    """RoPE frequencies θ_m (m = 0 .. d/2 − 1) after ``scaling`` (module docstring), as
+    float64 numpy [head_dim // 2] (a trace-time constant; ``apply_rope(frequencies=...)``
+    casts it to float32). ``scaling=None`` gives base^{−2m/d}."""
+    if head_dim % 2:
+        raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
+    theta = float(base) ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    scaling = check_rope_scaling(scaling)
+    if scaling is None:
+        return theta
+    factor = float(scaling["factor"])
+    if scaling["rope_type"] == "linear":
+        return theta / factor
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    old_len = float(scaling["original_max_position_embeddings"])
+    wavelen = 2 * np.pi / theta
+    smooth = (old_len / wavelen - low) / (high - low)
+    mid = (1 - smooth) * theta / factor + smooth * theta
+    return np.where(wavelen > old_len / low, theta / factor,
+                    np.where(wavelen < old_len / high, theta, mid))
 
 
 def rope_angles(positions: jax.Array, frequencies: jax.Array) -> jax.Array:

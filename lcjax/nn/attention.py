@@ -12,6 +12,12 @@ NAPE passes ``alibi_slopes`` (a static tuple [H]) to the variant, and, when deco
 cache, ``alibi_offset`` = the cache index, so the new queries sit at their slots.
     y = o W_o  [B, T, D_model]
 
+Hugging Face architectures (``lcjax.interop.hf``) add, all off by default: biases on q, k, v
+(``qkv_bias``, Qwen2) and on the output (``out_bias``); a per-head RMSNorm of q and k over
+the head dimension before RoPE (``qk_norm``, Qwen3: q <- RMSNorm(q) γ_q, k <- RMSNorm(k) γ_k,
+γ [D] shared by the heads); scaled RoPE frequencies (``rope_scaling``,
+``lcjax.rope.scaled_inv_freq``: "linear", "llama3").
+
 ``attention`` is a registry name (``lcjax.attention.get``) or any callable under the
 attention contract. What a variant can do comes from its spec (``AttentionSpec``); a
 plain callable has no spec, so it gets the contract alone. Padding and packing use
@@ -54,9 +60,9 @@ from lcjax.attention import AttentionSpec, build_mask, causal_mask, get
 from lcjax.attention.core import default_scale
 from lcjax.attention.spec import keyword_names
 from lcjax.attention.weights import variant_weights
-from lcjax.nn.layers import dense_init
+from lcjax.nn.layers import RMSNorm, dense_init
 from lcjax.nn.variant_params import VariantConfig, build_variant_params
-from lcjax.rope import apply_rope
+from lcjax.rope import apply_rope, check_rope_scaling, scaled_inv_freq
 
 __all__ = ["Attention", "AttentionTap", "KVCache", "init_kv_cache", "update_kv_cache",
            "cache_mask", "attend", "capture_attention", "nape_slopes", "takes_segment_ids",
@@ -246,6 +252,13 @@ class Attention(nnx.Module):
         by that :mod:`lcjax.parallel` strategy over the mesh set with
         ``jax.set_mesh(mesh)`` (x sharded ``P("data", "context", None)``); no mask,
         segment ids, NAPE, interleaved RoPE, variant parameters or taps there.
+      qkv_bias, out_bias: learnable biases of the q, k, v projections ([H, D], [Hkv, D],
+        [Hkv, D], init 0) and of the output projection ([D_model], init 0).
+      qk_norm: RMSNorm over the head dimension of q and of k before RoPE (scales [D],
+        init 1), with ``norm_eps``.
+      rope_scaling: None or a mapping ``{"rope_type": "linear" | "llama3", ...}``
+        (``lcjax.rope.check_rope_scaling``): RoPE uses ``scaled_inv_freq(D, rope_base,
+        rope_scaling)``.
     """
 
     def __init__(
@@ -270,6 +283,11 @@ class Attention(nnx.Module):
         capture_inputs: bool = False,
         learn_alpha: bool = False,
         context_parallel: str | None = None,
+        qkv_bias: bool = False,
+        out_bias: bool = False,
+        qk_norm: bool = False,
+        norm_eps: float = 1e-6,
+        rope_scaling: Mapping[str, Any] | None = None,
         rngs: nnx.Rngs,
     ):
         if context_parallel not in CONTEXT_PARALLEL:
@@ -321,6 +339,17 @@ class Attention(nnx.Module):
         self.v_proj = nnx.Param(in_proj(key(), (d_model, num_kv_heads, head_dim), param_dtype))
         out_proj = dense_init(in_axis=(0, 1), out_axis=2)
         self.o_proj = nnx.Param(out_proj(key(), (num_heads, head_dim, d_model), param_dtype))
+        zeros = lambda *shape: nnx.Param(jnp.zeros(shape, param_dtype))
+        self.q_bias = zeros(num_heads, head_dim) if qkv_bias else None
+        self.k_bias = zeros(num_kv_heads, head_dim) if qkv_bias else None
+        self.v_bias = zeros(num_kv_heads, head_dim) if qkv_bias else None
+        self.o_bias = zeros(d_model) if out_bias else None
+        self.q_norm = RMSNorm(head_dim, eps=norm_eps, param_dtype=param_dtype) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, eps=norm_eps, param_dtype=param_dtype) if qk_norm else None
+        scaling = check_rope_scaling(rope_scaling)
+        # static (hashable) RoPE frequencies when scaled; None = apply_rope's default
+        self.rope_frequencies = None if scaling is None or not use_rope else tuple(
+            float(f) for f in scaled_inv_freq(head_dim, rope_base, scaling))
         config = VariantConfig(d_model, num_heads, num_kv_heads, head_dim, options=options,
                                learn=learn, dtype=dtype, param_dtype=param_dtype)
         try:
@@ -386,9 +415,19 @@ class Attention(nnx.Module):
         q = jnp.einsum("BTD,DNH->BTNH", x, self.q_proj[...].astype(dt))
         k = jnp.einsum("BTD,DKH->BTKH", x, self.k_proj[...].astype(dt))
         v = jnp.einsum("BTD,DKH->BTKH", x, self.v_proj[...].astype(dt))
+        if self.q_bias is not None:
+            q = q + self.q_bias[...].astype(dt)
+            k = k + self.k_bias[...].astype(dt)
+            v = v + self.v_bias[...].astype(dt)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.use_rope:
-            q = apply_rope(q, positions, base=self.rope_base, layout=self.rope_layout)
-            k = apply_rope(k, positions, base=self.rope_base, layout=self.rope_layout)
+            freqs = self.rope_frequencies
+            freqs = None if freqs is None else jnp.asarray(freqs, jnp.float32)
+            q = apply_rope(q, positions, base=self.rope_base, layout=self.rope_layout,
+                           frequencies=freqs)
+            k = apply_rope(k, positions, base=self.rope_base, layout=self.rope_layout,
+                           frequencies=freqs)
         causal, kv_segment_ids = self.causal, segment_ids
         alibi_offset = None
         if cache is not None:
@@ -426,6 +465,8 @@ class Attention(nnx.Module):
                    scale=self.scale, q_segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
                    options=options)
         y = jnp.einsum("BTNH,NHD->BTD", o.astype(dt), self.o_proj[...].astype(dt))
+        if self.o_bias is not None:
+            y = y + self.o_bias[...].astype(dt)
         return y, cache
 
 
@@ -441,6 +482,9 @@ class Attention(nnx.Module):
             ("rope_layout='interleaved'", self.use_rope and self.rope_layout != "half"),
             ("variant parameters (learn=...)", self.variant_params is not None),
             ("attention taps", self.attention_weights.enabled or self.attention_inputs.enabled),
+            ("qkv_bias/out_bias", self.q_bias is not None or self.o_bias is not None),
+            ("qk_norm", self.q_norm is not None),
+            ("rope_scaling", self.rope_frequencies is not None),
         ) if used]
         if unsupported:
             raise ValueError(f"Attention: context_parallel={cp!r} does not support "

@@ -31,6 +31,7 @@ from flax.core import FrozenDict
 from lcjax.attention import get
 from lcjax.nn.attention import Attention, KVCache
 from lcjax.nn.layers import RMSNorm, SwiGLU, dense_init
+from lcjax.rope import check_rope_scaling
 
 __all__ = ["DecoderConfig", "DecoderBlock", "DecoderLM", "DecoderCache"]
 
@@ -61,6 +62,13 @@ class DecoderConfig:
     in ASEntmax) or "none" (NoPE); see ``lcjax.nn.Attention``.
     ``max_len`` is the default KV-cache length; the full forward pass accepts any length.
     ``dtype`` is the compute dtype, ``param_dtype`` the storage dtype; logits are float32.
+    Hugging Face architectures (``lcjax.interop.hf``; all off by default):
+    ``attention_bias`` (q, k, v biases: Qwen2, Llama's ``attention_bias``),
+    ``attention_out_bias`` (output-projection bias: Llama's ``attention_bias``),
+    ``qk_norm`` (per-head RMSNorm of q and k before RoPE, eps ``norm_eps``: Qwen3),
+    ``rope_scaling`` (None or ``{"rope_type": "linear" | "llama3", ...}``, see
+    ``lcjax.rope.scaled_inv_freq``); ``rope_base`` is HF's ``rope_theta``, ``norm_eps`` its
+    ``rms_norm_eps``, ``tie_embeddings=False`` its untied ``lm_head``.
     """
 
     vocab_size: int = 256
@@ -82,6 +90,10 @@ class DecoderConfig:
     context_parallel: str | None = None
     norm_eps: float = 1e-6
     tie_embeddings: bool = True
+    attention_bias: bool = False
+    attention_out_bias: bool = False
+    qk_norm: bool = False
+    rope_scaling: Mapping[str, Any] | None = None
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
@@ -99,6 +111,10 @@ class DecoderConfig:
             if isinstance(value, tuple) and len(value) != self.num_layers:
                 raise ValueError(f"DecoderConfig: `{name}` per layer needs num_layers = "
                                  f"{self.num_layers} entries, got {len(value)}")
+        if self.rope_scaling is not None:
+            scaling = check_rope_scaling(self.rope_scaling)  # ValueError if unknown
+            object.__setattr__(self, "rope_scaling",
+                               None if scaling is None else FrozenDict(scaling))
         if isinstance(self.attention_learn, str):
             raise ValueError(f"DecoderConfig: `attention_learn` must be a sequence of names, "
                              f"e.g. ({self.attention_learn!r},), got a string")
@@ -146,6 +162,8 @@ class DecoderBlock(nnx.Module):
             learn=c.attention_learn, capture_weights=c.capture_attention_weights,
             rope_base=c.rope_base, rope_layout=c.rope_layout, position=c.position,
             context_parallel=c.context_parallel,
+            qkv_bias=c.attention_bias, out_bias=c.attention_out_bias, qk_norm=c.qk_norm,
+            norm_eps=c.norm_eps, rope_scaling=c.rope_scaling,
             dtype=c.dtype, param_dtype=c.param_dtype, rngs=rngs,
         )
         self.mlp_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype)

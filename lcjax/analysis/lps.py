@@ -1,0 +1,380 @@
+"""LPS — the Long-context Potential Score of attention heads, from the weights alone.
+
+Method of the LPS paper (ICML 2026 set; public code OpenDFM/long-context-heads, read for
+the method, not copied). For query head h of a layer with H query and H_kv key heads the
+key head is g = h // (H / H_kv) (grouped-query attention). RoPE rotates the pair of head
+dimensions (a_m, b_m) — (m, m + d/2) in the half-rotation layout (HF / Llama / Qwen),
+(2m, 2m + 1) interleaved — by n θ_m, so the bilinear form between a query at i and a key
+at j = i + n is xᵀ M(n) y with
+
+    M(n) = Σ_m M_m(n),   M_m(n) = A_mᵀ R_m(n) B_m,   R_m(n) = s [[cos nθ_m, −sin nθ_m],
+                                                                [sin nθ_m,  cos nθ_m]],
+
+A_m, B_m [2, D_model] the rows (a_m, b_m) of W_Q (head h) and W_K (head g), s the RoPE
+attention scaling (1 but for YaRN). The kernel energy of pair m is computed in closed
+form from 2×2 Gram blocks, never forming the D_model × D_model matrices:
+
+    e_m = ‖A_mᵀ R B_m‖_F² = tr(Rᵀ (A_m A_mᵀ) R (B_m B_mᵀ)).
+
+With p = e / Σ e over the d/2 pairs (pair 0 the highest frequency):
+
+    s_eRank = 1 − exp(−Σ p log p) / (d/2)      (1 − effective rank fraction; 0 log 0 = 0)
+    s_dist  = Σ_m p_m · linspace(0, 1, d/2)[m]  (energy on the low frequencies)
+    LPS     = s_dist^0.4 · s_eRank^0.6
+
+and the symmetry penalty of the whole kernel M = W_qᵀ R W_k (W_q, W_k [d, D_model] the
+head's rows, R the block rotation [d, d]):
+
+    sym = | ‖(M + Mᵀ)/2‖_F² / ‖M‖_F² − 1/2 | = | tr((R C)²) | / (2 tr(Rᵀ G_q R G_k)),
+    G_q = W_q W_qᵀ,  G_k = W_k W_kᵀ,  C = W_k W_qᵀ   (all d × d),
+
+ranking score = LPS − 0.5 · sym. The distance n defaults to −32768, as the paper's
+notebooks pass (the public functions default to −65536: a parameter here); angles are
+float64; the Gram matrices are accumulated in ``gram_dtype`` (float32 default, float64 for
+exactness). Frequencies come from ``lcjax.rope.scaled_inv_freq`` (RoPE scaling included).
+
+Enhancement (:func:`enhance_heads`): scale both W_Q rows of pair m by mult[m] for the
+selected heads (W_K untouched), so e_m -> mult[m]² e_m exactly. Presets (64 pairs, as the
+paper's notebooks apply them): :data:`LLAMA_MULTIPLIER` =
+linspace(0.8, 1, 40) ‖ linspace(1, 1.2, 8) ‖ linspace(1.2, 1, 8) ‖ ones(8), each segment
+without its end point; :data:`QWEN3_MULTIPLIER` = ones(8) ‖ linspace(1, 0.2, 24) ‖
+linspace(0.2, 1, 16) ‖ linspace(1, 1.4, 8) ‖ linspace(1.4, 1, 8), with end points.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from lcjax.rope import scaled_inv_freq
+
+__all__ = ["LPSResult", "kernel_energies", "scores_from_energies", "lps_scores", "model_lps",
+           "enhance_heads", "enhance_model", "multiplier_schedule", "LLAMA_MULTIPLIER",
+           "QWEN3_MULTIPLIER", "MULTIPLIER_PRESETS", "pair_indices", "rotation_matrix"]
+
+DEFAULT_DISTANCE = -32768
+
+
+def multiplier_schedule(segments: Sequence[tuple[float, float, int]], *,
+                        endpoint: bool = False) -> np.ndarray:
+    """Concatenated ``linspace(start, stop, num, endpoint=endpoint)`` segments: a
+    per-pair multiplier [Σ num] (pair 0 = highest frequency)."""
+    parts = []
+    for seg in segments:
+        if len(seg) != 3 or int(seg[2]) < 1:
+            raise ValueError(f"multiplier_schedule: segments are (start, stop, num >= 1), "
+                             f"got {seg!r}")
+        parts.append(np.linspace(float(seg[0]), float(seg[1]), int(seg[2]), endpoint=endpoint))
+    return np.concatenate(parts)
+
+
+LLAMA_MULTIPLIER = multiplier_schedule([(0.8, 1.0, 40), (1.0, 1.2, 8), (1.2, 1.0, 8),
+                                        (1.0, 1.0, 8)])
+QWEN3_MULTIPLIER = multiplier_schedule([(1.0, 1.0, 8), (1.0, 0.2, 24), (0.2, 1.0, 16),
+                                        (1.0, 1.4, 8), (1.4, 1.0, 8)], endpoint=True)
+MULTIPLIER_PRESETS = {"llama": LLAMA_MULTIPLIER, "qwen3": QWEN3_MULTIPLIER}
+
+
+def pair_indices(head_dim: int, layout: str = "half") -> tuple[np.ndarray, np.ndarray]:
+    """The RoPE pairs (a_m, b_m), m = 0 .. d/2 − 1: (m, m + d/2) for ``"half"``,
+    (2m, 2m + 1) for ``"interleaved"``."""
+    if head_dim % 2:
+        raise ValueError(f"pair_indices: head_dim must be even, got {head_dim}")
+    m = np.arange(head_dim // 2)
+    if layout == "half":
+        return m, m + head_dim // 2
+    if layout == "interleaved":
+        return 2 * m, 2 * m + 1
+    raise ValueError(f"pair_indices: layout must be 'half' or 'interleaved', got {layout!r}")
+
+
+def rotation_matrix(frequencies: np.ndarray, distance: float, *, layout: str = "half",
+                    attention_scaling: float = 1.0) -> np.ndarray:
+    """R(n) [d, d] float64: s [[cos nθ_m, −sin nθ_m], [sin nθ_m, cos nθ_m]] on each pair."""
+    theta = np.asarray(frequencies, np.float64)
+    d = 2 * theta.shape[0]
+    a, b = pair_indices(d, layout)
+    ang = float(distance) * theta
+    c, s = attention_scaling * np.cos(ang), attention_scaling * np.sin(ang)
+    r = np.zeros((d, d))
+    r[a, a], r[a, b], r[b, a], r[b, b] = c, -s, s, c
+    return r
+
+
+def _head_rows(w: np.ndarray, name: str) -> np.ndarray:
+    """[L, D_model, heads, d] (our layout) -> [L, heads, d, D_model]."""
+    w = np.asarray(w)
+    if w.ndim == 3:
+        w = w[None]
+    if w.ndim != 4:
+        raise ValueError(f"lps: `{name}` must be [layers, d_model, heads, head_dim] or "
+                         f"[d_model, heads, head_dim], got shape {w.shape}")
+    return np.moveaxis(w, 1, 3)
+
+
+@dataclasses.dataclass(frozen=True)
+class LPSResult:
+    """Per (layer, query head) scores, arrays [L, H] (``energies`` [L, H, d/2])."""
+
+    energies: np.ndarray
+    s_dist: np.ndarray
+    s_erank: np.ndarray
+    lps: np.ndarray
+    sym: np.ndarray
+    score: np.ndarray
+    distance: float
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.score.shape)
+
+    def records(self) -> list[dict[str, Any]]:
+        """One dict per (layer, head), 0-based, with lps, s_dist, s_erank, sym, score."""
+        num_layers, num_heads = self.shape
+        return [{"layer": int(i), "head": int(h), "lps": float(self.lps[i, h]),
+                 "s_dist": float(self.s_dist[i, h]), "s_erank": float(self.s_erank[i, h]),
+                 "sym": float(self.sym[i, h]), "score": float(self.score[i, h])}
+                for i in range(num_layers) for h in range(num_heads)]
+
+    def top(self, k: int = 20, by: str = "score") -> list[dict[str, Any]]:
+        """The ``k`` records with the highest ``by`` (score, lps, s_dist, s_erank)."""
+        if by not in ("score", "lps", "s_dist", "s_erank", "sym"):
+            raise ValueError(f"LPSResult.top: `by` must be a score name, got {by!r}")
+        return sorted(self.records(), key=lambda r: -r[by])[:k]
+
+    def top_heads(self, k: int = 20) -> list[tuple[int, int]]:
+        """(layer, head) of the ``k`` best ranking scores."""
+        return [(r["layer"], r["head"]) for r in self.top(k)]
+
+    def to_json(self, path: str | os.PathLike) -> None:
+        with open(path, "w") as f:
+            json.dump(self.records(), f, indent=1)
+
+    def heatmap(self, path: str | os.PathLike, *, what: str = "score", top: int = 0,
+                title: str | None = None) -> None:
+        """Layer × head heat-map PNG of ``what`` (the ``top`` best heads boxed)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        values = getattr(self, what)
+        num_layers, num_heads = self.shape
+        fig, ax = plt.subplots(figsize=(min(2 + 0.3 * num_heads, 16),
+                                        min(1.5 + 0.25 * num_layers, 12)))
+        im = ax.imshow(values, aspect="auto", cmap="viridis", origin="lower")
+        fig.colorbar(im, ax=ax, label=what)
+        for layer, head in self.top_heads(top) if top else ():
+            ax.add_patch(plt.Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False,
+                                       edgecolor="red", linewidth=1.5))
+        ax.set_xlabel("query head")
+        ax.set_ylabel("layer")
+        ax.set_title(title or f"{what} (distance n = {self.distance:g})")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+
+
+def scores_from_energies(energies: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(s_dist, s_erank, LPS) from kernel energies [..., d/2] (module docstring); a head
+    with no energy scores 0."""
+    e = np.asarray(energies, np.float64)
+    total = e.sum(-1, keepdims=True)
+    ok = total[..., 0] > 0
+    p = np.where(total > 0, e / np.where(total > 0, total, 1.0), 0.0)
+    plogp = np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0)
+    erank = np.exp(-plogp.sum(-1))
+    num = e.shape[-1]
+    s_erank = np.where(ok, 1.0 - erank / num, 0.0)
+    s_dist = np.where(ok, (p * np.linspace(0.0, 1.0, num)).sum(-1), 0.0)
+    s_erank = np.clip(s_erank, 0.0, None)  # rounding can give −1e-16 at uniform energy
+    return s_dist, s_erank, s_dist ** 0.4 * s_erank ** 0.6
+
+
+def _layer_terms(wq, wk, r, pairs, gram_dtype):
+    """One layer: wq [H, d, Dm], wk [Hkv, d, Dm] -> (energies [H, d/2], sym [H])."""
+    a, b = pairs
+    heads, kv_heads = wq.shape[0], wk.shape[0]
+    group = np.arange(heads) // (heads // kv_heads)
+    q = np.ascontiguousarray(wq, dtype=gram_dtype)  # contiguous: BLAS matmuls
+    k = np.ascontiguousarray(wk, dtype=gram_dtype)
+    gq = np.matmul(q, np.swapaxes(q, -1, -2)).astype(np.float64)        # [H, d, d]
+    gk = np.matmul(k, np.swapaxes(k, -1, -2)).astype(np.float64)[group]  # [H, d, d]
+    cross = np.matmul(k[group], np.swapaxes(q, -1, -2)).astype(np.float64)  # C = W_k W_qᵀ
+    # 2×2 blocks of the pairs: G[m] = [[G_aa, G_ab], [G_ba, G_bb]]
+    idx = np.stack([a, b], -1)                                            # [P, 2]
+    bq = gq[:, idx[:, :, None], idx[:, None, :]]                          # [H, P, 2, 2]
+    bk = gk[:, idx[:, :, None], idx[:, None, :]]
+    rm = r[idx[:, :, None], idx[:, None, :]]                              # [P, 2, 2]
+    energies = np.einsum("pji,hpjk,pkl,hpli->hp", rm, bq, rm, bk)
+    rgr = r.T @ gq @ r                                                    # Rᵀ G_q R
+    norm2 = np.einsum("hij,hji->h", rgr, gk)                              # ‖M‖_F²
+    rc = r @ cross
+    trace_m2 = np.einsum("hij,hji->h", rc, rc)                            # tr(M²)
+    sym = np.abs(trace_m2) / (2 * np.where(norm2 > 0, norm2, 1.0))
+    return energies, np.where(norm2 > 0, sym, 0.0)
+
+
+def kernel_energies(wq, wk, frequencies, *, distance: float = DEFAULT_DISTANCE,
+                    layout: str = "half", attention_scaling: float = 1.0,
+                    gram_dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """Kernel energies e [L, H, d/2] and symmetry penalties sym [L, H].
+
+    Args:
+      wq: W_Q as [L, D_model, H, d] (``DecoderLM``'s ``q_proj`` stacked; [D_model, H, d]
+        for one layer), or a sequence of per-layer arrays (read one at a time).
+      wk: W_K as [L, D_model, H_kv, d] (or a sequence); H % H_kv == 0.
+      frequencies: θ [d/2] (``lcjax.rope.scaled_inv_freq``).
+      distance: n = j − i (negative: a key n tokens before the query).
+      layout: "half" | "interleaved" RoPE pairs.
+      gram_dtype: dtype of the Gram products (float64 for exact comparisons).
+    """
+    theta = np.asarray(frequencies, np.float64)
+    layers_q = list(wq) if isinstance(wq, (list, tuple)) else _head_rows(wq, "wq")
+    layers_k = list(wk) if isinstance(wk, (list, tuple)) else _head_rows(wk, "wk")
+    if len(layers_q) != len(layers_k):
+        raise ValueError(f"lps: wq has {len(layers_q)} layers, wk {len(layers_k)}")
+    energies, syms = [], []
+    for lq, lk in zip(layers_q, layers_k):
+        if isinstance(wq, (list, tuple)):
+            lq, lk = _head_rows(lq, "wq")[0], _head_rows(lk, "wk")[0]
+        heads, d, dm = lq.shape
+        if lk.shape[1:] != (d, dm) or heads % lk.shape[0]:
+            raise ValueError(f"lps: W_K heads [{lk.shape[0]}, {lk.shape[1]}, {lk.shape[2]}] "
+                             f"do not fit W_Q heads [{heads}, {d}, {dm}] (H % H_kv == 0, same "
+                             f"head_dim and d_model)")
+        if theta.shape != (d // 2,):
+            raise ValueError(f"lps: frequencies must have shape ({d // 2},), got {theta.shape}")
+        r = rotation_matrix(theta, distance, layout=layout, attention_scaling=attention_scaling)
+        e, s = _layer_terms(lq, lk, r, pair_indices(d, layout), gram_dtype)
+        energies.append(e)
+        syms.append(s)
+    return np.stack(energies), np.stack(syms)
+
+
+def lps_scores(wq, wk, *, frequencies=None, head_dim: int | None = None,
+               rope_base: float = 10000.0, rope_scaling: Mapping | None = None,
+               distance: float = DEFAULT_DISTANCE, layout: str = "half",
+               attention_scaling: float = 1.0, sym_weight: float = 0.5,
+               gram_dtype=np.float32) -> LPSResult:
+    """LPS, s_dist, s_eRank, sym and the ranking score LPS − ``sym_weight``·sym for every
+    (layer, query head); W_Q, W_K as in :func:`kernel_energies`. Frequencies default to
+    ``scaled_inv_freq(head_dim, rope_base, rope_scaling)`` (head_dim read from ``wq``)."""
+    if frequencies is None:
+        if head_dim is None:
+            first = wq[0] if isinstance(wq, (list, tuple)) else np.asarray(wq)
+            head_dim = int(np.shape(first)[-1])
+        frequencies = scaled_inv_freq(head_dim, rope_base, rope_scaling)
+    energies, sym = kernel_energies(wq, wk, frequencies, distance=distance, layout=layout,
+                                    attention_scaling=attention_scaling, gram_dtype=gram_dtype)
+    s_dist, s_erank, lps = scores_from_energies(energies)
+    return LPSResult(energies=energies, s_dist=s_dist, s_erank=s_erank, lps=lps, sym=sym,
+                     score=lps - sym_weight * sym, distance=float(distance))
+
+
+def model_lps(model, **kwargs) -> LPSResult:
+    """:func:`lps_scores` of a :class:`lcjax.nn.DecoderLM` (its q_proj / k_proj, RoPE base,
+    scaling and layout); ``kwargs`` as :func:`lps_scores` (e.g. ``distance``)."""
+    c = model.config
+    if c.position != "rope":
+        raise ValueError(f"model_lps: needs a RoPE model, got position={c.position!r}")
+    wq = [np.asarray(block.attn.q_proj[...], np.float32) for block in model.blocks]
+    wk = [np.asarray(block.attn.k_proj[...], np.float32) for block in model.blocks]
+    kwargs.setdefault("frequencies", scaled_inv_freq(c.head_dim, c.rope_base, c.rope_scaling))
+    kwargs.setdefault("layout", c.rope_layout)
+    return lps_scores(wq, wk, **kwargs)
+
+
+def _multipliers(multipliers, num_heads: int, pairs: int) -> np.ndarray:
+    if isinstance(multipliers, str):
+        if multipliers not in MULTIPLIER_PRESETS:
+            raise ValueError(f"enhance_heads: preset must be one of "
+                             f"{sorted(MULTIPLIER_PRESETS)}, got {multipliers!r}")
+        multipliers = MULTIPLIER_PRESETS[multipliers]
+    mult = np.asarray(multipliers, np.float64)
+    if mult.ndim == 1:
+        mult = np.broadcast_to(mult, (num_heads, mult.shape[0]))
+    if mult.shape != (num_heads, pairs):
+        raise ValueError(f"enhance_heads: multipliers must be [{pairs}] or "
+                         f"[{num_heads} heads, {pairs}] (one per RoPE pair), got "
+                         f"{np.shape(multipliers)}")
+    return mult
+
+
+def enhance_heads(params, heads: Sequence[tuple[int, int]], multipliers, *,
+                  layout: str = "half"):
+    """Scale the two W_Q rows of each RoPE pair m by mult[m] for the selected heads.
+
+    Args:
+      params: a ``DecoderLM``'s parameters as a nested mapping with
+        ``params["blocks"][layer]["attn"]["q_proj"]`` [D_model, H, d] (e.g.
+        ``nnx.to_pure_dict(nnx.state(model))``); a ``q_bias`` there is scaled alike.
+      heads: (layer, query head) pairs, 0-based.
+      multipliers: [d/2], [len(heads), d/2], or a preset name ("llama", "qwen3").
+      layout: RoPE layout of the model ("half" | "interleaved").
+
+    Returns:
+      New params (same nesting, other arrays shared; W_K untouched).
+    """
+    heads = [(int(layer), int(head)) for layer, head in heads]
+    if len(set(heads)) != len(heads):
+        raise ValueError(f"enhance_heads: `heads` lists a (layer, head) twice: {heads}")
+    blocks = params["blocks"]
+    edited: dict[int, dict[str, np.ndarray]] = {}
+    mult = None
+    for i, (layer, head) in enumerate(heads):
+        if layer not in blocks and str(layer) not in blocks:
+            raise ValueError(f"enhance_heads: layer {layer} not in params (blocks "
+                             f"{sorted(blocks)})")
+        attn = blocks[layer if layer in blocks else str(layer)]["attn"]
+        if layer not in edited:
+            edited[layer] = {k: np.array(attn[k], copy=True) for k in ("q_proj", "q_bias")
+                             if k in attn}
+        wq = edited[layer]["q_proj"]
+        num_heads, d = wq.shape[1], wq.shape[2]
+        if not 0 <= head < num_heads:
+            raise ValueError(f"enhance_heads: head {head} of layer {layer} out of range "
+                             f"[0, {num_heads})")
+        if mult is None:
+            mult = _multipliers(multipliers, len(heads), d // 2)
+        a, b = pair_indices(d, layout)
+        for arr, rows in ((wq, np.s_[:, head]), (edited[layer].get("q_bias"), np.s_[head])):
+            if arr is None:
+                continue
+            sub = arr[rows]  # [..., d]: scaled in float64, stored back in arr's dtype
+            for idx in (a, b):
+                sub[..., idx] = (sub[..., idx].astype(np.float64) * mult[i]).astype(arr.dtype)
+            arr[rows] = sub
+    new_blocks = dict(blocks)
+    for layer, arrays in edited.items():
+        key = layer if layer in blocks else str(layer)
+        new_blocks[key] = {**blocks[key], "attn": {**blocks[key]["attn"], **arrays}}
+    return {**params, "blocks": new_blocks}
+
+
+def enhance_model(model, heads: Sequence[tuple[int, int]], multipliers):
+    """A new :class:`lcjax.nn.DecoderLM` with :func:`enhance_heads` applied (the input
+    model is unchanged)."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    graphdef, state = nnx.split(model)
+    pure = nnx.to_pure_dict(state)
+    new = enhance_heads(pure, heads, multipliers, layout=model.config.rope_layout)
+    dtype = model.config.param_dtype
+    new = _map_arrays(new, pure, lambda x: jnp.asarray(x, dtype))
+    nnx.replace_by_pure_dict(state, new)  # swaps in new Variables; the model keeps its own
+    return nnx.merge(graphdef, state)
+
+
+def _map_arrays(new, old, fn):
+    """Apply ``fn`` to the leaves of ``new`` that are not the same object as in ``old``."""
+    if isinstance(new, Mapping):
+        return {k: _map_arrays(v, old.get(k) if isinstance(old, Mapping) else None, fn)
+                for k, v in new.items()}
+    return new if new is old else fn(new)

@@ -1,0 +1,448 @@
+"""Hugging Face checkpoints (Llama, Qwen2, Qwen3) <-> :class:`lcjax.nn.DecoderLM`.
+
+A checkpoint directory holds ``config.json`` and either ``model.safetensors`` or shards
+listed in ``model.safetensors.index.json`` (``{"weight_map": {tensor: file}}``). Reading
+uses the ``safetensors`` package and numpy only (no torch, no transformers): the model is
+built abstractly (``nnx.eval_shape``) and each tensor is read on its own from the
+memory-mapped file, transposed and placed, so host memory stays about one checkpoint.
+
+The three architectures are one pre-norm decoder (HF ``LlamaForCausalLM``,
+``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``):
+
+    h = embed_tokens[tokens]
+    per layer:  a = RMSNorm_in(h);  q = a W_qᵀ (+ b_q),  k = a W_kᵀ (+ b_k),  v = a W_vᵀ (+ b_v)
+                Qwen3: q, k <- RMSNorm over the head dim (q_norm, k_norm)
+                q, k <- RoPE (half-rotation layout, θ_m = rope_theta^{-2m/d}, scaled)
+                h <- h + softmax(q kᵀ/√d + causal) v W_oᵀ (+ b_o)
+                h <- h + W_down (silu(W_gate RMSNorm_post(h)) * W_up RMSNorm_post(h))
+    logits = RMSNorm(h) lm_headᵀ   (lm_head = embed_tokens when tie_word_embeddings)
+
+Biases: Qwen2 has q, k, v biases (none on o_proj); Llama and Qwen3 have q, k, v and o
+biases when ``attention_bias`` is true. HF stores a linear layer as [out, in]; ours are
+[in, heads, head_dim] (q, k, v), [heads, head_dim, out] (o), [in, out] (MLP, lm_head).
+HF's rotate_half pairs dims (m, m + d/2): our ``rope_layout="half"``, no permutation.
+
+Config layouts: ``rope_theta`` + ``rope_scaling`` (transformers 4.x) and
+``rope_parameters`` (``{"rope_type", "rope_theta", ...}``, transformers 5); the dtype in
+``torch_dtype`` or ``dtype``. RoPE scaling types: default, "linear", "llama3"
+(``lcjax.rope.scaled_inv_freq``); others (YaRN, dynamic, LongRoPE), sliding windows and MLP
+biases raise ``ValueError``.
+
+    model, config = load_hf("Llama-3.2-1B")             # bf16 stays bf16
+    model, config = load_hf("Qwen3-0.6B", dtype=jnp.float32)
+    save_hf(model, "out", like="Qwen3-0.6B")            # loads in transformers
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes  # noqa: F401  (registers numpy's "bfloat16" dtype, which safetensors asks for)
+import numpy as np
+from flax import nnx
+
+from lcjax.nn import DecoderConfig, DecoderLM
+from lcjax.rope import check_rope_scaling
+
+__all__ = ["load_hf", "save_hf", "read_hf_config", "read_qk_weights", "hf_to_decoder_config",
+           "decoder_to_hf_config", "ARCHITECTURES"]
+
+# HF architecture class -> model_type
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+                 "Qwen3ForCausalLM": "qwen3"}
+_MODEL_TYPES = {v: k for k, v in ARCHITECTURES.items()}
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_INDEX = "model.safetensors.index.json"
+_SINGLE = "model.safetensors"
+# the most tensors' bytes in one shard file that save_hf writes (as save_pretrained's 5GB)
+DEFAULT_SHARD_BYTES = 5 * 10**9
+
+
+def _dtype_name(dtype) -> str:
+    name = jnp.dtype(dtype).name
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {name}")
+    return name
+
+
+def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
+    """``config.json`` of checkpoint directory ``path`` as a dict."""
+    file = os.path.join(path, "config.json")
+    if not os.path.isfile(file):
+        raise ValueError(f"load_hf: no config.json in {path!r}")
+    with open(file) as f:
+        return json.load(f)
+
+
+def _model_type(hf: Mapping[str, Any]) -> str:
+    kind = hf.get("model_type")
+    if kind is None:
+        archs = [a for a in hf.get("architectures") or () if a in ARCHITECTURES]
+        kind = ARCHITECTURES[archs[0]] if archs else None
+    if kind not in _MODEL_TYPES:
+        raise ValueError(f"load_hf: model_type {hf.get('model_type')!r} / architectures "
+                         f"{hf.get('architectures')!r} not supported; supported: "
+                         f"{sorted(_MODEL_TYPES)}")
+    return kind
+
+
+def _rope(hf: Mapping[str, Any]) -> tuple[float, dict | None]:
+    """(rope_theta, scaling or None) from either config layout."""
+    params = hf.get("rope_parameters")
+    if params is not None:
+        if "rope_theta" not in params and all(isinstance(v, Mapping) for v in params.values()):
+            raise ValueError(f"load_hf: per-layer-type rope_parameters {sorted(params)} are "
+                             f"not supported (one RoPE for every layer expected)")
+        theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    else:
+        theta = hf.get("rope_theta", 10000.0)
+        scaling = hf.get("rope_scaling")
+    if scaling is not None and scaling.get("attention_factor") not in (None, 1.0):
+        raise ValueError(f"load_hf: RoPE attention_factor {scaling['attention_factor']} "
+                         f"is not supported")
+    try:
+        scaling = check_rope_scaling(scaling)
+    except ValueError as e:
+        raise ValueError(f"load_hf: {e}") from None
+    return float(theta), scaling
+
+
+def hf_to_decoder_config(hf: Mapping[str, Any], *, dtype=None, max_len: int = 8192,
+                         **overrides) -> DecoderConfig:
+    """The :class:`DecoderConfig` of a Llama / Qwen2 / Qwen3 ``config.json`` dict.
+
+    ``dtype``: parameter and compute dtype (default the config's ``dtype`` /
+    ``torch_dtype``, else float32). ``max_len`` (the default KV-cache length) is
+    min(max_position_embeddings, ``max_len``). ``overrides`` replace DecoderConfig fields
+    (e.g. ``attention="blockwise"``).
+    """
+    kind = _model_type(hf)
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "intermediate_size"):
+        if not isinstance(hf.get(key), int):
+            raise ValueError(f"load_hf: config.json needs an int `{key}`, got {hf.get(key)!r}")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"load_hf: hidden_act {hf['hidden_act']!r} not supported ('silu')")
+    if hf.get("mlp_bias"):
+        raise ValueError("load_hf: mlp_bias=True is not supported")
+    if hf.get("use_sliding_window"):
+        raise ValueError("load_hf: use_sliding_window=True is not supported")
+    if float(hf.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ValueError(f"load_hf: partial_rotary_factor {hf['partial_rotary_factor']} "
+                         f"is not supported")
+    heads = hf["num_attention_heads"]
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
+    theta, scaling = _rope(hf)
+    if dtype is None:
+        name = hf.get("dtype") or hf.get("torch_dtype") or "float32"
+        dtype = _DTYPES.get(name, jnp.float32)
+    _dtype_name(dtype)
+    bias = bool(hf.get("attention_bias", False))
+    fields = dict(
+        vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
+        num_layers=hf["num_hidden_layers"], num_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads") or heads, head_dim=head_dim,
+        mlp_hidden=hf["intermediate_size"],
+        max_len=min(int(hf.get("max_position_embeddings", max_len)), max_len),
+        rope_base=theta, rope_layout="half", rope_scaling=scaling,
+        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        attention_bias=True if kind == "qwen2" else bias,
+        attention_out_bias=False if kind == "qwen2" else bias,
+        qk_norm=kind == "qwen3", dtype=dtype, param_dtype=dtype)
+    fields.update(overrides)
+    return DecoderConfig(**fields)
+
+
+def decoder_to_hf_config(config: DecoderConfig, *, like: Mapping[str, Any] | None = None,
+                         dtype=None) -> dict[str, Any]:
+    """A ``config.json`` dict for ``config`` (legacy layout: ``rope_theta`` +
+    ``rope_scaling``, ``torch_dtype``, read by transformers 4 and 5). The architecture:
+    Qwen3 if ``qk_norm``, Qwen2 if q/k/v biases without an output bias, else Llama.
+    ``like``: a source config whose other entries (token ids, max_position_embeddings,
+    ...) are kept."""
+    c = config
+    if c.position != "rope" or c.rope_layout != "half":
+        raise ValueError(f"save_hf: needs position='rope', rope_layout='half', got "
+                         f"{c.position!r}, {c.rope_layout!r}")
+    if c.qk_norm:
+        kind = "qwen3"
+    elif c.attention_bias and not c.attention_out_bias:
+        kind = "qwen2"
+    else:
+        kind = "llama"
+        if c.attention_bias != c.attention_out_bias:
+            raise ValueError("save_hf: Llama has q, k, v and o biases together "
+                             "(attention_bias) or none; got attention_bias="
+                             f"{c.attention_bias}, attention_out_bias={c.attention_out_bias}")
+    if kind == "qwen3" and c.attention_bias != c.attention_out_bias:
+        raise ValueError("save_hf: Qwen3 has q, k, v and o biases together or none")
+    out = {k: v for k, v in (like or {}).items()
+           if k not in ("rope_parameters", "dtype", "rope_scaling", "transformers_version")}
+    scaling = None if c.rope_scaling is None else dict(c.rope_scaling)
+    out.update(
+        architectures=[_MODEL_TYPES[kind]], model_type=kind,
+        vocab_size=c.vocab_size, hidden_size=c.d_model, num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim, intermediate_size=c.mlp_hidden, hidden_act="silu",
+        rms_norm_eps=c.norm_eps, rope_theta=c.rope_base, rope_scaling=scaling,
+        tie_word_embeddings=c.tie_embeddings,
+        torch_dtype=_dtype_name(c.param_dtype if dtype is None else dtype))
+    out.setdefault("max_position_embeddings", c.max_len)
+    if kind == "qwen2":
+        out.pop("attention_bias", None)  # Qwen2's q, k, v biases are not configurable
+    else:
+        out["attention_bias"] = c.attention_bias
+    if kind in ("qwen2", "qwen3"):
+        out.setdefault("use_sliding_window", False)
+    return out
+
+
+def _hf_names(c: DecoderConfig) -> dict[str, tuple]:
+    """HF tensor name -> (our module path, how to convert) for config ``c``."""
+    names = {"model.embed_tokens.weight": (("embed",), "same"),
+             "model.norm.weight": (("final_norm", "scale"), "same")}
+    if not c.tie_embeddings:
+        names["lm_head.weight"] = (("lm_head",), "t")
+    for i in range(c.num_layers):
+        p, b = f"model.layers.{i}.", ("blocks", i)
+        names[p + "input_layernorm.weight"] = ((*b, "attn_norm", "scale"), "same")
+        names[p + "post_attention_layernorm.weight"] = ((*b, "mlp_norm", "scale"), "same")
+        for n, heads in (("q", c.num_heads), ("k", c.num_kv_heads), ("v", c.num_kv_heads)):
+            names[p + f"self_attn.{n}_proj.weight"] = ((*b, "attn", f"{n}_proj"), ("in", heads))
+            if c.attention_bias:
+                names[p + f"self_attn.{n}_proj.bias"] = ((*b, "attn", f"{n}_bias"), ("b", heads))
+        names[p + "self_attn.o_proj.weight"] = ((*b, "attn", "o_proj"), ("out", c.num_heads))
+        if c.attention_out_bias:
+            names[p + "self_attn.o_proj.bias"] = ((*b, "attn", "o_bias"), "same")
+        if c.qk_norm:
+            names[p + "self_attn.q_norm.weight"] = ((*b, "attn", "q_norm", "scale"), "same")
+            names[p + "self_attn.k_norm.weight"] = ((*b, "attn", "k_norm", "scale"), "same")
+        names[p + "mlp.gate_proj.weight"] = ((*b, "mlp", "w_gate"), "t")
+        names[p + "mlp.up_proj.weight"] = ((*b, "mlp", "w_up"), "t")
+        names[p + "mlp.down_proj.weight"] = ((*b, "mlp", "w_down"), "t")
+    return names
+
+
+def _to_ours(x: np.ndarray, how, d: int) -> np.ndarray:
+    """HF array -> our layout (``d``: head_dim)."""
+    if how == "same":
+        return x
+    if how == "t":
+        return x.T
+    kind, heads = how
+    if kind == "in":      # [heads * d, d_model] -> [d_model, heads, d]
+        return x.T.reshape(x.shape[1], heads, d)
+    if kind == "b":       # [heads * d] -> [heads, d]
+        return x.reshape(heads, d)
+    return x.T.reshape(heads, d, x.shape[0])  # "out": [d_model, heads * d] -> [heads, d, d_model]
+
+
+def _to_hf(x: np.ndarray, how) -> np.ndarray:
+    """Our array -> the HF layout (inverse of :func:`_to_ours`)."""
+    if how == "same":
+        return x
+    if how == "t":
+        return x.T
+    kind, _ = how
+    if kind == "in":
+        return x.reshape(x.shape[0], -1).T
+    if kind == "b":
+        return x.reshape(-1)
+    return x.reshape(-1, x.shape[-1]).T
+
+
+def _weight_files(path: str) -> dict[str, str]:
+    """Tensor name -> file (absolute) of checkpoint ``path``."""
+    from safetensors import safe_open
+
+    index = os.path.join(path, _INDEX)
+    if os.path.isfile(index):
+        with open(index) as f:
+            weight_map = json.load(f).get("weight_map")
+        if not isinstance(weight_map, Mapping):
+            raise ValueError(f"load_hf: {index} has no `weight_map`")
+        return {k: os.path.join(path, v) for k, v in weight_map.items()}
+    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not files:
+        raise ValueError(f"load_hf: no *.safetensors file (and no {_INDEX}) in {path!r}")
+    out = {}
+    for name in files:
+        with safe_open(os.path.join(path, name), framework="numpy") as f:
+            out.update({k: os.path.join(path, name) for k in f.keys()})
+    return out
+
+
+def _set(model: nnx.Module, where: tuple, value) -> None:
+    node = model
+    for key in where[:-1]:
+        node = node[key] if isinstance(key, int) else getattr(node, key)
+    var = getattr(node, where[-1])
+    if tuple(var.shape) != tuple(value.shape):
+        raise ValueError(f"load_hf: {'.'.join(map(str, where))} needs shape "
+                         f"{tuple(var.shape)}, the checkpoint gives {tuple(value.shape)}")
+    var.set_value(value)
+
+
+def _get(model: nnx.Module, where: tuple):
+    node = model
+    for key in where:
+        node = node[key] if isinstance(key, int) else getattr(node, key)
+    return node[...]
+
+
+def load_hf(path: str | os.PathLike, dtype=None, **overrides) -> tuple[DecoderLM, DecoderConfig]:
+    """Load a Llama / Qwen2 / Qwen3 checkpoint directory into a :class:`DecoderLM`.
+
+    Args:
+      path: directory with ``config.json`` and ``*.safetensors`` (sharded with
+        ``model.safetensors.index.json`` or not).
+      dtype: parameter and compute dtype; None keeps the checkpoint's (bf16 loads as bf16),
+        e.g. ``jnp.float32`` casts on load.
+      overrides: DecoderConfig fields to replace (e.g. ``attention="blockwise"``,
+        ``max_len=32768``).
+
+    Returns:
+      ``(model, config)``: the model (logits [B, T, V] float32 from int tokens [B, T]) and
+      its :class:`DecoderConfig`.
+    """
+    from safetensors import safe_open
+
+    path = os.fspath(path)
+    hf = read_hf_config(path)
+    files = _weight_files(path)
+    if dtype is None and not (hf.get("dtype") or hf.get("torch_dtype")):
+        with safe_open(next(iter(files.values())), framework="numpy") as f:
+            first = f.keys()[0]
+            dtype = f.get_slice(first).get_dtype()
+        dtype = {"BF16": jnp.bfloat16, "F16": jnp.float16}.get(dtype, jnp.float32)
+    config = hf_to_decoder_config(hf, dtype=dtype, **overrides)
+    names = _hf_names(config)
+    missing = sorted(set(names) - set(files))
+    if missing:
+        raise ValueError(f"load_hf: the checkpoint lacks {len(missing)} tensors the "
+                         f"{_model_type(hf)} config needs, e.g. {missing[:3]}")
+    extra = sorted(k for k in set(files) - set(names)
+                   if not k.endswith("rotary_emb.inv_freq")
+                   and not (k == "lm_head.weight" and config.tie_embeddings))
+    if extra:
+        raise ValueError(f"load_hf: {len(extra)} checkpoint tensors have no place in the "
+                         f"model, e.g. {extra[:3]}")
+    model = nnx.eval_shape(lambda: DecoderLM(config, rngs=nnx.Rngs(0)))
+    by_file: dict[str, list[str]] = {}
+    for name in names:
+        by_file.setdefault(files[name], []).append(name)
+    for file, tensors in by_file.items():
+        with safe_open(file, framework="numpy") as f:
+            for name in tensors:
+                where, how = names[name]
+                x = _to_ours(f.get_tensor(name), how, config.head_dim)
+                _set(model, where, jnp.asarray(x, config.param_dtype))
+                del x
+    abstract = [jax.tree_util.keystr(p) for p, x in
+                jax.tree_util.tree_flatten_with_path(nnx.state(model))[0]
+                if isinstance(x, jax.ShapeDtypeStruct)]
+    if abstract:
+        raise ValueError(f"load_hf: {len(abstract)} model parameters have no checkpoint "
+                         f"tensor (a variant with its own parameters?), e.g. {abstract[:3]}")
+    return model, config
+
+
+def save_hf(model: DecoderLM, path: str | os.PathLike, *, like: str | os.PathLike | None = None,
+            dtype=None, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> list[str]:
+    """Write ``model`` as a Hugging Face checkpoint directory that ``transformers`` (and
+    :func:`load_hf`) loads: ``config.json`` and ``model.safetensors``, or shards of at most
+    ``max_shard_bytes`` with ``model.safetensors.index.json``.
+
+    ``like``: the source checkpoint directory; its config entries that are not the
+    architecture's (token ids, max_position_embeddings, ...) are kept and its other files
+    (tokenizer, generation config) copied. ``dtype``: storage dtype (default the params').
+    Returns the written weight files.
+    """
+    from safetensors.numpy import save_file
+
+    c = model.config
+    path = os.fspath(path)
+    os.makedirs(path, exist_ok=True)
+    source = read_hf_config(like) if like is not None else None
+    hf = decoder_to_hf_config(c, like=source, dtype=dtype)
+    store = jnp.dtype(_DTYPES[hf["torch_dtype"]])
+    names = _hf_names(c)
+    sizes = {n: int(np.prod(_get_shape(model, w))) * store.itemsize for n, (w, _) in names.items()}
+    shards: list[list[str]] = [[]]
+    used = 0
+    for name in names:
+        if shards[-1] and used + sizes[name] > max_shard_bytes:
+            shards.append([])
+            used = 0
+        shards[-1].append(name)
+        used += sizes[name]
+    for old in os.listdir(path):  # stale weights of an earlier save would mix in
+        if old.endswith(".safetensors") or old == _INDEX:
+            os.remove(os.path.join(path, old))
+    n = len(shards)
+    files = [_SINGLE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+                                      for i in range(n)]
+    for file, shard in zip(files, shards):
+        arrays = {}
+        for name in shard:
+            where, how = names[name]
+            x = np.asarray(_get(model, where)).astype(store)
+            arrays[name] = np.ascontiguousarray(_to_hf(x, how))
+        save_file(arrays, os.path.join(path, file), metadata={"format": "pt"})
+        del arrays
+    if n > 1:
+        index = {"metadata": {"total_size": sum(sizes.values())},
+                 "weight_map": {name: file for file, shard in zip(files, shards)
+                                for name in shard}}
+        with open(os.path.join(path, _INDEX), "w") as f:
+            json.dump(index, f, indent=2)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(hf, f, indent=2)
+    if like is not None and os.path.abspath(like) != os.path.abspath(path):
+        for entry in os.listdir(like):
+            src = os.path.join(like, entry)
+            if (os.path.isfile(src) and not entry.endswith(".safetensors")
+                    and entry not in ("config.json", _INDEX)):
+                shutil.copy2(src, os.path.join(path, entry))
+    return [os.path.join(path, f) for f in files]
+
+
+def _get_shape(model, where) -> tuple:
+    node = model
+    for key in where:
+        node = node[key] if isinstance(key, int) else getattr(node, key)
+    return tuple(node.shape)
+
+
+
+def read_qk_weights(path: str | os.PathLike) -> tuple[DecoderConfig, list[np.ndarray],
+                                                      list[np.ndarray]]:
+    """Only W_Q and W_K of checkpoint ``path``, for static head analysis (``lcjax.analysis.
+    lps``) without building the model: ``(config, wq, wk)`` with one float32 array per layer,
+    wq [D_model, H, d], wk [D_model, H_kv, d] (our layout)."""
+    from safetensors import safe_open
+
+    path = os.fspath(path)
+    config = hf_to_decoder_config(read_hf_config(path), dtype=jnp.float32)
+    files = _weight_files(path)
+    wq, wk = [], []
+    for i in range(config.num_layers):
+        pair = []
+        for n, heads in (("q", config.num_heads), ("k", config.num_kv_heads)):
+            name = f"model.layers.{i}.self_attn.{n}_proj.weight"
+            if name not in files:
+                raise ValueError(f"read_qk_weights: the checkpoint lacks {name}")
+            with safe_open(files[name], framework="numpy") as f:
+                x = f.get_tensor(name).astype(np.float32)
+            pair.append(_to_ours(x, ("in", heads), config.head_dim))
+        wq.append(pair[0])
+        wk.append(pair[1])
+    return config, wq, wk

@@ -1,0 +1,85 @@
+"""lcjax.interop.hf against Hugging Face ``transformers`` itself (the peer is the reference).
+
+Tiny random LlamaForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM (torch CPU, float32)
+are saved with ``save_pretrained`` (one file, and sharded with an index); ``load_hf`` must
+give their logits to 1e-4, and ``save_hf`` of the loaded model must load back in
+transformers with the same logits. These are the tests of the ``hf`` extra
+(``make test-hf``): without transformers they skip, saying so.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+transformers = pytest.importorskip(
+    "transformers", reason="the peer tests need the `hf` extra: pip install -e '.[hf]' "
+    "(make test-hf)")
+torch = pytest.importorskip("torch", reason="the peer tests need torch (the `hf` extra)")
+
+import jax.numpy as jnp  # noqa: E402
+
+from lcjax.interop import load_hf, save_hf  # noqa: E402
+
+COMMON = dict(vocab_size=67, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+              rms_norm_eps=1e-6)
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+
+
+def _config(kind: str):
+    major = int(transformers.__version__.split(".")[0])
+    if kind == "llama":
+        rope = dict(rope_theta=500000.0, rope_scaling=LLAMA3)
+        if major >= 5:
+            rope = dict(rope_parameters={**LLAMA3, "rope_theta": 500000.0})
+        return transformers.LlamaConfig(**COMMON, attention_bias=True,
+                                        tie_word_embeddings=False, **rope)
+    if kind == "qwen2":
+        return transformers.Qwen2Config(**COMMON, tie_word_embeddings=True)
+    return transformers.Qwen3Config(**COMMON, head_dim=16, tie_word_embeddings=False)
+
+
+def _peer(kind: str):
+    classes = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
+               "qwen3": transformers.Qwen3ForCausalLM}
+    torch.manual_seed(0)
+    model = classes[kind](_config(kind)).float().eval()
+    with torch.no_grad():  # weights of order 1/sqrt(fan_in), norms around 1, biases nonzero
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            elif p.ndim == 1:
+                p.copy_(0.3 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5 if "embed" not in name
+                        else torch.randn_like(p))
+    return model
+
+
+def _torch_logits(model, tokens):
+    with torch.no_grad():
+        return model(torch.as_tensor(tokens)).logits.float().numpy()
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("shard", [None, "20KB"])
+def test_load_hf_equals_transformers(kind, shard, tmp_path):
+    peer = _peer(kind)
+    kwargs = {} if shard is None else {"max_shard_size": shard}
+    peer.save_pretrained(tmp_path / "peer", **kwargs)
+    if shard is not None:
+        assert (tmp_path / "peer" / "model.safetensors.index.json").is_file()
+    tokens = np.random.default_rng(0).integers(0, COMMON["vocab_size"], (2, 11))
+    want = _torch_logits(peer, tokens)
+    assert want.std() > 0.3
+    model, config = load_hf(tmp_path / "peer", dtype=jnp.float32)
+    got = np.asarray(model(jnp.asarray(tokens)))
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+    # save_hf output loads in transformers with the same logits
+    save_hf(model, tmp_path / "ours", like=tmp_path / "peer", max_shard_bytes=30_000)
+    back = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "ours", torch_dtype=torch.float32).eval()
+    assert type(back) is type(peer)
+    np.testing.assert_allclose(_torch_logits(back, tokens), want, atol=1e-4, rtol=1e-4)
