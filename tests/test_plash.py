@@ -3,6 +3,7 @@ trends, the sketch's unbiasedness, the certificate against the true deviation on
 adversarial inputs, causality, float64 finite-difference gradients, the mask fallback,
 bad options, and the model route."""
 
+import functools
 import math
 
 import jax
@@ -47,10 +48,15 @@ def test_no_compression_is_softmax():
         assert float(jnp.max(aux["certificate"])) < 1e-5
 
 
-def _err(q, k, v, protos, **kw):
-    out = P.plash_attention(q, k, v, protos, **kw)
-    ref = dot_product_attention(q, k, v, causal=kw.get("causal", False))
-    return float(jnp.mean(jnp.linalg.norm(out - ref, axis=-1)))
+@functools.partial(jax.jit, static_argnames=("degree", "sketch_dim"))
+def _mean_dev(q, k, v, protos, key, degree, sketch_dim):
+    out = P.plash_attention(q, k, v, protos, key=key, degree=degree, sketch_dim=sketch_dim)
+    return jnp.mean(jnp.linalg.norm(out - dot_product_attention(q, k, v), axis=-1))
+
+
+def _err(q, k, v, protos, *, key=0, degree=2, sketch_dim=64):
+    """Mean over rows of ‖PLASH − softmax‖₂ (non-causal; one compile per option set)."""
+    return float(_mean_dev(q, k, v, protos, jax.random.key(key), degree, sketch_dim))
 
 
 def test_error_falls_with_prototypes_degree_and_sketch_dim():
@@ -201,7 +207,8 @@ def test_gradients_match_finite_differences_float64():
                 out = P.plash_attention(q, k, v, p, causal=causal, chunk=4, sketch_dim=6,
                                         degree=2)
                 return jnp.sum(out * w)
-            check_grads(f, (q, k, v, protos), order=1, modes=("rev",),
+            # jitted: two compiles (primal, VJP) instead of op-by-op dispatch of every call
+            check_grads(jax.jit(f), (q, k, v, protos), order=1, modes=("rev",),
                                       eps=1e-6, atol=1e-6, rtol=1e-6)
 
 
@@ -254,7 +261,7 @@ def test_decoder_with_learned_prototypes_trains():
         logits = model(tokens[:, :-1])
         return -jnp.mean(jax.nn.log_softmax(logits)[..., 0])
 
-    grads = nnx.grad(loss)(model)
+    grads = nnx.jit(nnx.grad(loss))(model)  # one compile, not op-by-op dispatch
     g = grads.blocks[0].attn.variant_params.prototypes[...]
     p = model.blocks[0].attn.variant_params.prototypes[...]
     assert g.shape == p.shape == (2, 4, 8)
