@@ -27,12 +27,14 @@ at toy scale:
    **decoded** greedily and densely through that cache — so the first answer byte comes
    from the sparse prefill and the later ones see the K/V the sparse prefill produced.
    The kept fraction (selected (token, head) pairs / (L·H)) is recorded per layer and item.
-4. **Time** the attention step with ``lcjax.bench.harness`` at the evaluation shapes
-   (batch, prompt length, heads, head_dim of the model): dense ``"softmax"`` against
-   ``"token_sparse"`` at each coverage with ``capacity`` = the largest budget K the model
-   produced at that coverage (scoring, selection, gather, inner attention and scatter all
-   inside the timed call), forward only, on random inputs (the time depends on the
-   shapes, which ``capacity`` fixes, not on the values).
+4. **Time** the attention step at the evaluation shapes (batch, prompt length, heads,
+   head_dim of the model) on ``lcjax.bench.harness.make_inputs``' random inputs: dense
+   ``"softmax"`` against ``"token_sparse"`` at each coverage with ``capacity`` = the
+   largest budget K the model produced at that coverage (scoring, selection, gather, inner
+   attention and scatter all inside the timed call; the time depends on the shapes, which
+   ``capacity`` fixes, not on the values), forward only, side by side in interleaved
+   rounds (``lcjax.bench.timing.time_interleaved``), so the ratios come from one run
+   under the same load.
 
 Claims, computed from the numbers (a failure is reported with our numbers):
 
@@ -45,7 +47,7 @@ At L = 128 the attention step is tiny, so the method's fixed costs (the scoring 
 sort, gathers and a scatter) are not amortised: the speed-up column says what they cost
 at the experiment's lengths; ``lcjax bench token_sparse`` measures T = 4K–32K.
 
-Quick mode (a 150 s budget on 2 CPUs, everything included): 300 steps × 32 rows at
+Quick mode (a 150 s budget on 2 CPUs, everything included): 240 steps × 32 rows at
 L = 128 on ``niah_single_1``, evaluation at 5 depths × 8 items, coverages 0.05, 0.2, 0.5.
 Full mode: 1,200 steps × 32 rows at L = 256 on three single-needle haystacks (noise,
 Shakespeare, distractor needles), 5 depths × 40 items per task, coverages 0.01–0.5, and
@@ -105,13 +107,13 @@ TASKS: tuple[SuiteTask, ...] = (
 SUITE = Suite("token_sparse_niah", ruler.generate, TASKS)
 
 SETTINGS = {
-    True: dict(length=128, steps=300, batch=32, tasks=("niah_single_1",),
+    True: dict(length=128, steps=240, batch=32, tasks=("niah_single_1",),
                depths=(0.0, 0.25, 0.5, 0.75, 1.0), n_per_cell=8,
-               coverages=(0.05, 0.2, 0.5), all_layers=False, repeats=10),
+               coverages=(0.05, 0.2, 0.5), all_layers=False, repeats=20),
     False: dict(length=256, steps=1200, batch=32,
                 tasks=("niah_single_1", "niah_single_2", "niah_multikey_2"),
                 depths=(0.0, 0.25, 0.5, 0.75, 1.0), n_per_cell=40,
-                coverages=(0.01, 0.05, 0.1, 0.2, 0.3, 0.5), all_layers=True, repeats=30),
+                coverages=(0.01, 0.05, 0.1, 0.2, 0.3, 0.5), all_layers=True, repeats=50),
 }
 
 
@@ -373,20 +375,33 @@ class SparsePrefillGenerator:
 # ----------------------------------------------------------------------------
 def time_attention(seq_len: int, batch: int, model_cfg, variants: Mapping[str, dict], *,
                    repeats: int, log=print) -> list[dict]:
-    """Forward attention time at the model's shapes: dense ``"softmax"`` (label
-    ``"dense"``) and ``"token_sparse"`` with each of ``variants`` (label -> options),
-    through ``lcjax.bench.harness.run_cases``; records with ``fwd_speedup_vs_anchor``
-    (dense time / the variant's)."""
-    from lcjax.bench.harness import Case, add_speedups, run_cases
+    """Forward attention time at the model's shapes, side by side: dense ``"softmax"``
+    (label ``"dense"``) and ``"token_sparse"`` with each of ``variants`` (label ->
+    options), on the random inputs of ``lcjax.bench.harness.make_inputs``, each jitted and
+    timed in interleaved rounds (``lcjax.bench.timing.time_interleaved``: one call of each
+    per round, so a change of load hits all alike). Records: ``variant``, ``status``,
+    ``forward`` (``median_s``, ``min_s``, ``compile_s``, ``temp_bytes``, ``times_s``) and
+    ``fwd_speedup_vs_anchor`` = dense median / the variant's."""
+    from lcjax import attention as attn
+    from lcjax.bench.harness import Case, make_inputs
+    from lcjax.bench.timing import time_interleaved
 
     shape = dict(seq_len=seq_len, batch=batch, heads=model_cfg.num_heads,
-                 kv_heads=model_cfg.num_kv_heads, head_dim=model_cfg.head_dim, causal=True,
-                 backward=False)
-    cases = [Case(DENSE, label="dense", **shape)]
-    cases += [Case("token_sparse", label=label, options=dict(opts), **shape)
-              for label, opts in variants.items()]
-    records = run_cases(cases, repeats=repeats, warmup=2, log=lambda s: log("   " + s))
-    add_speedups(records, "dense")
+                 kv_heads=model_cfg.num_kv_heads, head_dim=model_cfg.head_dim)
+    q, k, v, _ = make_inputs(Case(DENSE, causal=True, backward=False, **shape))
+    fns = {"dense": (functools.partial(attn.get(DENSE), causal=True), (q, k, v), True)}
+    for label, opts in variants.items():
+        fns[label] = (functools.partial(attn.get("token_sparse"), causal=True, **opts),
+                      (q, k, v), True)
+    stats, _ = time_interleaved(fns, repeats=repeats, warmup=2)
+    dense = stats["dense"]["median_s"]
+    records = []
+    for name, st in stats.items():
+        records.append({"variant": name, "status": "ok", **shape,
+                        "options": dict(variants.get(name, {})), "forward": st,
+                        "fwd_speedup_vs_anchor": dense / st["median_s"]})
+        log(f"   T={seq_len} {name}: fwd {1e3 * st['median_s']:.3f} ms (compile "
+            f"{st['compile_s']:.1f} s), {dense / st['median_s']:.2f}x vs dense")
     return records
 
 
@@ -460,7 +475,7 @@ def _plot(path: Path, dense: float, points: Sequence[Mapping], length: int) -> N
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, key, xlabel in ((ax1, "speedup", "attention speed-up vs dense (harness, fwd)"),
+    for ax, key, xlabel in ((ax1, "speedup", "attention speed-up vs dense (fwd, interleaved)"),
                             (ax2, "kept", "kept fraction of (token, head) pairs, sparse layers")):
         for j, group in enumerate(dict.fromkeys(p["layers_label"] for p in points)):
             sub = sorted((p for p in points if p["layers_label"] == group
@@ -598,8 +613,7 @@ def run(quick: bool, out_dir: Path, *, steps: int | None = None, length: int | N
     first = float(np.mean([r["loss"] for r in history[:k]]))
     last = float(np.mean([r["loss"] for r in history[-k:]]))
     answer_nll = float(np.mean([r["answer_nll"] for r in history[-k:]]))
-    dense_ms = by_label["dense"]["forward"]["median_s"] * 1e3 \
-        if by_label["dense"]["status"] == "ok" else float("nan")
+    dense_ms = by_label["dense"]["forward"]["median_s"] * 1e3
     cpu_total = time.process_time() - cpu0
     notes = (
         f"Byte DecoderLM ({trained['params'] / 1e3:.0f}k parameters: {cfg.num_layers} layers, "
@@ -614,10 +628,10 @@ def run(quick: bool, out_dir: Path, *, steps: int | None = None, length: int | N
         f"dense greedy decoding through the full K/V cache. Token-sparse options: min_tokens "
         f"{sparse_options(length, 0.1)['min_tokens']}, window "
         f"{sparse_options(length, 0.1)['window']}, pool {POOL}, inner {DENSE!r}. Speed-up: "
-        f"forward attention time through lcjax.bench.harness at [B={EVAL_BATCH}, "
-        f"T={n_prompt}, H={cfg.num_heads}, D={cfg.head_dim}] (dense {dense_ms:.2f} ms), "
-        f"token_sparse with capacity = the largest budget K the model produced, median of "
-        f"{repeats} calls, cases run one after the other.\n\n"
+        f"forward attention time at [B={EVAL_BATCH}, T={n_prompt}, H={cfg.num_heads}, "
+        f"D={cfg.head_dim}] on lcjax.bench.harness.make_inputs (dense {dense_ms:.3f} ms), "
+        f"token_sparse with capacity = the largest budget K the model produced, medians of "
+        f"{repeats} interleaved rounds (lcjax.bench.timing.time_interleaved).\n\n"
         + _table(dense_acc, points, tasks)
         + f"\n\nCPU time of the whole run: {cpu_total:.0f} s. Dense evaluation report: "
         "eval_dense/results.md.")
@@ -625,10 +639,7 @@ def run(quick: bool, out_dir: Path, *, steps: int | None = None, length: int | N
         notes += (f" At L = {length} the attention step is too small for the method's fixed "
                   "costs (scoring pass, sort, gathers, scatter) to pay off; `lcjax bench "
                   "token_sparse` measures the speed-up at T = 4K-32K.")
-    timing_rows = [{k: r.get(k) for k in ("variant", "status", "seq_len", "batch", "heads",
-                                          "head_dim", "options", "max_abs_err",
-                                          "fwd_speedup_vs_anchor", "error", "reason")}
-                   | {"forward": r.get("forward")} for r in timing]
+    timing_rows = timing
     return Result(claims=claims, notes=notes, figures=[fig], numbers={
         "length": length, "prompt_tokens": n_prompt, "tasks": list(tasks),
         "depths": list(depths), "n_per_cell": n_per_cell, "items": len(items),
