@@ -55,12 +55,10 @@ def test_mesh_training_matches_single_device_and_resumes_across_meshes(tmp_path)
     mesh = make_mesh(data=2, context=4)
     assert all(w.sharding.is_equivalent_to(NamedSharding(mesh, P()), w.ndim) for w in weights)
 
-    # the same checkpoint resumed on the mesh that wrote it and on another one: each
-    # continues the reference's curve (onto one device: test_sharded_checkpoint_restores_...
-    # restores it bit for bit, tests/test_multiprocess.py resumes a 2-process run there)
+    # the same checkpoint resumed on three meshes: each continues the reference's curve
     out = str(tmp_path / "mesh")
     resumed = {}
-    for mesh_spec, accum in (("data=2,context=4", 2), ("data=4,context=2", 2)):
+    for mesh_spec, accum in (("data=2,context=4", 2), ("data=4,context=2", 2), (None, 1)):
         copy = tmp_path / f"resume_{mesh_spec}"
         shutil.copytree(out, copy)  # each resume starts from the step-2 checkpoint
         res = train(TINY, _cfg(out_dir=str(copy), mesh=mesh_spec, grad_accum=accum,
@@ -81,8 +79,8 @@ def test_mesh_training_matches_single_device_and_resumes_across_meshes(tmp_path)
 
 
 def test_context_parallel_decoder_trains_like_one_device():
-    """``DecoderConfig(context_parallel="upipe")`` (head-chunk stages in a scan, a
-    custom_vjp that recomputes each stage, all-to-alls in ``shard_map``; the mesh found through the
+    """``DecoderConfig(context_parallel="upipe")`` (head-chunk stages in a scan, each
+    rematerialised, all-to-alls in ``shard_map``; the mesh found through the
     ``jax.set_mesh`` that a mesh run sets) on data=2,context=4: the losses and gradient
     norms of the same LM on one device. (tests/test_parallel_*.py check every strategy's
     outputs and gradients; one strategy here keeps the compile cost down.)"""
