@@ -378,3 +378,28 @@ def _map_arrays(new, old, fn):
         return {k: _map_arrays(v, old.get(k) if isinstance(old, Mapping) else None, fn)
                 for k, v in new.items()}
     return new if new is old else fn(new)
+
+
+def _time_8b(layers: int = 32, gram_dtype=np.float32) -> float:
+    """Seconds :func:`lps_scores` takes on random weights of a Llama-3-8B shape (32 layers,
+    D_model 4096, 32 query / 8 key heads, d 128, llama3 RoPE scaling); ``layers`` < 32 times
+    fewer layers (4 distinct random layers, cycled: the same work per layer)."""
+    import time
+
+    rng = np.random.default_rng(0)
+    dm, heads, kv_heads, d = 4096, 32, 8, 128
+    wq = [rng.standard_normal((dm, heads, d), dtype=np.float32) * 0.02 for _ in range(4)]
+    wk = [rng.standard_normal((dm, kv_heads, d), dtype=np.float32) * 0.02 for _ in range(4)]
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    start = time.perf_counter()
+    lps_scores([wq[i % 4] for i in range(layers)], [wk[i % 4] for i in range(layers)],
+               frequencies=scaled_inv_freq(d, 500000.0, scaling), gram_dtype=gram_dtype)
+    return time.perf_counter() - start
+
+
+if __name__ == "__main__":  # python -m lcjax.analysis.lps [layers]: the 8B-shape timing
+    import sys
+
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 32
+    print(f"lps_scores, Llama-3-8B shape, {n} of 32 layers: {_time_8b(n):.1f} s")
