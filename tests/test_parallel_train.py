@@ -79,8 +79,8 @@ def test_mesh_training_matches_single_device_and_resumes_across_meshes(tmp_path)
 
 
 def test_context_parallel_decoder_trains_like_one_device():
-    """``DecoderConfig(context_parallel="upipe")`` (head-chunk stages in a scan, each
-    rematerialised, all-to-alls in ``shard_map``; the mesh found through the
+    """``DecoderConfig(context_parallel="upipe")`` (head-chunk stages in a scan, a
+    custom_vjp that recomputes each stage, all-to-alls in ``shard_map``; the mesh found through the
     ``jax.set_mesh`` that a mesh run sets) on data=2,context=4: the losses and gradient
     norms of the same LM on one device. (tests/test_parallel_*.py check every strategy's
     outputs and gradients; one strategy here keeps the compile cost down.)"""
