@@ -31,6 +31,8 @@ from flax.core import FrozenDict
 from lcjax.attention import get
 from lcjax.nn.attention import Attention, KVCache
 from lcjax.nn.layers import RMSNorm, SwiGLU, dense_init
+from lcjax.nn.trsp import CONTEXTS as TRSP_CONTEXTS
+from lcjax.nn.trsp import TRSPCache, TRSPGate, init_trsp_state, trsp_side_path
 from lcjax.rope import check_rope_scaling
 
 __all__ = ["DecoderConfig", "DecoderBlock", "DecoderLM", "DecoderCache"]
@@ -60,6 +62,10 @@ class DecoderConfig:
     ``P("data", ("ring", "context"))``).
     ``position``: "rope" (default), "nape" (no RoPE; half the heads ALiBi, half NoPE, as
     in ASEntmax) or "none" (NoPE); see ``lcjax.nn.Attention``.
+    ``trsp``: add TRSP's side path γ_ℓ·Tri_ℓ(x) to every layer's attention residual, with
+    one gate shared by all layers (``model.trsp_gate``; ``lcjax.nn.trsp``, ``docs/trsp.md``);
+    ``trsp_context``: its L_ctx, "causal" (per position; decoding with the cache equals the
+    full pass) or "sequence" (the paper's whole-sequence length; not causal, no cache).
     ``max_len`` is the default KV-cache length; the full forward pass accepts any length.
     ``dtype`` is the compute dtype, ``param_dtype`` the storage dtype; logits are float32.
     Hugging Face architectures (``lcjax.interop.hf``; all off by default):
@@ -88,6 +94,8 @@ class DecoderConfig:
     attention_learn: tuple[str, ...] = ()
     capture_attention_weights: bool = False
     context_parallel: str | None = None
+    trsp: bool = False
+    trsp_context: str = "causal"
     norm_eps: float = 1e-6
     tie_embeddings: bool = True
     attention_bias: bool = False
@@ -140,6 +148,9 @@ class DecoderConfig:
         if self.context_parallel not in (None, "ulysses", "ring", "upipe", "usp"):
             raise ValueError(f"DecoderConfig: `context_parallel` must be None, 'ulysses', "
                              f"'ring', 'upipe' or 'usp', got {self.context_parallel!r}")
+        if not isinstance(self.trsp, bool) or self.trsp_context not in TRSP_CONTEXTS:
+            raise ValueError(f"DecoderConfig: `trsp` must be a bool and `trsp_context` one of "
+                             f"{TRSP_CONTEXTS}, got {self.trsp!r} and {self.trsp_context!r}")
 
 
     def layer_attention(self, i: int) -> tuple[str | Callable, Mapping[str, Any]]:
@@ -169,10 +180,27 @@ class DecoderBlock(nnx.Module):
         self.mlp_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype)
         self.mlp = SwiGLU(c.d_model, c.mlp_hidden, dtype=c.dtype, param_dtype=c.param_dtype,
                           rngs=rngs)
+        # TRSP side path (level ℓ = layer); its gate is the model's, passed on each call
+        self.trsp_level, self.trsp_context = (layer if c.trsp else None), c.trsp_context
 
-    def __call__(self, x, positions, *, segment_ids=None, cache: KVCache | None = None):
-        """x [B, T, D] -> ([B, T, D], updated cache or None)."""
+    def __call__(self, x, positions, *, segment_ids=None, cache: KVCache | None = None,
+                 trsp_gate: TRSPGate | None = None):
+        """x [B, T, D] -> ([B, T, D], updated cache or None); with TRSP, ``trsp_gate`` is
+        the shared gate and the cache a :class:`~lcjax.nn.trsp.TRSPCache`."""
+        trsp_state = None
+        if self.trsp_level is not None and cache is not None:
+            if not isinstance(cache, TRSPCache):
+                raise ValueError("DecoderBlock: a TRSP layer needs a TRSPCache (from "
+                                 f"DecoderLM.init_cache), got {type(cache).__name__}")
+            cache, trsp_state = cache.kv, cache.trsp
         h, cache = self.attn(self.attn_norm(x), positions, segment_ids=segment_ids, cache=cache)
+        if self.trsp_level is not None:  # X_mid = X_in + Attn(LN(X_in)) + γ_ℓ·Tri_ℓ(X_in)
+            side, trsp_state = trsp_side_path(x, self.trsp_level, trsp_gate,
+                                              segment_ids=segment_ids,
+                                              context=self.trsp_context, state=trsp_state)
+            h = h + side
+            if trsp_state is not None:
+                cache = TRSPCache.of(cache, trsp_state)
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), cache
 
@@ -192,12 +220,19 @@ class DecoderLM(nnx.Module):
         self.final_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype)
         self.lm_head = None if c.tie_embeddings else nnx.Param(
             dense_init()(rngs.params(), (c.d_model, c.vocab_size), c.param_dtype))
+        # last, so that the other parameters are the same with and without TRSP
+        self.trsp_gate = TRSPGate(rngs=rngs, param_dtype=c.param_dtype) if c.trsp else None
 
     def init_cache(self, batch: int, max_len: int | None = None, *, dtype=None) -> DecoderCache:
         """Empty cache, one :class:`KVCache` [batch, max_len, Hkv, D] per layer
-        (max_len defaults to ``config.max_len``, dtype to ``config.dtype``)."""
+        (max_len defaults to ``config.max_len``, dtype to ``config.dtype``); with TRSP,
+        a :class:`~lcjax.nn.trsp.TRSPCache` (the KVCache and the side path's sums)."""
         max_len = self.config.max_len if max_len is None else max_len
-        return tuple(b.attn.init_cache(batch, max_len, dtype=dtype) for b in self.blocks)
+        caches = tuple(b.attn.init_cache(batch, max_len, dtype=dtype) for b in self.blocks)
+        if not self.config.trsp:
+            return caches
+        return tuple(TRSPCache.of(kv, init_trsp_state(batch, self.config.d_model, i, max_len))
+                     for i, kv in enumerate(caches))
 
     def logits(self, x: jax.Array) -> jax.Array:
         """Final hidden states [B, T, D] (already normed) -> float32 logits [B, T, V]."""
@@ -251,7 +286,33 @@ class DecoderLM(nnx.Module):
         new_cache = []
         for i, block in enumerate(self.blocks):
             x, layer_cache = block(x, positions, segment_ids=segment_ids,
-                                   cache=None if cache is None else cache[i])
+                                   cache=None if cache is None else cache[i],
+                                   trsp_gate=self.trsp_gate)
             new_cache.append(layer_cache)
         logits = self.logits(self.final_norm(x))
         return logits if cache is None else (logits, tuple(new_cache))
+
+    def hidden_states(self, tokens: jax.Array | None = None, *,
+                      embeddings: jax.Array | None = None, positions: jax.Array | None = None,
+                      segment_ids: jax.Array | None = None) -> list[jax.Array]:
+        """The residual stream of a full pass (no cache): ``[h_0, h_1, ..., h_L]``, each
+        [B, T, D] in the compute dtype — h_0 the embeddings, h_l block l's output (h_L
+        before the final norm: ``logits(final_norm(h_L))`` is the call's logits).
+        ``embeddings`` [B, T, D] replaces ``E[tokens]`` (e.g. perturbed embeddings, for
+        ``lcjax.analysis.spectral``); positions default to ``arange(T)``."""
+        c = self.config
+        if (tokens is None) == (embeddings is None):
+            raise ValueError("DecoderLM.hidden_states: pass `tokens` or `embeddings`")
+        x = (jnp.take(self.embed[...], tokens, axis=0) if embeddings is None
+             else embeddings).astype(c.dtype)
+        if x.ndim != 3 or x.shape[-1] != c.d_model:
+            raise ValueError(f"DecoderLM.hidden_states: embeddings must be [batch, len, "
+                             f"{c.d_model}], got {x.shape}")
+        b, t = x.shape[:2]
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        states = [x]
+        for block in self.blocks:
+            x, _ = block(x, positions, segment_ids=segment_ids, trsp_gate=self.trsp_gate)
+            states.append(x)
+        return states
