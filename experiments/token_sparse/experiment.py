@@ -505,7 +505,7 @@ def _plot(path: Path, dense: float, points: Sequence[Mapping], length: int) -> N
 def _table(dense: dict, points: Sequence[Mapping], tasks) -> str:
     head = ("| attention | coverage | layers | kept fraction per layer | budget K (max) | "
             + " | ".join(tasks) + " | overall | speed-up (fwd) |")
-    lines = [head, "|---" * (6 + len(tasks)) + "|"]
+    lines = [head, "|---" * (7 + len(tasks)) + "|"]
     lines.append("| dense | 0 | - | 1 | - | " + " | ".join(f"{dense[t]:.1f}" for t in tasks)
                  + f" | {dense['overall']:.1f} | 1.00x |")
     for p in points:
