@@ -41,7 +41,9 @@ Claims, computed from the numbers (a failure is reported with our numbers):
 * the paper's: some coverage has an attention speed-up ≥ 3.23× **and** accuracy
   (``string_match_all``) at most 1 point below dense;
 * the issue's: at a kept fraction ≤ :data:`BENCH_KEPT_AT_2X` (where ``lcjax bench
-  token_sparse`` measured ≥ 2× at T = 16K) accuracy is at most 1 point below dense.
+  token_sparse`` measured ≥ 2× at T = 16K) accuracy is at most 1 point below dense;
+
+neither when dense accuracy is below :data:`MIN_DENSE` (an under-trained model).
 
 At L = 128 the attention step is tiny, so the method's fixed costs (the scoring pass, a
 sort, gathers and a scatter) are not amortised: the speed-up column says what they cost
@@ -87,6 +89,9 @@ TOLERANCE = 1.0  # points of string_match_all below dense ("< 1% accuracy loss")
 # `lcjax bench token_sparse` at T = 16K (random inputs, 8 heads, D = 64): the ≥ 2x rows
 # are the coverage-0.5 ones, which keep about half of the (token, head) pairs.
 BENCH_KEPT_AT_2X = 0.5
+# below this dense accuracy the model has not learned the task: "no accuracy lost" would
+# compare failures with failures, so the claims are reported as not holding
+MIN_DENSE = 50.0
 DENSE = "softmax"
 LR = 1e-2
 OTHER_WEIGHT = 0.1
@@ -410,10 +415,15 @@ def time_attention(seq_len: int, batch: int, model_cfg, variants: Mapping[str, d
 # ----------------------------------------------------------------------------
 def claims_from(dense_acc: float, points: Sequence[Mapping], *,
                 paper_speedup: float = PAPER_SPEEDUP, tolerance: float = TOLERANCE,
-                kept_at_2x: float = BENCH_KEPT_AT_2X) -> list[Claim]:
+                kept_at_2x: float = BENCH_KEPT_AT_2X, min_dense: float = MIN_DENSE
+                ) -> list[Claim]:
     """The two claims from the numbers: ``points`` are the token-sparse rows
     (``coverage``, ``accuracy``, ``speedup``, ``kept`` = mean kept fraction of the sparse
-    layers, ``label``), ``dense_acc`` dense accuracy (percent)."""
+    layers, ``label``), ``dense_acc`` dense accuracy (percent). Neither holds when dense
+    accuracy is below ``min_dense`` (an under-trained model: nothing to lose)."""
+    learned = dense_acc >= min_dense
+    caveat = "" if learned else (f"not checkable: dense {dense_acc:.1f}% < {min_dense:g}% "
+                                 "(under-trained); ")
     pts = [p for p in points if p.get("speedup") is not None]
     ok = lambda p: p["accuracy"] >= dense_acc - tolerance
     fast = [p for p in pts if p["speedup"] >= paper_speedup]
@@ -437,7 +447,7 @@ def claims_from(dense_acc: float, points: Sequence[Mapping], *,
         f"accuracy within {tolerance:g} point of dense at the paper's {paper_speedup:g}x "
         "attention speed-up (PAPERS.md §3)",
         f"a coverage with speed-up >= {paper_speedup:g}x and string_match_all >= dense - "
-        f"{tolerance:g}", ours, bool(fast_ok))]
+        f"{tolerance:g} (dense >= {min_dense:g}%)", caveat + ours, bool(fast_ok) and learned)]
     sparse = [p for p in points if p["kept"] <= kept_at_2x]
     good = [p for p in sparse if ok(p)]
     if good:
@@ -454,8 +464,8 @@ def claims_from(dense_acc: float, points: Sequence[Mapping], *,
     claims.append(Claim(
         f"accuracy within {tolerance:g} point of dense at the kept fraction where `lcjax "
         "bench token_sparse` measured >= 2x at T = 16K (issue 10 must-show)",
-        f"kept fraction <= {kept_at_2x:g} with string_match_all >= dense - {tolerance:g}",
-        ours, bool(good)))
+        f"kept fraction <= {kept_at_2x:g} with string_match_all >= dense - {tolerance:g} "
+        f"(dense >= {min_dense:g}%)", caveat + ours, bool(good) and learned))
     return claims
 
 
@@ -635,6 +645,15 @@ def run(quick: bool, out_dir: Path, *, steps: int | None = None, length: int | N
         + _table(dense_acc, points, tasks)
         + f"\n\nCPU time of the whole run: {cpu_total:.0f} s. Dense evaluation report: "
         "eval_dense/results.md.")
+    if tuple(chosen) == (cfg.num_layers - 1,):
+        notes += (" Caveat: the drift rule chose only the last layer, whose sparsity changes "
+                  "the prefill's last-position output (the first answer byte) but not the K/V "
+                  "it caches (they come from its input): decoding after the first byte is "
+                  "exactly dense. The full mode also makes every layer sparse.")
+    if dense_acc["overall"] < 90.0:
+        notes += (f" Caveat: dense accuracy {dense_acc['overall']:.1f}% — the model is "
+                  f"under-trained after {steps} steps, so 'within 1 point of dense' is a weak "
+                  "check here.")
     if not claims[0].holds:
         notes += (f" At L = {length} the attention step is too small for the method's fixed "
                   "costs (scoring pass, sort, gathers, scatter) to pay off; `lcjax bench "
