@@ -52,10 +52,12 @@ schedule; the train loop compiles once per row width): single-needle retrieval a
 :data:`WARMUP_LEN` = 128 bytes, then the tasks at L.
 
 Quick mode (a 240 s budget on 2 CPUs, evaluation included) trains ``niah_single_1``
-only — 250 steps × 32 rows at 128 bytes, then 120 steps × 32 rows at L — and evaluates
+only — 200 steps × 32 rows at 128 bytes, then 60 steps × 32 rows at L — and evaluates
 it at 5 depths with 4 items per cell; the full mode warms up 400 steps at 128 bytes,
 trains 3,000 steps × 32 rows on all ten tasks at L and evaluates them at 5 depths with
-20 items per cell.
+20 items per cell. The quick mode does not reach the claim's 90% (the model is still
+learning the lookup when its budget ends; docs/long_context_eval.md); the full mode has
+not been run.
 """
 
 from __future__ import annotations
@@ -125,7 +127,7 @@ ALL_TASKS = tuple(t.name for t in TASKS)
 WARMUP_LEN = 128
 WARMUP_TASKS = ("niah_single_1",)
 SETTINGS = {
-    True: dict(stages=((WARMUP_LEN, 250, WARMUP_TASKS), (TRAIN_LEN, 120, QUICK_TASKS)),
+    True: dict(stages=((WARMUP_LEN, 200, WARMUP_TASKS), (TRAIN_LEN, 60, QUICK_TASKS)),
                batch=32, other_weight=OTHER_WEIGHT, tasks=QUICK_TASKS,
                depths=(0.0, 0.25, 0.5, 0.75, 1.0), n_per_cell=4),
     False: dict(stages=((WARMUP_LEN, 400, WARMUP_TASKS), (TRAIN_LEN, 3000, ALL_TASKS)),
