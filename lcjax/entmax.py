@@ -22,8 +22,8 @@ Threshold methods (``entmax_threshold``; every one vectorised over rows):
 * ``"bisect"`` — any α > 1 (also an array α, e.g. per head): halve
   [max z - 1, max z - n^{1-α}] until |f(τ)| < tol or ``n_iter`` halvings (the
   ``entmax`` package's ``entmax_bisect``, with an early stop).
-* ``"histogram"`` — the histogram initialisation of AdaSplash-2 (the ICML 2026 paper in
-  ``PAPERS.md`` §1, following AdaSplash: Gonçalves, Treviso & Martins, "AdaSplash:
+* ``"histogram"`` — the histogram initialisation of AdaSplash-2 (ICML 2026,
+  following AdaSplash: Gonçalves, Treviso & Martins, "AdaSplash:
   Adaptive Sparse Flash Attention", ICML 2025) for α = 1.5 and α = 2; any other α, and any
   array α, falls back to ``"bisect"``. With the row max shifted to 0, ``_histogram`` makes
   four vectorised passes (no sort, no scatter: each pass is a few fused row sums, which a

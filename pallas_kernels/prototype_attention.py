@@ -1,7 +1,7 @@
 r"""PLASH's query-to-enriched-prototype attention as a Pallas kernel.
 
 PLASH (prototype attention with randomized polynomial enrichment; the construction is ours,
-``docs/plash.md``, after the PLASH abstract in ``../shared/PAPERS.md`` §2 — there is no
+``docs/plash.md``, after the PLASH abstract (ICML 2026) — there is no
 public code) compresses the keys of one (batch, KV head) into M clusters around prototypes
 p_m and keeps per cluster a small table of statistics. This kernel is the query side: every
 query q attends by exact softmax to the M enriched prototypes. With scale s, the table

@@ -1,7 +1,7 @@
 """Token Sparse Attention on a trained model: the accuracy of the same weights with sparse
 prefill at several coverages, against the attention speed-up at the experiment's lengths.
 
-Issue 10, item 4 (``../shared/PAPERS.md`` §3; the method: ``docs/token_sparse.md``). The
+Issue 10, item 4 (Token Sparse Attention, ICML 2026; the method: ``docs/token_sparse.md``). The
 paper's headline: "up to 3.23× attention speed-up at 128K with < 1% accuracy loss". Here,
 at toy scale:
 
@@ -84,7 +84,7 @@ __all__ = [
     "with_layer_attention",
 ]
 
-PAPER_SPEEDUP = 3.23  # PAPERS.md §3: "up to 3.23x attention speedup at 128K"
+PAPER_SPEEDUP = 3.23  # the paper: "up to 3.23x attention speedup at 128K"
 TOLERANCE = 1.0  # points of string_match_all below dense ("< 1% accuracy loss")
 # `lcjax bench token_sparse` at T = 16K (random inputs, 8 heads, D = 64): the ≥ 2x rows
 # are the coverage-0.5 ones, which keep about half of the (token, head) pairs.
@@ -445,7 +445,7 @@ def claims_from(dense_acc: float, points: Sequence[Mapping], *,
         ours = "no timed token-sparse row"
     claims = [Claim(
         f"accuracy within {tolerance:g} point of dense at the paper's {paper_speedup:g}x "
-        "attention speed-up (PAPERS.md §3)",
+        "attention speed-up (the paper's)",
         f"a coverage with speed-up >= {paper_speedup:g}x and string_match_all >= dense - "
         f"{tolerance:g} (dense >= {min_dense:g}%)", caveat + ours, bool(fast_ok) and learned)]
     sparse = [p for p in points if p["kept"] <= kept_at_2x]
@@ -675,7 +675,7 @@ def run(quick: bool, out_dir: Path, *, steps: int | None = None, length: int | N
 
 EXPERIMENT = Experiment(
     name="token_sparse",
-    paper="Token Sparse Attention (PAPERS.md §3), on a trained model",
+    paper="Token Sparse Attention (ICML 2026), on a trained model",
     summary="a dense-trained byte LM evaluated with token-sparse prefill in the drift-chosen "
             "layers at several coverages: RULER-style accuracy vs attention speed-up",
     run=run,

@@ -1,4 +1,4 @@
-"""UPipe (untied Ulysses, ``../shared/PAPERS.md`` §4): the paper's memory table at CPU scale.
+"""UPipe (untied Ulysses, ICML 2026): the paper's memory table at CPU scale.
 
 Claims checked, one attention layer (projections included), fwd+bwd, blockwise softmax
 attention inside, H = 32 heads, C = 8 context devices (8 CPU host devices), GQA (Hkv = 8)

@@ -1,6 +1,6 @@
 """Retrieval-head score: which heads attend to the needle at the answer position.
 
-The head-level check of the LPS paper (``../shared/PAPERS.md`` §7; the public notebooks of
+The head-level check of the LPS paper (ICML 2026; the public notebooks of
 OpenDFM/long-context-heads, read for the method): run needle prompts through the model,
 take each (layer, head)'s attention row at the answer position (the last prompt token, the
 one that predicts the answer's first token); the head succeeds on a prompt if the position

@@ -1,6 +1,6 @@
 """Spectral diagnostics of representation collapse, per layer, for any lcjax model.
 
-The diagnostics of TRSP (``../shared/PAPERS.md`` §5; the public code's
+The diagnostics of TRSP (ICML 2026; the public code's
 ``examples/eval_spectral_metrics.py``, read for the definitions) and two classics. For
 one sequence, X ∈ ℝ^{N×D} holds its N valid tokens' hidden states (padding dropped) and
 σ_1 ≥ σ_2 ≥ … ≥ σ_K (K = min(N, D)) its singular values:

@@ -1,6 +1,6 @@
 r"""PLASH: prototype attention with randomized polynomial enrichment and a certificate.
 
-After the PLASH abstract (no public code; ``../shared/PAPERS.md`` §2): keys and values of
+After the PLASH abstract (ICML 2026; no public code): keys and values of
 length N are compressed into M ≪ N prototypes, each prototype is enriched with randomized
 polynomial features of what its keys lose to compression (and of the values they carry),
 and each query attends by exact softmax to the enriched prototypes. The construction, the

@@ -1,4 +1,4 @@
-r"""α-entmax benchmark (AdaSplash-2, ``PAPERS.md`` §1): ``lcjax bench entmax``.
+r"""α-entmax benchmark (AdaSplash-2, ICML 2026): ``lcjax bench entmax``.
 
     from lcjax.bench import EntmaxBenchConfig, run_entmax_benchmark
     result = run_entmax_benchmark(EntmaxBenchConfig.quick())

@@ -1,6 +1,6 @@
 """TRSP — the Topologically Regularized Side-Path (SBA·Tri) of a pre-norm decoder block.
 
-Paper: "TRSP: Topologically Regularized Side-Path" (ICML 2026; ``../shared/PAPERS.md`` §5;
+Paper: "TRSP: Topologically Regularized Side-Path" (ICML 2026;
 public code Eziotao-tyd/TRSP, ``trsp/sba_tri.py``, read for the method, not copied).
 Layer ℓ (0-based) adds a parameter-free causal low-pass filter of its input to the
 attention residual, scaled by a length-aware gate::

@@ -1,5 +1,5 @@
-"""UPipe: head-chunked Ulysses for a whole attention layer (the untied-Ulysses paper;
-``../shared/PAPERS.md`` §4; public code ghadiaravi13/untied-ulysses, PyTorch).
+"""UPipe: head-chunked Ulysses for a whole attention layer (the untied-Ulysses paper,
+ICML 2026; public code ghadiaravi13/untied-ulysses, PyTorch).
 
 Ulysses (:mod:`lcjax.parallel.ulysses`) projects all H query heads, all-to-alls them
 and attends with H/C heads per device at once, so its attention intermediates (q, k, v
