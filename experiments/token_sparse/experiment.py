@@ -445,7 +445,7 @@ def claims_from(dense_acc: float, points: Sequence[Mapping], *,
         ours = "no timed token-sparse row"
     claims = [Claim(
         f"accuracy within {tolerance:g} point of dense at the paper's {paper_speedup:g}x "
-        "attention speed-up (the paper's)",
+        "attention speed-up",
         f"a coverage with speed-up >= {paper_speedup:g}x and string_match_all >= dense - "
         f"{tolerance:g} (dense >= {min_dense:g}%)", caveat + ours, bool(fast_ok) and learned)]
     sparse = [p for p in points if p["kept"] <= kept_at_2x]
