@@ -123,7 +123,7 @@ EXPERIMENT = Experiment(
     summary="per-device compiled memory of one layer's fwd+bwd, UPipe vs Ulysses, H=32, C=8, "
             "GQA and MHA: reduction, largest-T gain, step-time ratio",
     run=run,
-    quick_budget_s=90,
+    quick_budget_s=120,
 )
 
 
