@@ -19,6 +19,7 @@ from lcjax.nn.decoder import DecoderBlock, DecoderCache, DecoderConfig, DecoderL
 from lcjax.nn.layers import RMSNorm, SwiGLU, rms_norm
 from lcjax.nn.plash import PlashAttention, plash_prototypes
 from lcjax.nn.sampling import GenerateResult, generate, sample_logits, sampling_candidates
+from lcjax.nn.trsp import TRSPCache, TRSPGate, TRSPState, init_trsp_state, trsp_side_path
 from lcjax.nn.variant_params import LearnableAlpha, VariantConfig, learnable_alpha
 
 __all__ = [
@@ -38,12 +39,17 @@ __all__ = [
     "KVCache",
     "RMSNorm",
     "SwiGLU",
+    "TRSPCache",
+    "TRSPGate",
+    "TRSPState",
     "attend",
     "cache_mask",
     "generate",
     "init_kv_cache",
+    "init_trsp_state",
     "rms_norm",
     "sample_logits",
     "sampling_candidates",
+    "trsp_side_path",
     "update_kv_cache",
 ]
