@@ -12,6 +12,7 @@ the dispatch rules and how to add a variant.
 # then entmax) registers entmax, sparsemax, asentmax, ssmax — in that order
 from lcjax.attention import length_scaling, softmax  # noqa: F401
 from lcjax.attention.core import (
+    block_causal_mask,
     blockwise_attention,
     build_mask,
     causal_mask,
@@ -42,6 +43,7 @@ __all__ = [
     "available",
     "attention_scores",
     "attention_weights",
+    "block_causal_mask",
     "blockwise_attention",
     "build_mask",
     "causal_mask",

@@ -59,6 +59,7 @@ __all__ = [
     "AttentionShapes",
     "validate_qkv",
     "causal_mask",
+    "block_causal_mask",
     "segment_mask",
     "lengths_to_segment_ids",
     "build_mask",
@@ -160,6 +161,21 @@ def causal_mask(q_len: int, kv_len: int, *, q_offset=0) -> jax.Array:
     """
     q_pos = jnp.arange(q_len)[:, None] + q_offset
     return jnp.arange(kv_len)[None, :] <= q_pos
+
+
+def block_causal_mask(q_len: int, kv_len: int, block_size: int, *, q_offset=0,
+                      own_block: bool = True) -> jax.Array:
+    """[q_len, kv_len] block-causal mask: query i (absolute position i + q_offset) sees
+    key j iff ``j // block_size <= (i + q_offset) // block_size`` — every earlier block and
+    the whole of its own block (bidirectional inside a block, as in block diffusion,
+    Arriola et al., ICLR 2025). ``own_block=False`` gives the strict version ``<``
+    (earlier blocks only). With ``block_size=1`` it is :func:`causal_mask`."""
+    if not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_causal_mask: `block_size` must be a positive int, "
+                         f"got {block_size!r}")
+    q_block = (jnp.arange(q_len)[:, None] + q_offset) // block_size
+    kv_block = jnp.arange(kv_len)[None, :] // block_size
+    return kv_block <= q_block if own_block else kv_block < q_block
 
 
 def segment_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array) -> jax.Array:

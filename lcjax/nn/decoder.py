@@ -67,6 +67,9 @@ class DecoderConfig:
     ``trsp_context``: its L_ctx, "causal" (per position; decoding with the cache equals the
     full pass) or "sequence" (the paper's whole-sequence length; not causal, no cache).
     ``max_len`` is the default KV-cache length; the full forward pass accepts any length.
+    ``causal``: every layer's attention is causal (the default); False makes it
+    bidirectional, the mask then coming only from the call's ``mask=`` and the cache's
+    filled slots (the block-diffusion LM, ``lcjax.nn.diffusion``).
     ``dtype`` is the compute dtype, ``param_dtype`` the storage dtype; logits are float32.
     Hugging Face architectures (``lcjax.interop.hf``; all off by default):
     ``attention_bias`` (q, k, v biases: Qwen2, Llama's ``attention_bias``),
@@ -102,6 +105,7 @@ class DecoderConfig:
     attention_out_bias: bool = False
     qk_norm: bool = False
     rope_scaling: Mapping[str, Any] | None = None
+    causal: bool = True
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
@@ -169,7 +173,7 @@ class DecoderBlock(nnx.Module):
         self.attn_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype)
         self.attn = Attention(
             c.d_model, c.num_heads, c.num_kv_heads, c.head_dim,
-            attention=attention, attention_options=attention_options, causal=True,
+            attention=attention, attention_options=attention_options, causal=c.causal,
             learn=c.attention_learn, capture_weights=c.capture_attention_weights,
             rope_base=c.rope_base, rope_layout=c.rope_layout, position=c.position,
             context_parallel=c.context_parallel,
@@ -184,16 +188,19 @@ class DecoderBlock(nnx.Module):
         self.trsp_level, self.trsp_context = (layer if c.trsp else None), c.trsp_context
 
     def __call__(self, x, positions, *, segment_ids=None, cache: KVCache | None = None,
-                 trsp_gate: TRSPGate | None = None):
+                 trsp_gate: TRSPGate | None = None, mask=None):
         """x [B, T, D] -> ([B, T, D], updated cache or None); with TRSP, ``trsp_gate`` is
-        the shared gate and the cache a :class:`~lcjax.nn.trsp.TRSPCache`."""
+        the shared gate and the cache a :class:`~lcjax.nn.trsp.TRSPCache`. ``mask``: bool
+        broadcastable to [B, H, T, S] (S = T, or the cache length), passed to the
+        attention (ANDed with its causal and segment masks)."""
         trsp_state = None
         if self.trsp_level is not None and cache is not None:
             if not isinstance(cache, TRSPCache):
                 raise ValueError("DecoderBlock: a TRSP layer needs a TRSPCache (from "
                                  f"DecoderLM.init_cache), got {type(cache).__name__}")
             cache, trsp_state = cache.kv, cache.trsp
-        h, cache = self.attn(self.attn_norm(x), positions, segment_ids=segment_ids, cache=cache)
+        h, cache = self.attn(self.attn_norm(x), positions, segment_ids=segment_ids, cache=cache,
+                             mask=mask)
         if self.trsp_level is not None:  # X_mid = X_in + Attn(LN(X_in)) + γ_ℓ·Tri_ℓ(X_in)
             side, trsp_state = trsp_side_path(x, self.trsp_level, trsp_gate,
                                               segment_ids=segment_ids,
@@ -250,6 +257,7 @@ class DecoderLM(nnx.Module):
         positions: jax.Array | None = None,
         segment_ids: jax.Array | None = None,
         cache: DecoderCache | None = None,
+        mask: jax.Array | None = None,
     ):
         """Run the model.
 
@@ -262,6 +270,9 @@ class DecoderLM(nnx.Module):
           cache: from :meth:`init_cache`; the T tokens are appended at its index.
             index + T must not exceed the cache length (checked only outside jit,
             where the index is concrete; under jit an overflow would clamp the write).
+          mask: bool broadcastable to [B, H, T, S] (S = T, or the cache length), True = may
+            attend; every layer ANDs it with its causal and segment masks (e.g. the
+            block-causal mask of ``lcjax.attention.block_causal_mask``).
 
         Returns:
           float32 logits [B, T, V]; with a cache, ``(logits, new_cache)``.
@@ -287,7 +298,7 @@ class DecoderLM(nnx.Module):
         for i, block in enumerate(self.blocks):
             x, layer_cache = block(x, positions, segment_ids=segment_ids,
                                    cache=None if cache is None else cache[i],
-                                   trsp_gate=self.trsp_gate)
+                                   trsp_gate=self.trsp_gate, mask=mask)
             new_cache.append(layer_cache)
         logits = self.logits(self.final_norm(x))
         return logits if cache is None else (logits, tuple(new_cache))
