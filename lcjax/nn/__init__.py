@@ -15,6 +15,7 @@ from lcjax.nn.attention import (
     init_kv_cache,
     update_kv_cache,
 )
+from lcjax.nn.contextlm import ContextLM, ContextLMConfig, ContextLMState, context_lm_loss
 from lcjax.nn.decoder import DecoderBlock, DecoderCache, DecoderConfig, DecoderLM
 from lcjax.nn.layers import RMSNorm, SwiGLU, rms_norm
 from lcjax.nn.plash import PlashAttention, plash_prototypes
@@ -23,6 +24,10 @@ from lcjax.nn.trsp import TRSPCache, TRSPGate, TRSPState, init_trsp_state, trsp_
 from lcjax.nn.variant_params import LearnableAlpha, VariantConfig, learnable_alpha
 
 __all__ = [
+    "ContextLM",
+    "ContextLMConfig",
+    "ContextLMState",
+    "context_lm_loss",
     "Attention",
     "AttentionTap",
     "LearnableAlpha",

@@ -30,6 +30,7 @@ from flax.core import FrozenDict
 
 from lcjax.attention import get
 from lcjax.nn.attention import Attention, KVCache
+from lcjax.nn.contextlm import ContextLM, ContextLMConfig, check_context_lm
 from lcjax.nn.layers import RMSNorm, SwiGLU, dense_init
 from lcjax.nn.trsp import CONTEXTS as TRSP_CONTEXTS
 from lcjax.nn.trsp import TRSPCache, TRSPGate, init_trsp_state, trsp_side_path
@@ -37,7 +38,7 @@ from lcjax.rope import check_rope_scaling
 
 __all__ = ["DecoderConfig", "DecoderBlock", "DecoderLM", "DecoderCache"]
 
-DecoderCache = tuple[KVCache, ...]  # one KVCache per layer
+DecoderCache = tuple[KVCache, ...]  # one KVCache per layer (+ a ContextLMState with ContextLM)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +71,11 @@ class DecoderConfig:
     ``causal``: every layer's attention is causal (the default); False makes it
     bidirectional, the mask then coming only from the call's ``mask=`` and the cache's
     filled slots (the block-diffusion LM, ``lcjax.nn.diffusion``).
+    ``context_lm``: None (default) or a :class:`~lcjax.nn.contextlm.ContextLMConfig` —
+    next-context prediction (ContextLM, ``lcjax.nn.contextlm``, ``docs/contextlm.md``):
+    chunk embeddings of the stream after block k, a causal predictor over them, its
+    prediction fed back to the next chunk's tokens; the loss hook is
+    ``lcjax.nn.context_lm_loss``.
     ``dtype`` is the compute dtype, ``param_dtype`` the storage dtype; logits are float32.
     Hugging Face architectures (``lcjax.interop.hf``; all off by default):
     ``attention_bias`` (q, k, v biases: Qwen2, Llama's ``attention_bias``),
@@ -106,6 +112,7 @@ class DecoderConfig:
     qk_norm: bool = False
     rope_scaling: Mapping[str, Any] | None = None
     causal: bool = True
+    context_lm: ContextLMConfig | None = None
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
@@ -155,6 +162,8 @@ class DecoderConfig:
         if not isinstance(self.trsp, bool) or self.trsp_context not in TRSP_CONTEXTS:
             raise ValueError(f"DecoderConfig: `trsp` must be a bool and `trsp_context` one of "
                              f"{TRSP_CONTEXTS}, got {self.trsp!r} and {self.trsp_context!r}")
+        if self.context_lm is not None:
+            check_context_lm(self.context_lm, self.num_layers)  # ValueError naming both
 
 
     def layer_attention(self, i: int) -> tuple[str | Callable, Mapping[str, Any]]:
@@ -229,17 +238,23 @@ class DecoderLM(nnx.Module):
             dense_init()(rngs.params(), (c.d_model, c.vocab_size), c.param_dtype))
         # last, so that the other parameters are the same with and without TRSP
         self.trsp_gate = TRSPGate(rngs=rngs, param_dtype=c.param_dtype) if c.trsp else None
+        # last too: the base parameters are the same with and without ContextLM
+        self.context_lm = None if c.context_lm is None else ContextLM(c, rngs=rngs)
 
     def init_cache(self, batch: int, max_len: int | None = None, *, dtype=None) -> DecoderCache:
         """Empty cache, one :class:`KVCache` [batch, max_len, Hkv, D] per layer
         (max_len defaults to ``config.max_len``, dtype to ``config.dtype``); with TRSP,
-        a :class:`~lcjax.nn.trsp.TRSPCache` (the KVCache and the side path's sums)."""
+        a :class:`~lcjax.nn.trsp.TRSPCache` (the KVCache and the side path's sums); with
+        ContextLM, one more entry at the end: its :class:`~lcjax.nn.ContextLMState`."""
         max_len = self.config.max_len if max_len is None else max_len
         caches = tuple(b.attn.init_cache(batch, max_len, dtype=dtype) for b in self.blocks)
-        if not self.config.trsp:
-            return caches
-        return tuple(TRSPCache.of(kv, init_trsp_state(batch, self.config.d_model, i, max_len))
-                     for i, kv in enumerate(caches))
+        if self.config.trsp:
+            caches = tuple(TRSPCache.of(kv, init_trsp_state(batch, self.config.d_model, i,
+                                                            max_len))
+                           for i, kv in enumerate(caches))
+        if self.context_lm is not None:
+            caches = (*caches, self.context_lm.init_state(batch, max_len, dtype=dtype))
+        return caches
 
     def logits(self, x: jax.Array) -> jax.Array:
         """Final hidden states [B, T, D] (already normed) -> float32 logits [B, T, V]."""
@@ -258,6 +273,7 @@ class DecoderLM(nnx.Module):
         segment_ids: jax.Array | None = None,
         cache: DecoderCache | None = None,
         mask: jax.Array | None = None,
+        return_aux: bool = False,
     ):
         """Run the model.
 
@@ -273,17 +289,22 @@ class DecoderLM(nnx.Module):
           mask: bool broadcastable to [B, H, T, S] (S = T, or the cache length), True = may
             attend; every layer ANDs it with its causal and segment masks (e.g. the
             block-causal mask of ``lcjax.attention.block_causal_mask``).
+          return_aux: also return the auxiliary outputs, a dict: with ContextLM and no
+            cache ``{"context_loss": (L_ctx, pairs)}`` (``lcjax.nn.contextlm``), else ``{}``.
 
         Returns:
-          float32 logits [B, T, V]; with a cache, ``(logits, new_cache)``.
+          float32 logits [B, T, V]; with a cache, ``(logits, new_cache)``; with
+          ``return_aux``, the aux dict appended: ``(logits, aux)`` / ``(logits, cache, aux)``.
         """
         c = self.config
         if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
             raise ValueError(f"DecoderLM: `tokens` must be int [batch, len], got "
                              f"{tokens.dtype} {tokens.shape}")
         b, t = tokens.shape
-        if cache is not None and len(cache) != c.num_layers:
-            raise ValueError(f"DecoderLM: cache has {len(cache)} layers, model {c.num_layers}")
+        ctx = self.context_lm
+        if cache is not None and len(cache) != c.num_layers + (ctx is not None):
+            raise ValueError(f"DecoderLM: cache has {len(cache)} entries, model "
+                             f"{c.num_layers} layers" + (" + the ContextLM state" if ctx else ""))
         if cache is not None and t > cache[0].k.shape[1]:
             raise ValueError(f"DecoderLM: {t} new tokens exceed cache length {cache[0].k.shape[1]}")
         if cache is not None and not isinstance(cache[0].index, jax.core.Tracer):
@@ -294,14 +315,21 @@ class DecoderLM(nnx.Module):
             start = 0 if cache is None else cache[0].index
             positions = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32), (b, t))
         x = jnp.take(self.embed[...], tokens, axis=0).astype(c.dtype)
-        new_cache = []
+        new_cache, aux, ctx_state = [], {}, None
         for i, block in enumerate(self.blocks):
+            if ctx is not None and i == ctx.layer:  # the context branch (lcjax.nn.contextlm)
+                x, ctx_state, aux = ctx(x, segment_ids=segment_ids,
+                                        state=None if cache is None else cache[-1])
             x, layer_cache = block(x, positions, segment_ids=segment_ids,
                                    cache=None if cache is None else cache[i],
                                    trsp_gate=self.trsp_gate, mask=mask)
             new_cache.append(layer_cache)
         logits = self.logits(self.final_norm(x))
-        return logits if cache is None else (logits, tuple(new_cache))
+        if ctx_state is not None:
+            new_cache.append(ctx_state)
+        out = (logits,) if cache is None else (logits, tuple(new_cache))
+        out = (*out, aux) if return_aux else out
+        return out[0] if len(out) == 1 else out
 
     def hidden_states(self, tokens: jax.Array | None = None, *,
                       embeddings: jax.Array | None = None, positions: jax.Array | None = None,
@@ -323,7 +351,9 @@ class DecoderLM(nnx.Module):
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         states = [x]
-        for block in self.blocks:
+        for i, block in enumerate(self.blocks):
+            if self.context_lm is not None and i == self.context_lm.layer:
+                x = self.context_lm(x, segment_ids=segment_ids)[0]  # block i gets the feedback
             x, _ = block(x, positions, segment_ids=segment_ids, trsp_gate=self.trsp_gate)
             states.append(x)
         return states
