@@ -266,8 +266,13 @@ def grouped_scores(q, k, *, causal: bool = False, mask=None, scale: float | None
 def softmax_rows(scores: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Softmax over the last axis with masked (``-inf``) entries: (probs, m, l) with the
     safe row max m (0 for an empty row) and l = Σ e^{s - m} (both keepdims); an empty row
-    has probs 0 and l = 0 (so m + log l = -inf)."""
-    m = jnp.max(scores, axis=-1, keepdims=True)
+    has probs 0 and l = 0 (so m + log l = -inf).
+
+    m is under ``stop_gradient``: probs and m + log l do not depend on the shift, and the
+    gradient of ``max`` (ties found by ``scores == max``, divided by their count) is 0/0 = NaN
+    when XLA computes the compared scores and the max in two fusions that round differently
+    (seen at ``--xla_backend_optimization_level=0`` with an ALiBi bias)."""
+    m = lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
     m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
     p = jnp.exp(scores - m_safe)
     l = jnp.sum(p, axis=-1, keepdims=True)
