@@ -51,7 +51,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from lcjax.attention.core import match_varying
+from lcjax.attention.blocks import match_varying, varying_axes
 from lcjax.parallel.common import resolve_mesh, resolve_variant
 from lcjax.parallel.mesh import CONTEXT, DATA
 from lcjax.parallel.ulysses import heads_to_seq, seq_to_heads
@@ -120,17 +120,28 @@ def upipe_local(params: Mapping[str, jax.Array], x, positions, *, axis: str, siz
     the backward loops over the stages again, recomputes each stage's projections,
     all-to-alls and attention (the variant's own VJP), and accumulates dx and the
     stage's output-projection share (:func:`accumulate_matmul`). ``accumulate_slices``:
-    sequence slices of those additions (1, the default: one add per stage, which XLA does
-    in place here; None: slices no larger than a stage's [B, L, C, D] tensors; measured at
-    T = 32K / 128K, GQA: 137.1 / 472.5 MiB sliced against 141.1 / 472.5 MiB not, at 1.4x
-    the step time, docs/context_parallel.md)."""
+    sequence slices of those additions (1, the default: one add per stage; None: slices
+    no larger than a stage's [B, L, C, D] tensors; docs/context_parallel.md has the
+    measurements).
+
+    Weight gradients: each stage writes its heads' slice of dWq, dWo (and each kv chunk
+    its slice of dWk, dWv) in place (``dynamic_update_slice`` into a layout where a
+    stage's heads are one slice; no scatter, no gathered weight copies). Under
+    ``check_vma=True`` (x varies over the mesh axes, the weights do not) each slice is
+    ``psum``'d where it is made, so the loops carry the final, replicated gradients (which
+    XLA can keep in the output buffers) instead of per-device partials; with
+    ``check_vma=False`` the loops carry partials and ``shard_map``'s transpose sums them.
+    """
     wq, wk, wv, wo = (params[n] for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
-    q_np, kv_np = stage_heads(wq.shape[1], wk.shape[1], size)
-    # the loops carry head indices, not weight copies: each stage gathers its C heads
-    # (made inside each pass: the custom_vjp may not close over traced values)
-    plans = lambda: (jnp.asarray(kv_np, jnp.int32), jnp.asarray(q_np, jnp.int32))
-    chunks = (_chunks(x.shape[1], x.shape[2], size * wq.shape[2])
+    d, heads, hd = wq.shape
+    kv_heads_n = wk.shape[1]
+    q_np, _ = stage_heads(heads, kv_heads_n, size)
+    n_c, g = q_np.shape[0], q_np.shape[1]
+    repeats = n_c * size // kv_heads_n  # > 1 only when n_c == 1 (Hkv < C)
+    chunks = (_chunks(x.shape[1], x.shape[2], size * hd)
               if accumulate_slices is None else accumulate_slices)
+    # mesh axes x varies over; the weights do not (check_vma=True): reduce dW slices there
+    reduce_axes = tuple(a for a in varying_axes(x) if a not in varying_axes(wq))
 
     def attend(q, k, v):
         return attn(q, k, v, causal=causal, scale=scale, **options)  # [B, T, 1, D]
@@ -147,21 +158,41 @@ def upipe_local(params: Mapping[str, jax.Array], x, positions, *, axis: str, siz
     def proj(x, w):  # x [B, L, d] @ w [d, n, D] -> [B, L, n, D]
         return jnp.einsum("BTD,DNH->BTNH", x, w.astype(x.dtype))
 
+    # stage (c, j) takes query heads (c C + i) g + j, i < C: one slice of these views
+    def q_view(w):  # [d, H, D] -> [d, n_c, C, g, D]
+        return w.reshape(d, n_c, size, g, hd)
+
+    def o_view(w):  # [H, D, d] -> [n_c, C, g, D, d]
+        return w.reshape(n_c, size, g, hd, d)
+
+    def q_weights(wq, wo, c, j):
+        wq_s = lax.dynamic_slice(q_view(wq), (0, c, 0, j, 0), (d, 1, size, 1, hd))
+        wo_s = lax.dynamic_slice(o_view(wo), (c, 0, j, 0, 0), (1, size, 1, hd, d))
+        return wq_s.reshape(d, size, hd), wo_s.reshape(size, hd, d)
+
+    def kv_weights(w, c):  # chunk c: kv heads (c C + i) // R, i < C
+        if repeats > 1:
+            return jnp.repeat(w, repeats, axis=1)
+        return lax.dynamic_slice_in_dim(w, c * size, size, axis=1)
+
     def forward(wq, wk, wv, wo, x, positions):
-        def group(y, plan):
-            kv_c, q_c = plan
-            k, v = kv_heads(proj(x, jnp.take(wk, kv_c, axis=1)),
-                            proj(x, jnp.take(wv, kv_c, axis=1)), positions)
+        def group(y, c):
+            k, v = kv_heads(proj(x, kv_weights(wk, c)), proj(x, kv_weights(wv, c)),
+                            positions)
 
-            def stage(y, heads):
-                o = attend(q_heads(proj(x, jnp.take(wq, heads, axis=1)), positions), k, v)
-                return accumulate_matmul(y, heads_to_seq(o, axis), jnp.take(wo, heads, axis=0),
-                                         "BTNH,NHD->BTD", chunks), None
+            def stage(y, j):
+                wq_s, wo_s = q_weights(wq, wo, c, j)
+                o = attend(q_heads(proj(x, wq_s), positions), k, v)
+                return accumulate_matmul(y, heads_to_seq(o, axis), wo_s, "BTNH,NHD->BTD",
+                                         chunks), None
 
-            return lax.scan(stage, y, q_c)[0], None
+            return _loop(stage, y, g), None
 
         y = match_varying(jnp.zeros_like(x), x, wq)
-        return lax.scan(group, y, plans())[0]
+        return _loop(group, y, n_c)
+
+    def reduce(tree):
+        return lax.psum(tree, reduce_axes) if reduce_axes else tree
 
     @jax.custom_vjp
     def layer(wq, wk, wv, wo, x, positions):
@@ -174,49 +205,68 @@ def upipe_local(params: Mapping[str, jax.Array], x, positions, *, axis: str, siz
         wq, wk, wv, wo, x, positions = res
         dy = dy.astype(x.dtype)
 
-        def group(carry, plan):
+        def group(carry, c):
             dx, dwq, dwk, dwv, dwo = carry
-            kv_c, q_c = plan
-            wk_c, wv_c = jnp.take(wk, kv_c, axis=1), jnp.take(wv, kv_c, axis=1)
+            wk_c, wv_c = kv_weights(wk, c), kv_weights(wv, c)
             (k, v), kv_pull = jax.vjp(lambda kp, vp: kv_heads(kp, vp, positions),
                                       proj(x, wk_c), proj(x, wv_c))
 
-            def stage(carry, heads):
+            def stage(carry, j):
                 dx, dk, dv, dwq, dwo = carry
-                wq_s, wo_s = jnp.take(wq, heads, axis=1), jnp.take(wo, heads, axis=0)
+                wq_s, wo_s = q_weights(wq, wo, c, j)
                 q, q_pull = jax.vjp(lambda qp: q_heads(qp, positions), proj(x, wq_s))
                 o, attn_pull = jax.vjp(attend, q, k, v)
-                o_seq = heads_to_seq(o, axis)  # [B, L, C, D]
-                dwo = dwo.at[heads].add(
-                    jnp.einsum("BTNH,BTD->NHD", o_seq, dy).astype(dwo.dtype))
+                dwo_s = jnp.einsum("BTNH,BTD->NHD", heads_to_seq(o, axis), dy)
                 d_o = seq_to_heads(jnp.einsum("BTD,NHD->BTNH", dy, wo_s.astype(dy.dtype)),
                                    axis)
                 dq, dk_s, dv_s = attn_pull(d_o.astype(o.dtype))
                 (dqp,) = q_pull(dq)  # [B, L, C, D]
-                dwq = dwq.at[:, heads].add(_weight_grad(dqp, x).astype(dwq.dtype))
+                dwq_s, dwo_s = reduce((_weight_grad(dqp, x).astype(dwq.dtype),
+                                       dwo_s.astype(dwo.dtype)))
+                dwq = lax.dynamic_update_slice(dwq, dwq_s.reshape(d, 1, size, 1, hd),
+                                               (0, c, 0, j, 0))
+                dwo = lax.dynamic_update_slice(dwo, dwo_s.reshape(1, size, 1, hd, d),
+                                               (c, 0, j, 0, 0))
                 dx = accumulate_matmul(dx, dqp, wq_s, "BTNH,DNH->BTD", chunks)
                 return (dx, dk + dk_s.astype(dk.dtype), dv + dv_s.astype(dv.dtype), dwq,
                         dwo), None
 
             zeros = match_varying((jnp.zeros_like(k), jnp.zeros_like(v)), k, v, x)
-            (dx, dk, dv, dwq, dwo), _ = lax.scan(stage, (dx, *zeros, dwq, dwo), q_c)
+            dx, dk, dv, dwq, dwo = _loop(stage, (dx, *zeros, dwq, dwo), g)
             dkp, dvp = kv_pull((dk, dv))
-            # repeated kv heads (Hkv < C) appear several times in kv_c: the scatter sums
-            dwk = dwk.at[:, kv_c].add(_weight_grad(dkp, x).astype(dwk.dtype))
-            dwv = dwv.at[:, kv_c].add(_weight_grad(dvp, x).astype(dwv.dtype))
+            dwk_c, dwv_c = reduce((_weight_grad(dkp, x).astype(dwk.dtype),
+                                   _weight_grad(dvp, x).astype(dwv.dtype)))
+            if repeats > 1:  # one chunk; copies of a kv head: their gradients summed
+                dwk = dwk_c.reshape(d, kv_heads_n, repeats, hd).sum(2)
+                dwv = dwv_c.reshape(d, kv_heads_n, repeats, hd).sum(2)
+            else:
+                dwk = lax.dynamic_update_slice_in_dim(dwk, dwk_c, c * size, axis=1)
+                dwv = lax.dynamic_update_slice_in_dim(dwv, dwv_c, c * size, axis=1)
             dx = accumulate_matmul(dx, dkp, wk_c, "BTNH,DNH->BTD", chunks)
             dx = accumulate_matmul(dx, dvp, wv_c, "BTNH,DNH->BTD", chunks)
             return (dx, dwq, dwk, dwv, dwo), None
 
-        init = match_varying(tuple(jnp.zeros_like(a) for a in (x, wq, wk, wv, wo)), x, wq)
-        (dx, dwq, dwk, dwv, dwo), _ = lax.scan(group, init, plans())
-        return dwq, dwk, dwv, dwo, dx, None
+        dx = match_varying(jnp.zeros_like(x), x)
+        dws = tuple(jnp.zeros_like(w) for w in (q_view(wq), wk, wv, o_view(wo)))
+        if not reduce_axes:  # partials: varying like x (a no-op without check_vma)
+            dws = match_varying(dws, x)
+        dx, dwq, dwk, dwv, dwo = _loop(group, (dx, *dws), n_c)
+        return dwq.reshape(wq.shape), dwk, dwv, dwo.reshape(wo.shape), dx, None
 
     layer.defvjp(layer_fwd, layer_bwd)
-    # the weights enter as varying over the mesh axes of x, so the custom_vjp returns
-    # this device's partial dW and the cast's transpose sums them (psum) outside it
-    wq, wk, wv, wo = match_varying((wq, wk, wv, wo), x)
+    if not reduce_axes:
+        # weights varying like x: the custom_vjp returns this device's partial dW and the
+        # cast's transpose (or shard_map's, without check_vma) sums them outside it
+        wq, wk, wv, wo = match_varying((wq, wk, wv, wo), x)
     return layer(wq, wk, wv, wo, x, positions)
+
+
+def _loop(body, carry, n: int):
+    """``lax.scan(body, carry, arange(n))[0]``, or one direct call when n == 1 (a
+    one-trip loop only adds carry copies)."""
+    if n == 1:
+        return body(carry, jnp.int32(0))[0]
+    return lax.scan(body, carry, jnp.arange(n, dtype=jnp.int32))[0]
 
 
 def upipe_layer(params: Mapping[str, jax.Array], x, positions=None, *, mesh=None,
