@@ -23,6 +23,7 @@ from lcjax.attention.core import (
     validate_qkv,
 )
 from lcjax.attention.entmax import entmax_attention, sparsemax_attention
+from lcjax.attention.flashblock import FlashBlockConfig, flashblock_attention
 from lcjax.attention.nystrom import nystrom_attention
 from lcjax.attention.performer import performer_attention
 from lcjax.attention.plash import plash_attention
@@ -36,6 +37,8 @@ __all__ = [
     "AttentionSpec",
     "BlockwiseConfig",
     "Features",
+    "FlashBlockConfig",
+    "flashblock_attention",
     "Implementation",
     "spec",
     "specs",

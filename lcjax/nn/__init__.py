@@ -17,6 +17,12 @@ from lcjax.nn.attention import (
 )
 from lcjax.nn.contextlm import ContextLM, ContextLMConfig, ContextLMState, context_lm_loss
 from lcjax.nn.decoder import DecoderBlock, DecoderCache, DecoderConfig, DecoderLM
+from lcjax.nn.diffusion import (
+    BlockGeneration,
+    MaskedDiffusionLoss,
+    diffusion_config,
+    generate_blocks,
+)
 from lcjax.nn.layers import RMSNorm, SwiGLU, rms_norm
 from lcjax.nn.plash import PlashAttention, plash_prototypes
 from lcjax.nn.sampling import GenerateResult, generate, sample_logits, sampling_candidates
@@ -40,6 +46,10 @@ __all__ = [
     "DecoderCache",
     "DecoderConfig",
     "DecoderLM",
+    "BlockGeneration",
+    "MaskedDiffusionLoss",
+    "diffusion_config",
+    "generate_blocks",
     "GenerateResult",
     "KVCache",
     "RMSNorm",
