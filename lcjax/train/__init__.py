@@ -26,6 +26,12 @@ from lcjax.train.metrics import (
     token_nll,
     weighted_nll,
 )
+from lcjax.train.rope_distill import (
+    distill_loss,
+    distill_loss_fn,
+    kl_divergence,
+    perturb_positions,
+)
 
 __all__ = [
     "TrainConfig",
@@ -38,7 +44,10 @@ __all__ = [
     "bits_per_byte",
     "checkpoint_manager",
     "config_dict",
+    "distill_loss",
+    "distill_loss_fn",
     "evaluate",
+    "kl_divergence",
     "lr_schedule",
     "make_eval_step",
     "make_optimizer",
@@ -46,6 +55,7 @@ __all__ = [
     "mean_loss",
     "model_logits",
     "nll_loss",
+    "perturb_positions",
     "read_jsonl",
     "restore_checkpoint",
     "save_checkpoint",
