@@ -1,0 +1,190 @@
+"""``lcjax bench flashblock``: attention time per denoising step and sampling tokens/s of
+block diffusion, with and without FlashBlock's reuse of the block-external attention.
+
+Attention (one layer's shapes: q [1, b, H, D] of the current block, a history of S keys):
+
+* exact      dense softmax over the S + b keys (``dot_product_attention``), every step;
+* split      ``flashblock_attention`` computing the external part (step 0 of a block);
+* reuse      ``flashblock_attention`` with a cached external part (the block-internal
+             part and the merge only).
+
+Each is jitted and compiled once, then timed as the median of ``repeats`` calls
+(``lcjax.bench.timing``). Per block of s steps, attention time without reuse is
+``s · exact``, with reuse (``reuse_ratio=None``: reuse at every step after the first)
+``split + (s - 1) · reuse``; their ratio is printed per S, the headline at the longest S.
+
+Sampling: a small block-diffusion ``DecoderLM`` (untrained unless ``--train-steps``) after
+a prompt of S tokens, ``generate_blocks`` with and without ``flashblock=`` (same seeds):
+tokens/s (second run, the first compiles), the fraction of generated tokens on which the
+two agree, and each sampler's mean log-probability of its tokens under the model.
+
+    lcjax bench flashblock [--histories 1024,...,16384] [--block-size 4] [--steps 4]
+        [--heads 8] [--head-dim 64] [--repeats 5] [--sample-histories 1024,4096]
+        [--train-steps 0] [--out reports/bench/flashblock]
+
+The timing primitives are those of every lcjax benchmark (``lcjax.bench.timing``); the
+attention harness (``lcjax.bench.harness``) times registered variants under the q/k/v
+contract, which FlashBlock is not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lcjax.attention.core import dot_product_attention
+from lcjax.attention.flashblock import FlashBlockConfig, flashblock_attention
+from lcjax.bench.timing import compile_fn, machine_info, time_compiled
+
+DEFAULT_HISTORIES = (1024, 2048, 4096, 8192, 16384)
+
+
+def _ints(text):
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def add_arguments(sub) -> None:
+    p = sub.add_parser("flashblock", help="FlashBlock reuse: attention time per denoising "
+                       "step and sampling tokens/s, with and without reuse",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--histories", type=_ints, default=DEFAULT_HISTORIES)
+    p.add_argument("--block-size", type=int, default=4)
+    p.add_argument("--steps", type=int, default=4, help="denoising steps per block")
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv-heads", type=int, default=None)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sample-histories", type=_ints, default=(1024, 4096),
+                   help="prompt lengths of the sampling measurement (empty: none)")
+    p.add_argument("--sample-blocks", type=int, default=2)
+    p.add_argument("--train-steps", type=int, default=0,
+                   help="train the sampling model this many steps first (0: untrained)")
+    p.add_argument("--out", default="reports/bench/flashblock", help="'none' writes no files")
+
+
+def attention_rows(histories, *, block_size, steps, heads, kv_heads, head_dim, repeats,
+                   seed=0, log=print) -> list[dict]:
+    """Per history length S: median seconds of exact / split / reuse attention and the
+    per-block ratio ``s · exact / (split + (s - 1) · reuse)``."""
+    kv_heads = heads if kv_heads is None else kv_heads
+    exact_fn = jax.jit(lambda q, ke, ve, ki, vi: dot_product_attention(
+        q, jnp.concatenate([ke, ki], 1), jnp.concatenate([ve, vi], 1)))
+    split_fn = jax.jit(lambda q, ke, ve, ki, vi: flashblock_attention(
+        q, ke, ve, ki, vi, return_external=True))
+    reuse_fn = jax.jit(lambda q, ki, vi, a, lse: flashblock_attention(
+        q, ki[:, :0], vi[:, :0], ki, vi, external=(a, lse)))
+    rows = []
+    for s in histories:
+        ks = jax.random.split(jax.random.fold_in(jax.random.key(seed), s), 5)
+        q = jax.random.normal(ks[0], (1, block_size, heads, head_dim))
+        ke, ve = (jax.random.normal(k, (1, s, kv_heads, head_dim)) for k in ks[1:3])
+        ki, vi = (jax.random.normal(k, (1, block_size, kv_heads, head_dim)) for k in ks[3:5])
+        _, (a, lse) = split_fn(q, ke, ve, ki, vi)
+        row = {"history": int(s)}
+        for name, fn, args in (("exact", exact_fn, (q, ke, ve, ki, vi)),
+                               ("split", split_fn, (q, ke, ve, ki, vi)),
+                               ("reuse", reuse_fn, (q, ki, vi, a, lse))):
+            compiled, compile_s = compile_fn(fn, args)
+            times, _ = time_compiled(compiled, args, repeats=repeats, warmup=1)
+            row[f"{name}_s"] = float(np.median(times))
+            row[f"{name}_compile_s"] = compile_s
+        no_reuse = steps * row["exact_s"]
+        with_reuse = row["split_s"] + (steps - 1) * row["reuse_s"]
+        row["block_ratio"] = no_reuse / with_reuse
+        err = float(jnp.abs(split_fn(q, ke, ve, ki, vi)[0] - exact_fn(q, ke, ve, ki, vi)).max())
+        row["split_max_abs_error"] = err
+        rows.append(row)
+        log(f"S={s:>6}: exact {row['exact_s'] * 1e3:8.3f} ms  split {row['split_s'] * 1e3:8.3f}"
+            f" ms  reuse {row['reuse_s'] * 1e3:8.3f} ms  per-block ratio (s={steps}) "
+            f"{row['block_ratio']:.2f}x  |split - exact| {err:.1e}", flush=True)
+    return rows
+
+
+def sampling_rows(histories, *, block_size, steps, num_blocks, train_steps, seed=0,
+                  log=print) -> tuple[list[dict], dict]:
+    """Tokens/s of ``generate_blocks`` with and without FlashBlock reuse after prompts of
+    each length, agreement of the two samplers and their mean log-probabilities."""
+    from flax import nnx
+
+    from lcjax.nn import DecoderLM
+    from lcjax.nn import diffusion as D
+
+    longest = max(histories) + num_blocks * block_size
+    cfg = D.diffusion_config(d_model=64, num_layers=2, num_heads=4, num_kv_heads=4,
+                             head_dim=16, mlp_hidden=256, max_len=longest)
+    info = {"config": "d=64, 2 layers, 4 heads x 16", "train_steps": train_steps}
+    if train_steps:
+        from lcjax.train import TrainConfig, train
+
+        run = train(cfg, TrainConfig(steps=train_steps, warmup_steps=min(50, train_steps // 10),
+                                     lr=3e-3, eval_batches=0, progress=False),
+                    dataset=D.diffusion_dataset(128, 16, seed=seed),
+                    loss_fn=D.MaskedDiffusionLoss(block_size))
+        model = run.model
+        info["final_masked_nll"] = run.history[-1].get("masked_nll")
+    else:
+        model = DecoderLM(cfg, rngs=nnx.Rngs(seed))
+    from lcjax.data import tokenizer
+    from lcjax.data.corpus import shakespeare_split
+
+    text = tokenizer.encode("\n".join(d.text for d in shakespeare_split()[1]))  # held out
+    if len(text) < max(histories):
+        raise ValueError(f"sampling: held-out text has {len(text)} bytes < {max(histories)}")
+    rows = []
+    for s in histories:
+        prompt = jnp.asarray(text[:s][None])
+        kw = dict(block_size=block_size, rng=jax.random.key(seed))
+        results = {}
+        for name, fb in (("exact", None), ("reuse", FlashBlockConfig())):
+            D.generate_blocks(model, prompt, num_blocks, steps, flashblock=fb, **kw)  # compile
+            t0 = time.perf_counter()
+            out = D.generate_blocks(model, prompt, num_blocks, steps, flashblock=fb, **kw)
+            jax.block_until_ready(out.tokens)
+            results[name] = (time.perf_counter() - t0, out)
+        n_new = num_blocks * block_size
+        (te, oe), (tr, orr) = results["exact"], results["reuse"]
+        row = {"history": int(s), "exact_tokens_per_s": n_new / te,
+               "reuse_tokens_per_s": n_new / tr, "speedup": te / tr,
+               "agreement": float(jnp.mean(oe.tokens[:, s:] == orr.tokens[:, s:])),
+               "exact_mean_logprob": float(jnp.mean(oe.logprob)),
+               "reuse_mean_logprob": float(jnp.mean(orr.logprob))}
+        rows.append(row)
+        log(f"sampling S={s:>6}: exact {row['exact_tokens_per_s']:.1f} tok/s, reuse "
+            f"{row['reuse_tokens_per_s']:.1f} tok/s ({row['speedup']:.2f}x); agreement "
+            f"{row['agreement']:.2f}; mean log p exact {row['exact_mean_logprob']:.3f}, "
+            f"reuse {row['reuse_mean_logprob']:.3f}", flush=True)
+    return rows, info
+
+
+def run_cli(args) -> int:
+    print(f"attention per denoising step: block {args.block_size}, {args.steps} steps, "
+          f"{args.heads} heads x {args.head_dim}")
+    rows = attention_rows(args.histories, block_size=args.block_size, steps=args.steps,
+                          heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
+                          repeats=args.repeats, seed=args.seed)
+    longest = rows[-1]
+    print(f"headline: attention time per block without / with reuse at S={longest['history']}"
+          f": {longest['block_ratio']:.2f}x")
+    sample, info = [], None
+    if args.sample_histories:
+        sample, info = sampling_rows(args.sample_histories, block_size=args.block_size,
+                                     steps=args.steps, num_blocks=args.sample_blocks,
+                                     train_steps=args.train_steps, seed=args.seed)
+    result = {"attention": rows, "sampling": sample, "sampling_model": info,
+              "machine": machine_info(),
+              "args": {k: v for k, v in vars(args).items()
+                       if isinstance(v, (int, float, str, tuple, bool))}}
+    if args.out.lower() not in ("", "none"):
+        os.makedirs(args.out, exist_ok=True)
+        path = os.path.join(args.out, "results.json")
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+        print(f"wrote {path}")
+    return 0
