@@ -46,7 +46,8 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from lcjax.attention.core import block_causal_mask
+from lcjax.attention import get
+from lcjax.attention.core import block_causal_mask, dot_product_attention
 from lcjax.attention.flashblock import (
     FlashBlockConfig,
     flashblock_attention,
@@ -400,9 +401,14 @@ def generate_blocks(
         raise ValueError(f"{name}: record_external needs a flashblock config")
     c = model.config
     if flashblock is not None:
-        if c.position == "nape" or any(c.layer_attention(i)[1] for i in range(c.num_layers)):
-            raise ValueError(f"{name}: flashblock supports plain softmax layers (no NAPE, no "
-                             "attention_options)")
+        layers = [c.layer_attention(i) for i in range(c.num_layers)]
+        if c.position == "nape" or any(opts for _, opts in layers) or any(
+                getattr(get(fn), "reference", None) is not dot_product_attention
+                for fn, _ in layers):
+            raise ValueError(f"{name}: flashblock splits softmax attention: it needs layers "
+                             "of the softmax family ('softmax', 'blockwise', 'jax'), without "
+                             "NAPE or attention_options; got "
+                             f"{[fn for fn, _ in layers]}")
         heads = flashblock.recompute_heads
         if heads is not None and (len(heads) != c.num_layers
                                   or any(len(x) != c.num_heads for x in heads)):
