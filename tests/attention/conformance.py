@@ -241,6 +241,20 @@ def _grads(fn, inputs, cot):
     return grad(inputs["q"], inputs["k"], inputs["v"], masking)
 
 
+def _result_and_grads(fn, inputs, cot):
+    """``fn``'s result and :func:`_grads`'s gradients from ONE jitted program (the
+    gradient program computes the forward anyway: one compile instead of two)."""
+
+    def loss(q, k, v, masking):
+        res = fn(q, k, v, **masking)
+        out = res[0] if isinstance(res, tuple) else res
+        return jnp.sum(out.astype(jnp.float32) * cot), res
+
+    both = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+    (_, res), grads = both(inputs["q"], inputs["k"], inputs["v"], _masking(inputs))
+    return res, grads
+
+
 def _expect_raise(err, fn, *args, **kwargs):
     with pytest.raises(err):
         fn(*args, **kwargs)
@@ -350,12 +364,15 @@ class ConformanceSuite:
                                 in_specs=(qkv_spec,) * 3 + (P(axis),) * len(seg_names),
                                 out_specs=qkv_spec, check_vma=impl.shard_map_check_vma)
         what = f"{spec.name}/{impl.name} shard_map over {axis}"
-        got = jax.jit(sharded)(*args)
-        assert_close(got, reference_result(spec, case), spec.tolerance["float32"], what)
-
         cot = cotangent(case)
-        loss = lambda q, k, v, *segs: jnp.sum(sharded(q, k, v, *segs).astype(jnp.float32) * cot)
-        g_got = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*args)
+
+        def loss(q, k, v, *segs):  # forward and gradients in one jitted program
+            out = sharded(q, k, v, *segs)
+            return jnp.sum(out.astype(jnp.float32) * cot), out
+
+        (_, got), g_got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2),
+                                                     has_aux=True))(*args)
+        assert_close(got, reference_result(spec, case), spec.tolerance["float32"], what)
         g_want = reference_result(spec, case, grads=True)
         for name, g, w in zip("qkv", g_got, g_want):
             assert_close(g, w, spec.grad_tolerance["float32"], f"d{name} {what}")
@@ -372,11 +389,11 @@ class ConformanceSuite:
         outcome = expected(spec, impl, case)
         if outcome is not OK:
             return _expect_raise(outcome, fn, **inputs)
-        got = jax.jit(fn)(**inputs)
+        got, grads = _result_and_grads(fn, inputs, cotangent(case))
         assert got.dtype == jnp.dtype(dtype)
         assert_close(got, reference_result(spec, case), spec.tolerance[dtype],
                      f"{spec.name}/{impl.name} {dtype}")
-        for name, g in zip("qkv", _grads(fn, inputs, cotangent(case))):
+        for name, g in zip("qkv", grads):
             assert g.dtype == jnp.dtype(dtype), f"d{name} dtype {g.dtype}"
             assert np.isfinite(np.asarray(g, np.float32)).all(), f"d{name} not finite ({dtype})"
 
@@ -397,7 +414,8 @@ class ConformanceSuite:
         if feats.mask:  # row 5 sees keys only above the diagonal in causal calls
             inputs["mask"] = inputs["mask"].at[:, :, 5, :6].set(False)
         fn = variant_fn(spec, impl, case)
-        out = np.asarray(jax.jit(fn)(**inputs))
+        out, grads = _result_and_grads(fn, inputs, cotangent(case))
+        out = np.asarray(out)
         visible = attention.build_mask(case.q_len, case.kv_len, causal=case.causal,
                                        mask=inputs["mask"], q_segment_ids=inputs["q_segment_ids"],
                                        kv_segment_ids=inputs["kv_segment_ids"])
@@ -406,7 +424,7 @@ class ConformanceSuite:
         assert empty.any() and not empty.all()
         assert (out[empty] == 0).all(), "rows with no visible key must be exactly zero"
         assert np.isfinite(out).all()
-        for name, g in zip("qkv", _grads(fn, inputs, cotangent(case))):
+        for name, g in zip("qkv", grads):
             assert np.isfinite(np.asarray(g)).all(), f"d{name} not finite with empty rows"
 
     def test_aux_keys_equal_spec(self, variant):
