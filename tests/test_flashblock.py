@@ -133,16 +133,3 @@ def test_sampler_with_flashblock():
     assert cos.shape == dlse.shape == (2, 4)
     assert config.recompute_heads == tuple(
         tuple(bool(c < 0.85 or d > 0.05) for c, d in zip(cr, dr)) for cr, dr in zip(cos, dlse))
-
-
-def test_bench_attention_rows():
-    """lcjax.bench.flashblock's attention measurement: the split path equals exact
-    attention and every time is measured (tiny shapes, one repeat)."""
-    from lcjax.bench.flashblock import attention_rows
-
-    (row,) = attention_rows((16,), block_size=4, steps=4, heads=2, kv_heads=1, head_dim=8,
-                            repeats=1, log=lambda *a, **k: None)
-    assert row["split_max_abs_error"] < 1e-5
-    assert all(row[f"{n}_s"] > 0 for n in ("exact", "split", "reuse"))
-    steps_time = 4 * row["exact_s"] / (row["split_s"] + 3 * row["reuse_s"])
-    assert abs(row["block_ratio"] - steps_time) < 1e-9
