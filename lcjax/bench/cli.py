@@ -13,6 +13,8 @@
         (Ulysses / Ring / UPipe memory and step time; ``lcjax.bench.context_parallel``)
     lcjax bench plash [--seq-lens 1024,...,65536] [--prototypes 16,64]
         (PLASH vs blockwise, Performer, Nystrom: time, memory, slope, error, certificate)
+    lcjax bench flashblock [--histories 1024,4096,16384] [--sample-histories 1024,4096]
+        (block-diffusion attention per denoising step with and without FlashBlock's reuse)
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 
 from lcjax.bench import context_parallel as context_parallel_bench
 from lcjax.bench import entmax as entmax_bench
+from lcjax.bench import flashblock as flashblock_bench
 from lcjax.bench import plash as plash_bench
 from lcjax.bench import token_sparse as token_sparse_bench
 from lcjax.bench.attention import (
@@ -85,6 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     token_sparse_bench.add_arguments(sub)
     context_parallel_bench.add_arguments(sub)
     plash_bench.add_arguments(sub)
+    flashblock_bench.add_arguments(sub)
 
 
 def _parse_max_len(specs) -> dict[str, int]:
@@ -123,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
         return context_parallel_bench.run_cli(args)
     if args.bench == "plash":
         return plash_bench.run_cli(args)
+    if args.bench == "flashblock":
+        return flashblock_bench.run_cli(args)
     if args.bench != "attention":
         raise ValueError(f"unknown benchmark {args.bench!r}")
     result = run_attention_benchmark(config_from_args(args))
