@@ -5,7 +5,13 @@ and experiments/upipe's)."""
 import jax
 import pytest
 
-from lcjax.bench.context_parallel import compiled_temp_bytes, max_length_under, memory_model
+from lcjax.bench.context_parallel import (
+    compiled_temp_bytes,
+    max_length_under,
+    memory_model,
+    model_head_part,
+    split_per_token,
+)
 from lcjax.parallel import make_mesh
 
 
@@ -21,6 +27,39 @@ def test_memory_model_attention_ratio_is_c_over_h_for_mha():
     assert gqa == pytest.approx(4 / (2 * 32 / 8 + 2 * 8 / 8))  # = 40%
     # Ulysses' attention bytes: q, k, v, o and cotangents, H/C and Hv/C heads over T
     assert _model("ulysses", 32)["attention"] == 2 * 4 * (1 << 17) * 64 * (8 + 8)
+
+
+def test_model_attention_intermediates_include_the_projections():
+    """Head-layout tensors plus the sequence-layout projections (all ∝ T D): for MHA the
+    UPipe / Ulysses ratio is still C/H; Ulysses' projections are q, k, v, o of all heads
+    over T/C tokens with cotangents, UPipe's those of one stage (C heads)."""
+    t = 1 << 17
+    uly, up = _model("ulysses", 32, t), _model("upipe", 32, t)
+    assert uly["projections"] == 4 * (t / 8) * 2 * (32 + 64) * 64
+    assert up["projections"] == 4 * (t / 8) * 2 * (8 + 16) * 64
+    assert model_head_part(up) / model_head_part(uly) == pytest.approx(8 / 32)
+    assert uly["total"] == model_head_part(uly) + uly["sequence"]
+
+
+def test_split_per_token_recovers_a_known_split_and_flags_a_non_physical_one():
+    """temp(T, d) = c(d) + T (a + b d) at two lengths and two d_models: the split gives a
+    (the attention part) and b d exactly; a fit that makes a part negative is flagged."""
+    a, b, d, d2, t1, t2 = 3000.0, 0.7, 2048, 1024, 8192, 32768
+
+    def temp(t, dm):
+        return 5e6 + 900.0 * dm + t * (a + b * dm)
+
+    slope = (temp(t2, d) - temp(t1, d)) / (t2 - t1)
+    other = (temp(t2, d2) - temp(t1, d2)) / (t2 - t1)
+    got = split_per_token(slope, other, d_model=d, other_d_model=d2, x_buffer_bytes=1024)
+    assert got["attention"] == pytest.approx(a) and got["x_part"] == pytest.approx(b * d)
+    assert got["x_buffers"] == pytest.approx(b * d / 1024) and got["physical"]
+    # the slope grows by more than its whole when d_model doubles: a < 0, not physical
+    bad = split_per_token(3000.0, 1000.0, d_model=d, other_d_model=d2, x_buffer_bytes=1024)
+    assert bad["attention"] < 0 and not bad["physical"]
+    # the slope shrinks when d_model grows: b < 0, not physical
+    assert not split_per_token(3000.0, 3500.0, d_model=d, other_d_model=d2,
+                               x_buffer_bytes=1024)["physical"]
 
 
 @pytest.mark.parametrize("budget", [1000, 4096, 77777])

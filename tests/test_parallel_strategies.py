@@ -136,10 +136,12 @@ def test_bidirectional_gqa_kv_heads_below_context_equals_one_device(strategy):
     _check_layer(strategy, make_mesh(data=1, context=8), 8, 2, False)
 
 
-@pytest.mark.parametrize("strategy", ["ulysses", "upipe"])
-def test_entmax_inside_equals_one_device(strategy):
-    _check_layer(strategy, make_mesh(data=2, context=4), 8, 4, True, variant="entmax",
-                 block_q=16, block_kv=16)
+@pytest.mark.parametrize("strategy,context", [("ulysses", 4), ("upipe", 2)])
+def test_entmax_inside_equals_one_device(strategy, context):
+    """UPipe at C = 2 (H = 8, Hkv = 4): two kv chunks of two query stages each, so both
+    stage indices of the weight slices and of the dW writes move."""
+    mesh = make_mesh(data=2, context=context, devices=jax.devices()[:2 * context])
+    _check_layer(strategy, mesh, 8, 4, True, variant="entmax", block_q=16, block_kv=16)
 
 
 def test_usp_layer_causal_gqa_equals_one_device():

@@ -6,23 +6,28 @@ For fixed B, H, Hkv, D, C and growing T it reports
 - the per-device compiled temp bytes of forward+backward (``jax.jit(grad).lower(...)
   .compile().memory_analysis().temp_size_in_bytes``; compile only, nothing runs);
 - the analytic model beside it (:func:`memory_model`), and the compiled bytes per token
-  (the slope between two lengths) against the model's slope;
+  (the slope between two lengths) against the model's slope; with ``split_d_model`` the
+  compiled slope split into its attention-intermediate part and its x-sized part by
+  compiling again at another d_model (:func:`split_per_token`);
 - the largest T under a per-device budget for each strategy (a binary search over
   compiled memory, on multiples of the step ``2 C · block``);
 - wall time of one fwd+bwd step on C CPU devices at a short length, as ratios to Ulysses.
 
 The memory model (bytes per device, s = bytes per element, Hv = max(Hkv, C), d = d_model):
 
-    attention intermediates  A = 2 s B T D n,   n = heads alive per device, counting the
+    head layout        A = 2 s B T D n,   n = heads alive per device, counting the
         q, k, v, o tensors of the head layout (2: each with its cotangent):
         Ulysses n = 2 H/C + 2 Hv/C;  UPipe n = 4 (one q, k, v and o head per stage);
         Ring n = (2 H + 2 Hkv)/C (+ one kv block in flight, 2 Hkv/C more);
-    sequence-sharded part   S = s B (T/C) (m d + 2 (H + 2 Hkv) D)  (Ulysses, Ring: the
-        projections in the sequence layout) or s B (T/C) m d (UPipe), m = 3 x-sized
-        buffers (y, its cotangent's use, dx) — a constant XLA fusion may change;
+    sequence layout    Pj = 2 s B (T/C) (hq + 2 hk) D, the projections q, k, v (o) with
+        cotangents: Ulysses, Ring (hq, hk) = (H, Hkv); UPipe (C, C) (one stage);
+    x-sized            S = s B (T/C) m d, m = :data:`X_BUFFERS` [T/C, d] temps at the
+        peak (Ulysses, Ring 1; UPipe 0: its dx and y live in the output buffers) — what
+        XLA's fusion and buffer assignment make of it, measured by the split.
 
-so A_upipe / A_ulysses = 4 / (2 H/C + 2 Hv/C): C/H = 25% for MHA at H = 32, C = 8, and
-40% for GQA at Hkv = 8 (the kv heads are already one per device there).
+The attention intermediates are A + Pj (:func:`model_head_part`), all ∝ T D. For MHA
+UPipe / Ulysses is C/H for both terms (25% at H = 32, C = 8); for GQA with Hkv = C = 8
+(one kv head per device already) A gives 40% and A + Pj 43.75%.
 
 Runs on C CPU devices: when fewer are visible it re-runs itself in a subprocess with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=C``.
@@ -38,37 +43,52 @@ import sys
 import time
 
 STRATEGIES = ("ulysses", "ring", "upipe")
+# x-sized [T/C, d_model] temp buffers at the peak, per strategy: what the d_model split of
+# run_benchmark measured at H = 32, C = 8, D = 64, 8K -> 32K (Ulysses 1.0 GQA, 0.0 MHA;
+# UPipe -0.1 GQA, 0.4 MHA; Ring not measured, it shares Ulysses' layer code). XLA's
+# fusion and buffer assignment decide it: docs/context_parallel.md
+X_BUFFERS = {"ulysses": 1.0, "ring": 1.0, "upipe": 0.0}
 
 
 def memory_model(strategy: str, *, seq_len: int, batch: int, heads: int, kv_heads: int,
                  head_dim: int, d_model: int, context: int, bytes_per: int = 4,
-                 x_buffers: int = 3) -> dict:
+                 x_buffers: float | None = None) -> dict:
     """The analytic per-device bytes of fwd+bwd of one layer (module docstring):
-    ``{"attention": A, "sequence": S, "total": A + S}``."""
+    ``{"attention": A, "projections": Pj, "sequence": S, "total": A + Pj + S}`` with A
+    the head-layout tensors, Pj the sequence-layout projections (both ∝ T D: the
+    *attention-intermediate* part, :func:`model_head_part`) and S the x-sized
+    [T/C, d_model] buffers (∝ T d_model; ``x_buffers`` of them, default
+    :data:`X_BUFFERS` of the strategy)."""
     t, c, d = seq_len, context, head_dim
     hv = max(kv_heads, c)
     if strategy == "ulysses":
-        n = 2 * heads / c + 2 * hv / c
+        n, hq, hk = 2 * heads / c + 2 * hv / c, heads, kv_heads
     elif strategy == "upipe":
-        n = 4.0
+        n, hq, hk = 4.0, c, c  # one stage: C query heads and one kv chunk of C heads
     elif strategy == "ring":
-        n = (2 * heads + 4 * kv_heads) / c
+        n, hq, hk = (2 * heads + 4 * kv_heads) / c, heads, kv_heads
     else:
         raise ValueError(f"memory_model: unknown strategy {strategy!r}")
+    m = X_BUFFERS[strategy] if x_buffers is None else x_buffers
     attention = 2 * bytes_per * batch * t * d * n
-    seq = bytes_per * batch * (t / c) * x_buffers * d_model
-    if strategy != "upipe":
-        seq += bytes_per * batch * (t / c) * 2 * (heads + 2 * kv_heads) * d
-    return {"attention": attention, "sequence": seq, "total": attention + seq}
+    projections = bytes_per * batch * (t / c) * 2 * (hq + 2 * hk) * d
+    seq = bytes_per * batch * (t / c) * m * d_model
+    return {"attention": attention, "projections": projections, "sequence": seq,
+            "total": attention + projections + seq}
 
 
-def _layer_fn(strategy, mesh, *, heads, kv_heads, head_dim, causal, block):
+def model_head_part(model: dict) -> float:
+    """The model's attention-intermediate bytes (everything ∝ T·D, not ∝ d_model)."""
+    return model["attention"] + model["projections"]
+
+
+def _layer_fn(strategy, mesh, *, heads, kv_heads, head_dim, causal, block, d_model=None):
     import jax
     import jax.numpy as jnp
 
     from lcjax.parallel import layer
 
-    d_model = heads * head_dim
+    d_model = d_model or heads * head_dim
     init, apply = layer(strategy, mesh=mesh, d_model=d_model, num_heads=heads,
                         num_kv_heads=kv_heads, head_dim=head_dim, causal=causal,
                         variant="blockwise", block_q=block, block_kv=block)
@@ -92,14 +112,34 @@ def _abstract(mesh, init, batch, seq_len, d_model):
 
 
 def compiled_temp_bytes(strategy: str, seq_len: int, *, mesh, batch=1, heads=32, kv_heads=8,
-                        head_dim=64, causal=True, block=512) -> tuple[int, float]:
-    """(per-device temp bytes of the compiled fwd+bwd, compile seconds); nothing runs."""
+                        head_dim=64, causal=True, block=512, d_model: int | None = None
+                        ) -> tuple[int, float]:
+    """(per-device temp bytes of the compiled fwd+bwd, compile seconds); nothing runs.
+    ``d_model``: default ``heads * head_dim``."""
     init, step, d_model = _layer_fn(strategy, mesh, heads=heads, kv_heads=kv_heads,
-                                    head_dim=head_dim, causal=causal, block=block)
+                                    head_dim=head_dim, causal=causal, block=block,
+                                    d_model=d_model)
     params, x = _abstract(mesh, init, batch, seq_len, d_model)
     start = time.perf_counter()
     compiled = step.lower(params, x, x).compile()
     return int(compiled.memory_analysis().temp_size_in_bytes), time.perf_counter() - start
+
+
+def split_per_token(slope: float, other_slope: float, *, d_model: int, other_d_model: int,
+                    x_buffer_bytes: float) -> dict:
+    """Split compiled bytes per token into the part ∝ d_model and the rest.
+
+    With temp(T, d) = c(d) + T (a + b d) (a: bytes per token of tensors with head
+    dimensions — the attention intermediates, in any layout; b d: of x-sized [T/C, d]
+    buffers), the slopes at two d_models give b = (slope - other) / (d - d') and
+    a = slope - b d. ``x_buffers`` = b d / ``x_buffer_bytes`` (the bytes per token of one
+    x-sized buffer). ``physical``: 0 <= a <= slope and b >= 0 (else the fit does not
+    describe the compiled code, e.g. XLA chose other fusions at the other d_model)."""
+    b = (slope - other_slope) / (d_model - other_d_model)
+    a = slope - b * d_model
+    return {"attention": a, "x_part": b * d_model, "x_buffers": b * d_model / x_buffer_bytes,
+            "slope": slope, "other_slope": other_slope, "other_d_model": other_d_model,
+            "physical": bool(0 <= a <= slope and b >= 0)}
 
 
 def max_length_under(strategy: str, budget: int, *, step: int, guess: int, measure,
@@ -154,8 +194,12 @@ def step_times(strategies, *, mesh, batch, heads, kv_heads, head_dim, seq_len, c
 def run_benchmark(*, strategies=STRATEGIES, heads=32, kv_heads=8, head_dim=64, context=8,
                   batch=1, seq_lens=(8192, 32768), causal=True, block=512,
                   budget_mib: float | None = None, search: bool = True, max_compiles=6,
-                  time_len=1024, time_head_dim=None, repeats=3) -> dict:
-    """The whole benchmark as a dict (see the module docstring)."""
+                  time_len=1024, time_head_dim=None, repeats=3,
+                  split_d_model: int | None = None) -> dict:
+    """The whole benchmark as a dict (see the module docstring). ``split_d_model``: also
+    compile every strategy at the first and last length with this d_model (not
+    ``heads * head_dim``) and split the compiled bytes per token into the part ∝ d_model
+    and the rest, the attention intermediates (:func:`split_per_token`)."""
     import jax
 
     from lcjax.parallel import make_mesh
@@ -185,21 +229,38 @@ def run_benchmark(*, strategies=STRATEGIES, heads=32, kv_heads=8, head_dim=64, c
             a, b = by[(s, t1)], by[(s, t2)]
             slopes[s] = {"compiled": (b["temp_bytes"] - a["temp_bytes"]) / (t2 - t1),
                          "model": (b["model"]["total"] - a["model"]["total"]) / (t2 - t1),
-                         "model_attention": (b["model"]["attention"]
-                                             - a["model"]["attention"]) / (t2 - t1)}
+                         "model_attention": (model_head_part(b["model"])
+                                             - model_head_part(a["model"])) / (t2 - t1)}
         result["bytes_per_token"] = slopes
+        if split_d_model:
+            result["split"] = {}
+            for s in strategies:
+                temps = [compiled_temp_bytes(s, t, mesh=mesh, causal=causal, block=block,
+                                             d_model=split_d_model, **shape)[0]
+                         for t in (t1, t2)]
+                result["split"][s] = split_per_token(
+                    slopes[s]["compiled"], (temps[1] - temps[0]) / (t2 - t1),
+                    d_model=heads * head_dim, other_d_model=split_d_model,
+                    x_buffer_bytes=4 * batch * heads * head_dim / context)
+                result["split"][s].update(temp_other_d_model=temps,
+                                          model=slopes[s]["model_attention"])
+                print(f"  {s:8s} d_model={split_d_model}: temp {temps[0] / 2**20:.1f}, "
+                      f"{temps[1] / 2**20:.1f} MiB; attention part "
+                      f"{result['split'][s]['attention']:.0f} B/token of "
+                      f"{slopes[s]['compiled']:.0f}", flush=True)
     if "ulysses" in strategies and "upipe" in strategies:
         t = seq_lens[-1]
         result["upipe_over_ulysses_temp"] = (by[("upipe", t)]["temp_bytes"]
                                              / by[("ulysses", t)]["temp_bytes"])
         if "bytes_per_token" in result:
             sl = result["bytes_per_token"]
-            # attention part of the compiled slope: compiled slope minus the model's
-            # sequence-sharded slope (the model's split applied to the measurement)
-            att = {s: sl[s]["compiled"] - (sl[s]["model"] - sl[s]["model_attention"])
-                   for s in ("ulysses", "upipe")}
-            result["attention_bytes_per_token"] = att
-            result["upipe_over_ulysses_attention"] = att["upipe"] / att["ulysses"]
+            result["model_upipe_over_ulysses_attention"] = (
+                sl["upipe"]["model_attention"] / sl["ulysses"]["model_attention"])
+        if "split" in result:
+            sp = result["split"]
+            result["upipe_over_ulysses_attention"] = (sp["upipe"]["attention"]
+                                                      / sp["ulysses"]["attention"])
+            result["split_physical"] = all(sp[s]["physical"] for s in ("ulysses", "upipe"))
     if search and budget_mib is not None:
         budget = int(budget_mib * 2**20)
         step = 2 * context * block
@@ -243,11 +304,21 @@ def format_result(result: dict) -> str:
         lines += ["", "| strategy | compiled bytes/token | model bytes/token |", "|---|---|---|"]
         for s, v in result["bytes_per_token"].items():
             lines.append(f"| {s} | {v['compiled']:.0f} | {v['model']:.0f} |")
+    if "split" in result:
+        lines += ["", "| strategy | attention-intermediate bytes/token (measured) | x-sized "
+                  "buffers (measured) | model attention bytes/token |", "|---|---|---|---|"]
+        for s, v in result["split"].items():
+            lines.append(f"| {s} | {v['attention']:.0f} | {v['x_buffers']:.2f} | "
+                         f"{v['model']:.0f} |")
     for key, label in (("upipe_over_ulysses_temp", "UPipe / Ulysses temp bytes"),
                        ("upipe_over_ulysses_attention",
-                        "UPipe / Ulysses attention-intermediate bytes per token")):
+                        "UPipe / Ulysses attention-intermediate bytes per token (measured)"),
+                       ("model_upipe_over_ulysses_attention", "the same, model")):
         if key in result:
             lines.append(f"\n{label}: {result[key]:.1%}")
+    if result.get("split_physical") is False:
+        lines.append("\nThe d_model split is not physical (a negative or too large part): "
+                     "the measured share means nothing.")
     if "max_len" in result:
         lines += ["", f"Largest T under {result['budget_bytes'] / 2**20:.0f} MiB per device:"]
         for s, v in result["max_len"].items():
@@ -281,6 +352,9 @@ def _arguments(p):
     p.add_argument("--time-len", type=int, default=1024, help="T of the timed step (0: none)")
     p.add_argument("--time-head-dim", type=int, default=None)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--split-d-model", type=int, default=None,
+                   help="also compile at this d_model to split the bytes per token into "
+                        "attention intermediates and x-sized buffers")
     p.add_argument("--json", default=None, help="write the result here")
 
 
@@ -291,7 +365,8 @@ def _run(args) -> int:
         batch=args.batch, seq_lens=tuple(int(t) for t in args.seq_lens.split(",")),
         block=args.block, budget_mib=args.budget_mib, search=args.budget_mib is not None,
         max_compiles=args.max_compiles, time_len=args.time_len,
-        time_head_dim=args.time_head_dim, repeats=args.repeats)
+        time_head_dim=args.time_head_dim, repeats=args.repeats,
+        split_d_model=args.split_d_model)
     print(format_result(result))
     if args.json:
         with open(args.json, "w") as f:
