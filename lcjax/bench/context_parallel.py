@@ -293,13 +293,14 @@ def format_result(result: dict) -> str:
     lines = [f"Context-parallel attention layer, fwd+bwd, per device: B={c['batch']} "
              f"H={c['heads']} Hkv={c['kv_heads']} D={c['head_dim']} C={c['context']} "
              f"blockwise block={c['block']}, causal={c['causal']}", "",
-             "| strategy | T | compiled temp MiB | model MiB (attention + sequence) |",
+             "| strategy | T | compiled temp MiB | model MiB (attention + projections + "
+             "x-sized) |",
              "|---|---|---|---|"]
     for r in result["rows"]:
         m = r["model"]
         lines.append(f"| {r['strategy']} | {r['seq_len']} | {r['temp_bytes'] / 2**20:.1f} | "
                      f"{m['total'] / 2**20:.1f} ({m['attention'] / 2**20:.1f} + "
-                     f"{m['sequence'] / 2**20:.1f}) |")
+                     f"{m['projections'] / 2**20:.1f} + {m['sequence'] / 2**20:.1f}) |")
     if "bytes_per_token" in result:
         lines += ["", "| strategy | compiled bytes/token | model bytes/token |", "|---|---|---|"]
         for s, v in result["bytes_per_token"].items():
