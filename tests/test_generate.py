@@ -1,5 +1,6 @@
 """Tests for lcjax.nn.generate: batched greedy/temperature/top-k/top-p sampling through the
-KV cache, ragged (right-padded) prompts, stop tokens and log-probabilities.
+KV cache, ragged (right-padded) prompts, stop tokens and log-probabilities; and
+lcjax.nn.sampling.decode_from_caches, its decoding loop after a prefill of one's own.
 
 Every reference is a full forward pass without a cache (``forward``): the greedy loop, the
 top-k / nucleus sets, the first-token distribution and the log-probabilities.
@@ -10,9 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import stats
-from test_nn import forward, make
+from test_nn import forward, make, step
 
+from lcjax.attention import lengths_to_segment_ids
 from lcjax.nn import DecoderConfig, generate
+from lcjax.nn.sampling import decode_from_caches
 
 V = 17
 
@@ -243,6 +246,85 @@ def test_greedy_logprobs_and_zero_new_tokens():
     np.testing.assert_array_equal(generated(one, lengths, 1)[:, 0], z.argmax(-1))
     np.testing.assert_allclose(one.logprobs[:, 0], np.asarray(jax.nn.log_softmax(z).max(-1)),
                                atol=1e-5)
+
+
+# ----------------------------------------------------------------------------
+# decode_from_caches: the decoding loop after one's own prefill
+# ----------------------------------------------------------------------------
+def _own_prefill(model, prompts, lengths, n):
+    """Ragged rows through the model's cache (positions and segment ids passed): the
+    logits after each row's prompt [B, V] and the caches."""
+    b, p = prompts.shape
+    pos = jnp.broadcast_to(jnp.arange(p), (b, p))
+    logits, caches = step(model, prompts, model.init_cache(b, p + n - 1), positions=pos,
+                          segment_ids=lengths_to_segment_ids(jnp.asarray(lengths), p))
+    last = np.take_along_axis(np.asarray(logits), np.asarray(lengths)[:, None, None] - 1, 1)
+    return last[:, 0], caches
+
+
+def test_decode_from_caches_continues_a_prefill_as_generate_does():
+    """After a prefill of our own (ragged rows), greedy decoding equals generate's
+    continuation, and each token is the argmax of a full forward pass over the prompt and
+    the tokens before it; sampling with the same key gives generate's samples and
+    log-probs; a stop token ends each row after its first occurrence. Without padding,
+    the default positions (the cache index) give the same tokens as explicit ones."""
+    model = make(tiny(), seed=11)
+    lengths, n = np.array([5, 2, 4]), 5
+    prompts = tokens_of(21, (3, 5))
+    last, caches = _own_prefill(model, prompts, lengths, n)
+    never = (V + 5,)  # one stop-token shape for every call: one compile per mode
+    dec = decode_from_caches(model, last, caches, n, positions=jnp.asarray(lengths),
+                             stop_tokens=never)
+    assert dec.tokens.shape == (3, n) and dec.logprobs is None
+    np.testing.assert_array_equal(dec.lengths, [n] * 3)
+    out = generate(model, prompts, n, prompt_lengths=jnp.asarray(lengths), stop_tokens=never)
+    np.testing.assert_array_equal(dec.tokens, generated(out, lengths, n))
+    z = next_token_logits(model, out.tokens, lengths, n)  # full forward, no cache
+    np.testing.assert_array_equal(np.asarray(dec.tokens), z.argmax(-1))
+    stop = (int(dec.tokens[0, 1]),)  # row 0 stops at step <= 1
+    cut = decode_from_caches(model, last, caches, n, positions=jnp.asarray(lengths),
+                             stop_tokens=stop)
+    for r in range(3):
+        hits = np.flatnonzero(np.asarray(dec.tokens[r]) == stop[0])
+        end = hits[0] + 1 if hits.size else n
+        assert int(cut.lengths[r]) == end
+        np.testing.assert_array_equal(cut.tokens[r, :end], dec.tokens[r, :end])
+        assert np.all(np.asarray(cut.tokens[r, end:]) == 0)  # pad_id
+    assert int(cut.lengths[0]) <= 2
+    kw = dict(temperature=1.3, top_k=9, rng=jax.random.key(5), return_logprobs=True,
+              stop_tokens=never)
+    sampled = decode_from_caches(model, last, caches, n, positions=jnp.asarray(lengths), **kw)
+    ref = generate(model, prompts, n, prompt_lengths=jnp.asarray(lengths), **kw)
+    np.testing.assert_array_equal(sampled.tokens, generated(ref, lengths, n))
+    np.testing.assert_allclose(sampled.logprobs, ref.logprobs, atol=1e-5)
+    assert np.any(np.asarray(sampled.tokens) != np.asarray(dec.tokens))  # it did sample
+    full = np.full(3, 5)
+    last, caches = _own_prefill(model, prompts, full, n)
+    plain = decode_from_caches(model, last, caches, n, stop_tokens=never)
+    want = decode_from_caches(model, last, caches, n, positions=jnp.asarray(full),
+                              stop_tokens=never)
+    np.testing.assert_array_equal(plain.tokens, want.tokens)
+
+
+def test_decode_from_caches_value_errors():
+    model = make(tiny())
+    last, caches = _own_prefill(model, tokens_of(0, (3, 5)), np.full(3, 5), 5)
+    cases = [
+        (dict(logits=jnp.ones((3, V), jnp.int32)), "logits"),
+        (dict(logits=last[0]), "logits"),
+        (dict(positions=jnp.array([3])), "positions"),
+        (dict(positions=jnp.array([3.0, 3.0, 3.0])), "positions"),
+        (dict(max_new_tokens=-1), "max_new_tokens"),
+        (dict(temperature=1.0), "rng"),
+        (dict(top_p=0.0, temperature=1.0, rng=jax.random.key(0)), "top_p"),
+    ]
+    for kw, match in cases:
+        kw = {"logits": last, "max_new_tokens": 2, **kw}
+        with pytest.raises(ValueError, match=f"decode_from_caches: `{match}`"):
+            decode_from_caches(model, kw.pop("logits"), caches, kw.pop("max_new_tokens"), **kw)
+    empty = decode_from_caches(model, last, caches, 0, return_logprobs=True)
+    assert empty.tokens.shape == (3, 0) and empty.logprobs.shape == (3, 0)
+    np.testing.assert_array_equal(empty.lengths, [0, 0, 0])
 
 
 # ----------------------------------------------------------------------------

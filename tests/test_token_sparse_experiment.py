@@ -150,8 +150,10 @@ def test_claims_on_hand_made_numbers():
     assert kept.holds and "kept 0.45" in kept.ours
     paper, _ = exp.claims_from(100.0, pts[:2] + [_pt(3.3, 99.2, 0.3)])
     assert paper.holds and "3.30x" in paper.ours
-    paper, kept = exp.claims_from(97.5, [_pt(0.4, 97.5, 0.6), _pt(0.2, 90.0, 0.55)])
+    paper, kept = exp.claims_from(97.5, [_pt(0.4, 97.5, 0.6), _pt(0.2, 90.0, 0.55)],
+                                  seq_len=125)
     assert not paper.holds and "no coverage reaches 3.23x" in paper.ours
+    assert "best speed-up 0.40x" in paper.ours and "at T = 125 the attention step" in paper.ours
     assert not kept.holds and "least kept 0.55" in kept.ours
     _, kept = exp.claims_from(97.5, [_pt(0.4, 95.0, 0.5)])
     assert not kept.holds and "95.0%" in kept.ours

@@ -231,9 +231,9 @@ def _kept(q, k, opts: Mapping):
 
 @functools.lru_cache(maxsize=64)
 def _prefill_fn(graphdef, cache_len: int, sparse: tuple):
-    """jit: (state, tokens [B, n]) -> (first greedy token [B], per-layer KVCache of
-    ``cache_len`` slots holding the prompt's K/V, ((kept [B], budget [B]) per sparse
-    layer))."""
+    """jit: (state, tokens [B, n]) -> (next-token logits at the last position [B, V],
+    per-layer KVCache of ``cache_len`` slots holding the prompt's K/V, ((kept [B],
+    budget [B]) per sparse layer))."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -250,34 +250,9 @@ def _prefill_fn(graphdef, cache_len: int, sparse: tuple):
                             x["k"], x["v"], jnp.zeros((b, n), jnp.int32))
             for x in inputs)
         kept = tuple(_kept(inputs[i]["q"], inputs[i]["k"], dict(opts)) for i, opts in sparse)
-        first = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
-        return first, caches, kept
+        return logits[:, -1], caches, kept
 
     return jax.jit(prefill)
-
-
-@functools.lru_cache(maxsize=16)
-def _decode_fn(graphdef, steps: int):
-    """jit: (state, first [B], caches) -> tokens [B, steps], greedy, one token per step
-    through the cache (``steps - 1`` model calls)."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-    from jax import lax
-
-    def decode(state, first, caches):
-        model = nnx.merge(graphdef, state)
-        out = jnp.zeros((first.shape[0], steps), jnp.int32).at[:, 0].set(first)
-
-        def body(i, carry):
-            tok, caches, out = carry
-            logits, caches = model(tok[:, None], cache=caches)
-            new = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
-            return new, caches, out.at[:, i].set(new)
-
-        return lax.fori_loop(1, steps, body, (first, caches, out))[2]
-
-    return jax.jit(decode)
 
 
 class SparsePrefillGenerator:
@@ -312,9 +287,8 @@ class SparsePrefillGenerator:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"SparsePrefillGenerator: `batch_size` must be an int >= 1, got "
                              f"{batch_size!r}")
-        decoder = model if decoder is None else decoder
+        self.decoder = model if decoder is None else decoder
         self.graphdef, self.state = nnx.split(model)
-        self.decoder_graphdef, self.decoder_state = nnx.split(decoder)
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
         cfg = model.config
         self.sparse = tuple(
@@ -326,9 +300,9 @@ class SparsePrefillGenerator:
         self.seconds = 0.0
 
     def prefill(self, tokens):
-        """Rows [B, n] of one length -> (first greedy token [B], the per-layer caches of
-        n + ``max_new_tokens`` - 1 slots holding the prompt's K/V, per token-sparse layer
-        (kept fraction [B], budget K [B]))."""
+        """Rows [B, n] of one length -> (next-token logits after the prompt [B, V], the
+        per-layer caches of n + ``max_new_tokens`` - 1 slots holding the prompt's K/V, per
+        token-sparse layer (kept fraction [B], budget K [B]))."""
         tokens = np.asarray(tokens, np.int32)
         if tokens.ndim != 2 or not tokens.size:
             raise ValueError(f"SparsePrefillGenerator: `tokens` must be a non-empty "
@@ -338,12 +312,17 @@ class SparsePrefillGenerator:
         return prefill(self.state, tokens)
 
     def generate_tokens(self, tokens) -> tuple[np.ndarray, list]:
-        """Rows [B, n] of one length -> (greedy tokens [B, max_new_tokens], per sparse
-        layer (kept [B], budget [B]))."""
-        first, caches, kept = self.prefill(tokens)
-        decode = _decode_fn(self.decoder_graphdef, self.max_new_tokens)
-        out = decode(self.decoder_state, first, caches)
-        return np.asarray(out), [(np.asarray(a), np.asarray(b)) for a, b in kept]
+        """Rows [B, n] of one length -> (greedy tokens [B, max_new_tokens], PAD after an
+        EOS; per sparse layer (kept [B], budget [B])). Decoding is
+        ``lcjax.nn.sampling.decode_from_caches`` (``generate``'s own loop) with the dense
+        ``decoder`` through the prefill's caches, positions continuing from the prompt."""
+        from lcjax.data import tokenizer as tok
+        from lcjax.nn.sampling import decode_from_caches
+
+        last, caches, kept = self.prefill(tokens)
+        out = decode_from_caches(self.decoder, last, caches, self.max_new_tokens,
+                                 stop_tokens=(tok.EOS,), pad_id=tok.PAD)
+        return np.asarray(out.tokens), [(np.asarray(a), np.asarray(b)) for a, b in kept]
 
     def __call__(self, prompts: Sequence[str]) -> list[str]:
         from lcjax.data import tokenizer as tok
@@ -415,12 +394,15 @@ def time_attention(seq_len: int, batch: int, model_cfg, variants: Mapping[str, d
 # ----------------------------------------------------------------------------
 def claims_from(dense_acc: float, points: Sequence[Mapping], *,
                 paper_speedup: float = PAPER_SPEEDUP, tolerance: float = TOLERANCE,
-                kept_at_2x: float = BENCH_KEPT_AT_2X, min_dense: float = MIN_DENSE
-                ) -> list[Claim]:
+                kept_at_2x: float = BENCH_KEPT_AT_2X, min_dense: float = MIN_DENSE,
+                seq_len: int | None = None) -> list[Claim]:
     """The two claims from the numbers: ``points`` are the token-sparse rows
     (``coverage``, ``accuracy``, ``speedup``, ``kept`` = mean kept fraction of the sparse
     layers, ``label``), ``dense_acc`` dense accuracy (percent). Neither holds when dense
-    accuracy is below ``min_dense`` (an under-trained model: nothing to lose)."""
+    accuracy is below ``min_dense`` (an under-trained model: nothing to lose). When no
+    coverage reaches ``paper_speedup`` and ``seq_len`` (the timed length) is given, the
+    paper's claim says that the step is too short at that length and that the speed claim
+    is the benchmark's."""
     learned = dense_acc >= min_dense
     caveat = "" if learned else (f"not checkable: dense {dense_acc:.1f}% < {min_dense:g}% "
                                  "(under-trained); ")
@@ -441,6 +423,11 @@ def claims_from(dense_acc: float, points: Sequence[Mapping], *,
         ours = (f"best speed-up {best['speedup']:.2f}x (at {best['label']}, kept "
                 f"{best['kept']:.2f}, {best['accuracy']:.1f}% vs dense {dense_acc:.1f}%): "
                 f"no coverage reaches {paper_speedup:g}x")
+        if seq_len is not None:
+            ours += (f" — at T = {seq_len} the attention step is too short for the method's "
+                     "fixed costs (scoring pass, sort, gathers, scatter) to pay off; the "
+                     "speed claim is `lcjax bench token_sparse`'s at T = 16K, and this "
+                     "experiment checks the accuracy at the kept fraction (next claim)")
     else:
         ours = "no timed token-sparse row"
     claims = [Claim(
@@ -615,7 +602,7 @@ def run(quick: bool, out_dir: Path, *, steps: int | None = None, length: int | N
     for p in points:
         p["speedup"] = by_label[p["timing_label"]].get("fwd_speedup_vs_anchor")
 
-    claims = claims_from(dense_acc["overall"], points)
+    claims = claims_from(dense_acc["overall"], points, seq_len=n_prompt)
     fig = out_dir / "accuracy_vs_speedup.png"
     _plot(fig, dense_acc["overall"], points, length)
     history = trained["history"]

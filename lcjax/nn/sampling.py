@@ -20,6 +20,12 @@ with a ``lax.while_loop`` that stops early once every row has emitted a stop tok
 Row b's random stream is ``fold_in(fold_in(rng, b), step)``: rows are independent and a
 row's samples do not depend on the batch size, the padding or the other rows.
 
+:func:`decode_from_caches` is the decoding half alone, for a caller that prefills the
+caches itself (e.g. a prefill without a cache or padding, as a prompt-compression method
+needs, with each layer's K/V captured into caches): from the next-token logits after the
+prompts and the filled caches it runs the same loop :func:`generate` runs after its
+prefill.
+
 Usage::
 
     out = generate(model, prompts, 32, temperature=0.8, top_p=0.95, rng=jax.random.key(0),
@@ -27,6 +33,10 @@ Usage::
     out.tokens     # int [B, P + 32]: prompt[:len_b] ++ generated ++ pad_id
     out.lengths    # int [B]: prompt + generated tokens, up to and including a stop token
     out.logprobs   # float32 [B, 32]: log p(generated token i | prefix), 0 after the end
+
+    logits, caches = model(prompts, cache=model.init_cache(b, p + 31))   # any prefill
+    dec = decode_from_caches(model, logits[:, -1], caches, 32, stop_tokens=(eos,))
+    dec.tokens     # int [B, 32]: the generated tokens, pad_id after a stop token
 """
 
 from __future__ import annotations
@@ -45,7 +55,8 @@ from lcjax.attention import lengths_to_segment_ids
 if TYPE_CHECKING:
     from lcjax.nn.decoder import DecoderLM
 
-__all__ = ["GenerateResult", "generate", "row_keys", "sample_logits", "sampling_candidates"]
+__all__ = ["DecodeResult", "GenerateResult", "decode_from_caches", "generate", "row_keys",
+           "sample_logits", "sampling_candidates"]
 
 
 class GenerateResult(NamedTuple):
@@ -59,6 +70,22 @@ class GenerateResult(NamedTuple):
       log p_model(tokens[b, prompt_lengths[b] + i] | tokens[b, :prompt_lengths[b] + i]),
       the model's own log-softmax (temperature 1, no top-k/top-p filtering: what a full
       forward pass over ``tokens`` gives), and 0 for i >= lengths[b] - prompt_lengths[b].
+    """
+
+    tokens: jax.Array
+    lengths: jax.Array
+    logprobs: jax.Array | None
+
+
+class DecodeResult(NamedTuple):
+    """Output of :func:`decode_from_caches` (N = ``max_new_tokens``).
+
+    tokens: int32 [B, N], row b's generated tokens (up to and including the first stop
+      token), then ``pad_id``.
+    lengths: int32 [B], the number of generated tokens (a stop token counts);
+      ``tokens[b, lengths[b]:] == pad_id``.
+    logprobs: float32 [B, N] or None (without ``return_logprobs``): log p_model of each
+      generated token (temperature 1, no filtering), 0 after the row's end.
     """
 
     tokens: jax.Array
@@ -143,15 +170,15 @@ def _assemble(prompts, prompt_lengths, generated, num_generated, pad_id):
                      jnp.where(j < end, from_gen, jnp.asarray(pad_id, prompts.dtype)))
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "graphdef", "max_new_tokens", "top_k", "greedy", "use_top_p", "return_logprobs", "pad_id"))
-def _generate(state, prompts, prompt_lengths, rng, temperature, top_p, stop_tokens, *,
-              graphdef, max_new_tokens: int, top_k, greedy: bool, use_top_p: bool,
-              return_logprobs: bool, pad_id: int) -> GenerateResult:
-    model = nnx.merge(graphdef, state)
-    b, p = prompts.shape
+def _decode_loop(model, last, cache, start, rng, temperature, top_p, stop_tokens, *,
+                 max_new_tokens: int, top_k, greedy: bool, use_top_p: bool, pad_id: int,
+                 dtype):
+    """The one decoding loop (traced): token 0 from ``last`` [B, V], then token i from the
+    model's logits after feeding token i - 1 through ``cache`` at RoPE position
+    ``start + i - 1`` (``start`` int [B], or None: the model's default, the cache index).
+    Returns (tokens [B, N], number generated [B], logprobs [B, N])."""
+    b = last.shape[0]
     n = max_new_tokens
-    dtype = prompts.dtype
 
     def choose(logits, step):
         keys = None if greedy else row_keys(rng, b, step)
@@ -159,11 +186,6 @@ def _generate(state, prompts, prompt_lengths, rng, temperature, top_p, stop_toke
                             top_p=top_p if use_top_p else None, greedy=greedy)
         return tok.astype(dtype)
 
-    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    cache = model.init_cache(b, p + n - 1)
-    logits, cache = model(prompts, positions=positions, cache=cache,
-                          segment_ids=lengths_to_segment_ids(prompt_lengths, p))
-    last = jnp.take_along_axis(logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
     tok = choose(last, 0)
     out_tokens = jnp.full((b, n), pad_id, dtype).at[:, 0].set(tok)
     out_logprobs = jnp.zeros((b, n), jnp.float32).at[:, 0].set(_token_logprob(last, tok))
@@ -175,10 +197,10 @@ def _generate(state, prompts, prompt_lengths, rng, temperature, top_p, stop_toke
         return (i < n) & ~jnp.all(done)
 
     def body(carry):
-        # feed token i - 1 (slot p + i - 1, position len_b + i - 1), draw token i
+        # feed token i - 1 (slot index + i - 1, position start_b + i - 1), draw token i
         i, tok, cache, done, out_tokens, out_logprobs, count = carry
-        logits, cache = model(tok[:, None], cache=cache,
-                              positions=(prompt_lengths + i - 1)[:, None])
+        positions = None if start is None else (start + i - 1)[:, None]
+        logits, cache = model(tok[:, None], cache=cache, positions=positions)
         new = jnp.where(done, jnp.asarray(pad_id, dtype), choose(logits[:, 0], i))
         logprob = jnp.where(done, 0.0, _token_logprob(logits[:, 0], new))
         out_tokens = lax.dynamic_update_slice_in_dim(out_tokens, new[:, None], i, axis=1)
@@ -189,9 +211,62 @@ def _generate(state, prompts, prompt_lengths, rng, temperature, top_p, stop_toke
 
     carry = (jnp.int32(1), tok, cache, done, out_tokens, out_logprobs, count)
     *_, out_tokens, out_logprobs, count = lax.while_loop(cond, body, carry)
+    return out_tokens, count, out_logprobs
+
+
+_STATIC = ("graphdef", "max_new_tokens", "top_k", "greedy", "use_top_p", "return_logprobs",
+           "pad_id")
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _generate(state, prompts, prompt_lengths, rng, temperature, top_p, stop_tokens, *,
+              graphdef, max_new_tokens: int, top_k, greedy: bool, use_top_p: bool,
+              return_logprobs: bool, pad_id: int) -> GenerateResult:
+    model = nnx.merge(graphdef, state)
+    b, p = prompts.shape
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    cache = model.init_cache(b, p + max_new_tokens - 1)
+    logits, cache = model(prompts, positions=positions, cache=cache,
+                          segment_ids=lengths_to_segment_ids(prompt_lengths, p))
+    last = jnp.take_along_axis(logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
+    out_tokens, count, out_logprobs = _decode_loop(
+        model, last, cache, prompt_lengths, rng, temperature, top_p, stop_tokens,
+        max_new_tokens=max_new_tokens, top_k=top_k, greedy=greedy, use_top_p=use_top_p,
+        pad_id=pad_id, dtype=prompts.dtype)
     tokens = _assemble(prompts, prompt_lengths, out_tokens, count, pad_id)
     return GenerateResult(tokens, prompt_lengths + count,
                           out_logprobs if return_logprobs else None)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _decode(state, last, caches, start, rng, temperature, top_p, stop_tokens, *, graphdef,
+            max_new_tokens: int, top_k, greedy: bool, use_top_p: bool, return_logprobs: bool,
+            pad_id: int) -> DecodeResult:
+    model = nnx.merge(graphdef, state)
+    out_tokens, count, out_logprobs = _decode_loop(
+        model, last, caches, start, rng, temperature, top_p, stop_tokens,
+        max_new_tokens=max_new_tokens, top_k=top_k, greedy=greedy, use_top_p=use_top_p,
+        pad_id=pad_id, dtype=jnp.int32)
+    return DecodeResult(out_tokens, count, out_logprobs if return_logprobs else None)
+
+
+def _check_sampling(fn: str, max_new_tokens, temperature, top_k, top_p, rng) -> bool:
+    """Validate the sampling options shared by generate and decode_from_caches; returns
+    whether decoding is greedy."""
+    if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
+        raise ValueError(f"{fn}: `max_new_tokens` must be an int >= 0, got "
+                         f"{max_new_tokens!r}")
+    if not temperature >= 0:
+        raise ValueError(f"{fn}: `temperature` must be >= 0, got {temperature}")
+    if top_k is not None and (not isinstance(top_k, (int, np.integer)) or top_k < 1):
+        raise ValueError(f"{fn}: `top_k` must be an int >= 1 or None, got {top_k!r}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"{fn}: `top_p` must lie in (0, 1] or be None, got {top_p}")
+    greedy = temperature == 0
+    if not greedy and rng is None:
+        raise ValueError(f"{fn}: `rng` (a PRNG key) is required when temperature > 0, "
+                         f"got temperature={temperature} and rng=None")
+    return greedy
 
 
 def _check_prompt_lengths(prompt_lengths, b: int, p: int) -> jax.Array:
@@ -255,19 +330,7 @@ def generate(
         raise ValueError(f"generate: `prompts` must be a non-empty int [batch, len] array, got "
                          f"{prompts.dtype} {prompts.shape}")
     b, p = prompts.shape
-    if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
-        raise ValueError(f"generate: `max_new_tokens` must be an int >= 0, got "
-                         f"{max_new_tokens!r}")
-    if not temperature >= 0:
-        raise ValueError(f"generate: `temperature` must be >= 0, got {temperature}")
-    if top_k is not None and (not isinstance(top_k, (int, np.integer)) or top_k < 1):
-        raise ValueError(f"generate: `top_k` must be an int >= 1 or None, got {top_k!r}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"generate: `top_p` must lie in (0, 1] or be None, got {top_p}")
-    greedy = temperature == 0
-    if not greedy and rng is None:
-        raise ValueError(f"generate: `rng` (a PRNG key) is required when temperature > 0, "
-                         f"got temperature={temperature} and rng=None")
+    greedy = _check_sampling("generate", max_new_tokens, temperature, top_k, top_p, rng)
     stops = jnp.asarray(stop_tokens, jnp.int32).reshape(-1)
     lengths = _check_prompt_lengths(prompt_lengths, b, p)
     if max_new_tokens == 0:
@@ -278,6 +341,75 @@ def generate(
     return _generate(
         state, prompts, lengths, None if greedy else rng, jnp.float32(temperature),
         jnp.float32(1.0 if top_p is None else top_p), stops,
+        graphdef=graphdef, max_new_tokens=int(max_new_tokens),
+        top_k=None if top_k is None else int(top_k), greedy=greedy,
+        use_top_p=top_p is not None and top_p < 1, return_logprobs=return_logprobs,
+        pad_id=int(pad_id),
+    )
+
+
+def decode_from_caches(
+    model: DecoderLM,
+    logits: jax.Array,
+    caches,
+    max_new_tokens: int,
+    *,
+    positions: jax.Array | None = None,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop_tokens=(),
+    rng: jax.Array | None = None,
+    return_logprobs: bool = False,
+    pad_id: int = 0,
+) -> DecodeResult:
+    """Decode ``max_new_tokens`` tokens through caches the caller has filled (one
+    ``jax.jit``): the loop :func:`generate` runs after its own prefill.
+
+    Token 0 of row b is drawn from ``logits[b]``; token i >= 1 from the model's logits
+    after feeding token i - 1 through the caches (one model call per step, N - 1 in all,
+    stopping early once every row has emitted a stop token), at RoPE position
+    ``positions[b] + i - 1``. With the same ``rng``, row b draws with the keys
+    ``fold_in(fold_in(rng, b), i)``, as in :func:`generate`, so a prefill equal to
+    :func:`generate`'s gives the same tokens.
+
+    Args:
+      model: a :class:`~lcjax.nn.DecoderLM` (any attention that decodes with a cache).
+      logits: float [B, V], the next-token logits after each row's prompt (the prefill's
+        logits at the row's last prompt position).
+      caches: the model's cache (as from :meth:`DecoderLM.init_cache`: one entry per layer),
+        holding the prompts' K/V, with room for N - 1 more slots.
+      max_new_tokens: N >= 0.
+      positions: int [B], the RoPE position of token 0 (row b's prompt length), or None:
+        the model's default, the cache index (right when every prompt fills the cache up
+        to its index, i.e. no padding).
+      temperature, top_k, top_p, stop_tokens, rng, return_logprobs, pad_id: as in
+        :func:`generate`.
+
+    Returns:
+      :class:`DecodeResult` ``(tokens [B, N], lengths [B], logprobs [B, N] | None)``.
+    """
+    logits = jnp.asarray(logits)
+    if logits.ndim != 2 or not jnp.issubdtype(logits.dtype, jnp.floating) or not logits.size:
+        raise ValueError(f"decode_from_caches: `logits` must be a non-empty float "
+                         f"[batch, vocab] array, got {logits.dtype} {logits.shape}")
+    b = logits.shape[0]
+    greedy = _check_sampling("decode_from_caches", max_new_tokens, temperature, top_k, top_p,
+                             rng)
+    if positions is not None:
+        positions = jnp.asarray(positions)
+        if positions.shape != (b,) or not jnp.issubdtype(positions.dtype, jnp.integer):
+            raise ValueError(f"decode_from_caches: `positions` must be int [batch={b}] or "
+                             f"None, got {positions.dtype} {positions.shape}")
+        positions = positions.astype(jnp.int32)
+    if max_new_tokens == 0:
+        return DecodeResult(jnp.zeros((b, 0), jnp.int32), jnp.zeros((b,), jnp.int32),
+                            jnp.zeros((b, 0), jnp.float32) if return_logprobs else None)
+    graphdef, state = nnx.split(model)
+    return _decode(
+        state, logits, caches, positions, None if greedy else rng, jnp.float32(temperature),
+        jnp.float32(1.0 if top_p is None else top_p),
+        jnp.asarray(stop_tokens, jnp.int32).reshape(-1),
         graphdef=graphdef, max_new_tokens=int(max_new_tokens),
         top_k=None if top_k is None else int(top_k), greedy=greedy,
         use_top_p=top_p is not None and top_p < 1, return_logprobs=return_logprobs,
