@@ -115,7 +115,11 @@ def test_two_processes_train_like_one(tmp_path):
                       "eval_batches": None, "eval_every": 2}}
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_"))}
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
+    # 4 devices per worker; the suite's LLVM opt level (tests/conftest.py) carries over
+    opt = [f for f in os.environ.get("XLA_FLAGS", "").split()
+           if f.startswith("--xla_backend_optimization_level")]
+    env.update(XLA_FLAGS=" ".join(["--xla_force_host_platform_device_count=4", *opt]),
+               JAX_PLATFORMS="cpu",
                LCJAX_COORDINATOR=f"127.0.0.1:{port}", LCJAX_NUM_PROCESSES="2")
     procs = [subprocess.Popen(
         [sys.executable, "-c", WORKER, json.dumps(spec)], cwd=ROOT,
