@@ -5,7 +5,7 @@ Issue 10, item 4 (Token Sparse Attention, ICML 2026; the method: ``docs/token_sp
 paper's headline: "up to 3.23× attention speed-up at 128K with < 1% accuracy loss". Here,
 at toy scale:
 
-1. **Train** one byte-level ``lcjax.nn.DecoderLM`` (2 layers, d = 64, RoPE, about 116k
+1. **Train** one byte-level ``lcjax.nn.DecoderLM`` (3 layers, d = 64, RoPE, about 165k
    parameters) with **dense** attention (``"softmax"``) through ``lcjax.train.train`` on
    RULER-style single-needle retrieval — the recipe of ``experiments/entmax`` (noise
    haystack, the needle ``The magic number for {key} is {value}.`` with a 4-digit value,
@@ -13,8 +13,8 @@ at toy scale:
    ``lcjax.data.sources.TaskSource`` (record i from seed ``(seed, i)``, EOS after the
    answer), at L = :data:`SETTINGS` ``length`` bytes.
 2. **Choose the layers** by representation drift: ``drift_per_layer`` on evaluation
-   prompts, ``sparse_layers(drift, rule="median")`` (with two layers: the one that drifts
-   less).
+   prompts, ``sparse_layers(drift, rule="median")`` (the layers at or below the median
+   drift: with three layers, two of them).
 3. **Evaluate the same weights** with ``lcjax.eval.evaluate`` on the suite's tasks at L,
    over needle depths: dense, then token-sparse attention in the chosen layers at each
    coverage of :data:`SETTINGS` (``min_tokens`` = L/8, ``window`` = L/16: the paper's 1024
@@ -49,9 +49,9 @@ At L = 128 the attention step is tiny, so the method's fixed costs (the scoring 
 sort, gathers and a scatter) are not amortised: the speed-up column says what they cost
 at the experiment's lengths; ``lcjax bench token_sparse`` measures T = 4K–32K.
 
-Quick mode (a 150 s budget on 2 CPUs, everything included): 240 steps × 32 rows at
+Quick mode (a 200 s budget on 2 CPUs, everything included): 320 steps × 32 rows at
 L = 128 on ``niah_single_1``, evaluation at 5 depths × 8 items, coverages 0.05, 0.2, 0.5.
-Full mode: 1,200 steps × 32 rows at L = 256 on three single-needle haystacks (noise,
+Full mode: 1,500 steps × 32 rows at L = 256 on three single-needle haystacks (noise,
 Shakespeare, distractor needles), 5 depths × 40 items per task, coverages 0.01–0.5, and
 also every layer sparse at each coverage.
 """
@@ -99,7 +99,11 @@ DATA_SEED = 1
 EVAL_SEED = 0
 EVAL_BATCH = 20
 POOL = 7
-MODEL = dict(d_model=64, num_layers=2, num_heads=4, num_kv_heads=4, head_dim=16,
+# three layers, so that the drift rule has layers to choose from (with two it picks the
+# last, whose sparsity changes only the first answer byte); pilots at L = 128, 32 rows,
+# lr 1e-2, on a loaded machine: 2 layers x 240 steps 30% / 50% string_match_all (two
+# thread counts), 3 layers x 320 steps 100%, x 420 steps 95%, x 280 steps at lr 1.5e-2 30%
+MODEL = dict(d_model=64, num_layers=3, num_heads=4, num_kv_heads=4, head_dim=16,
              mlp_hidden=172)
 
 _NUM = dict(needle="The magic number for {key} is {value}.", prefix="",
@@ -112,10 +116,10 @@ TASKS: tuple[SuiteTask, ...] = (
 SUITE = Suite("token_sparse_niah", ruler.generate, TASKS)
 
 SETTINGS = {
-    True: dict(length=128, steps=240, batch=32, tasks=("niah_single_1",),
+    True: dict(length=128, steps=320, batch=32, tasks=("niah_single_1",),
                depths=(0.0, 0.25, 0.5, 0.75, 1.0), n_per_cell=8,
                coverages=(0.05, 0.2, 0.5), all_layers=False, repeats=20),
-    False: dict(length=256, steps=1200, batch=32,
+    False: dict(length=256, steps=1500, batch=32,
                 tasks=("niah_single_1", "niah_single_2", "niah_multikey_2"),
                 depths=(0.0, 0.25, 0.5, 0.75, 1.0), n_per_cell=40,
                 coverages=(0.01, 0.05, 0.1, 0.2, 0.3, 0.5), all_layers=True, repeats=50),
@@ -666,7 +670,9 @@ EXPERIMENT = Experiment(
     summary="a dense-trained byte LM evaluated with token-sparse prefill in the drift-chosen "
             "layers at several coverages: RULER-style accuracy vs attention speed-up",
     run=run,
-    quick_budget_s=150,
+    # 150 s held 2 layers x 240 steps (91 s quiet), which reached only 30% dense; 3 layers
+    # x 320 steps is about 1.9x the training (estimated ~160 s quiet in all, unverified)
+    quick_budget_s=200,
 )
 
 
