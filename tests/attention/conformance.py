@@ -201,9 +201,10 @@ def reference_result(spec, case: Case, seed: str = "", *, grads: bool = False, *
            tuple(sorted((k, repr(v)) for k, v in options.items())))
     if key not in _REFERENCE_CACHE:
         inputs = make_inputs(case, seed)
-        if grads:
+        if grads:  # the forward comes from the same program: memoised too
             fn = reference_fn(spec, case, **extra)
-            _REFERENCE_CACHE[key] = _grads(fn, inputs, cotangent(case, seed))
+            out, _REFERENCE_CACHE[key] = _result_and_grads(fn, inputs, cotangent(case, seed))
+            _REFERENCE_CACHE.setdefault((*key[:3], False, key[4]), out)
         else:  # one jitted reference per (reference, case, options), whatever the seed:
             fn_key = (key[0], key[1], key[4])  # the vmap test's seeds compile it once
             if fn_key not in _REFERENCE_JIT:
@@ -229,27 +230,10 @@ def assert_close(got, want, tol: float, what: str):
                                    atol=tol * scale, rtol=0, err_msg=what)
 
 
-def _loss(fn, cot):
-    """Scalar sum(out * cot) of ``fn``'s output (the first one with ``return_lse``), as a
-    function of (q, k, v)."""
-
-    def loss(q, k, v, masking):
-        out = fn(q, k, v, **masking)
-        out = out[0] if isinstance(out, tuple) else out
-        return jnp.sum(out.astype(jnp.float32) * cot)
-
-    return loss
-
-
-def _grads(fn, inputs, cot):
-    masking = _masking(inputs)
-    grad = jax.jit(jax.grad(_loss(fn, cot), argnums=(0, 1, 2)))
-    return grad(inputs["q"], inputs["k"], inputs["v"], masking)
-
-
 def _result_and_grads(fn, inputs, cot):
-    """``fn``'s result and :func:`_grads`'s gradients from ONE jitted program (the
-    gradient program computes the forward anyway: one compile instead of two)."""
+    """``fn``'s result and the gradients w.r.t. q, k, v of sum(out * cot) (``out``: the
+    first result with ``return_lse``) from ONE jitted program (the gradient program
+    computes the forward anyway: one compile instead of two)."""
 
     def loss(q, k, v, masking):
         res = fn(q, k, v, **masking)
@@ -298,16 +282,9 @@ class ConformanceSuite:
             metafunc.parametrize("variant", pairs, ids=[f"{s}-{i}" for s, i in pairs])
 
     # -- forward -------------------------------------------------------------
-    @pytest.mark.parametrize("case_name", list(FORWARD_CASES))
-    def test_forward_matches_reference(self, variant, case_name):
-        spec, impl = resolve(variant)
-        case = FORWARD_CASES[case_name]
-        inputs = make_inputs(case)
-        fn = variant_fn(spec, impl, case)
-        outcome = expected(spec, impl, case)
-        if outcome is not OK:
-            return _expect_raise(outcome, fn, **inputs)
-        got = jax.jit(fn)(**inputs)
+    @staticmethod
+    def _check_forward(spec, impl, case: Case, inputs: dict, got):
+        """The forward checks of ``case``: close to the reference, dtype kept, lse shape."""
         want = reference_result(spec, case)
         assert_close(got, want, spec.tolerance["float32"], f"{spec.name}/{impl.name} {case}")
         out = got[0] if case.return_lse else got
@@ -316,16 +293,35 @@ class ConformanceSuite:
             assert got[1].shape == (case.batch, case.q_len, case.heads)
             assert got[1].dtype == jnp.float32
 
+    @pytest.mark.parametrize("case_name", [n for n in FORWARD_CASES if n not in GRAD_CASES])
+    def test_forward_matches_reference(self, variant, case_name):
+        """The forward of every case but GRAD_CASES (checked by the gradient test, from the
+        program that gives their gradients)."""
+        spec, impl = resolve(variant)
+        case = FORWARD_CASES[case_name]
+        inputs = make_inputs(case)
+        fn = variant_fn(spec, impl, case)
+        outcome = expected(spec, impl, case)
+        if outcome is not OK:
+            return _expect_raise(outcome, fn, **inputs)
+        self._check_forward(spec, impl, case, inputs, jax.jit(fn)(**inputs))
+
     # -- gradients -----------------------------------------------------------
     @pytest.mark.parametrize("case_name", GRAD_CASES)
     def test_gradients_match_reference(self, variant, case_name):
+        """Forward (the same checks as the forward test) and dq, dk, dv of the case, from
+        one jitted program; a case outside the declared features must raise as there."""
         spec, impl = resolve(variant)
         case = FORWARD_CASES[case_name]
-        if expected(spec, impl, case) is not OK:
-            pytest.skip(f"{case_name} is outside the declared features (see the forward test)")
-        got = _grads(variant_fn(spec, impl, case), make_inputs(case), cotangent(case))
-        want = reference_result(spec, case, grads=True)
-        for name, g, w in zip("qkv", got, want):
+        inputs = make_inputs(case)
+        fn = variant_fn(spec, impl, case)
+        outcome = expected(spec, impl, case)
+        if outcome is not OK:
+            return _expect_raise(outcome, fn, **inputs)
+        got, grads = _result_and_grads(fn, inputs, cotangent(case))
+        want = reference_result(spec, case, grads=True)  # memoises the reference forward
+        self._check_forward(spec, impl, case, inputs, got)
+        for name, g, w in zip("qkv", grads, want):
             assert_close(g, w, spec.grad_tolerance["float32"],
                          f"{spec.name}/{impl.name} d{name} {case_name}")
 
