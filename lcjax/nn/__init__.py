@@ -25,7 +25,14 @@ from lcjax.nn.diffusion import (
 )
 from lcjax.nn.layers import RMSNorm, SwiGLU, rms_norm
 from lcjax.nn.plash import PlashAttention, plash_prototypes
-from lcjax.nn.sampling import GenerateResult, generate, sample_logits, sampling_candidates
+from lcjax.nn.sampling import (
+    DecodeResult,
+    GenerateResult,
+    decode_from_caches,
+    generate,
+    sample_logits,
+    sampling_candidates,
+)
 from lcjax.nn.trsp import TRSPCache, TRSPGate, TRSPState, init_trsp_state, trsp_side_path
 from lcjax.nn.variant_params import LearnableAlpha, VariantConfig, learnable_alpha
 
@@ -42,6 +49,7 @@ __all__ = [
     "VariantConfig",
     "capture_attention",
     "learnable_alpha",
+    "DecodeResult",
     "DecoderBlock",
     "DecoderCache",
     "DecoderConfig",
@@ -59,6 +67,7 @@ __all__ = [
     "TRSPState",
     "attend",
     "cache_mask",
+    "decode_from_caches",
     "generate",
     "init_kv_cache",
     "init_trsp_state",
