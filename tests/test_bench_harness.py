@@ -152,3 +152,19 @@ def test_report_helpers():
     assert float(outs["sum"]) == 6.0 and outs["py"] == 3
     assert len(stats["sum"]["times_s"]) == 3 and stats["py"]["compile_s"] is None
     assert stats["sum"]["median_s"] == sorted(stats["sum"]["times_s"])[1]
+
+
+def test_results_json_and_cli_args(tmp_path):
+    import argparse
+
+    args = argparse.Namespace(seq_lens=(1024, 2048), out=str(tmp_path), repeats=2, fn=len,
+                              dtype="float32")
+    kept = report.cli_args(args)
+    assert kept == {"seq_lens": (1024, 2048), "out": str(tmp_path), "repeats": 2,
+                    "dtype": "float32"}
+    result = {"rows": [{"t": np.float32(1.5), "a": np.arange(3)}], "args": kept}
+    path = report.write_results_json(result, str(tmp_path / "sub"))
+    assert json.loads(open(path).read()) == {
+        "rows": [{"t": 1.5, "a": [0, 1, 2]}], "args": {**kept, "seq_lens": [1024, 2048]}}
+    assert report.write_results_json(result, "none") is None
+    assert report.write_results_json(result, "") is None

@@ -35,8 +35,6 @@ contract, which FlashBlock is not.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 
 import jax
@@ -45,6 +43,7 @@ import numpy as np
 
 from lcjax.attention.core import dot_product_attention
 from lcjax.attention.flashblock import FlashBlockConfig, flashblock_attention
+from lcjax.bench.report import cli_args, write_results_json
 from lcjax.bench.timing import compile_fn, machine_info, time_compiled
 
 DEFAULT_HISTORIES = (1024, 2048, 4096, 8192, 16384)
@@ -197,13 +196,6 @@ def run_cli(args) -> int:
                                      train_steps=args.train_steps, repeats=args.repeats,
                                      seed=args.seed)
     result = {"attention": rows, "sampling": sample, "sampling_model": info,
-              "machine": machine_info(),
-              "args": {k: v for k, v in vars(args).items()
-                       if isinstance(v, (int, float, str, tuple, bool))}}
-    if args.out.lower() not in ("", "none"):
-        os.makedirs(args.out, exist_ok=True)
-        path = os.path.join(args.out, "results.json")
-        with open(path, "w") as f:
-            json.dump(result, f, indent=1, default=str)
-        print(f"wrote {path}")
+              "machine": machine_info(), "args": cli_args(args)}
+    write_results_json(result, args.out)
     return 0

@@ -18,8 +18,6 @@ causal form); ``--causal`` times the causal variants only.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +27,7 @@ from lcjax.attention.core import blockwise_attention, dot_product_attention
 from lcjax.attention.nystrom import nystrom_attention
 from lcjax.attention.performer import performer_attention
 from lcjax.attention.plash import default_prototypes, plash_attention
+from lcjax.bench.report import cli_args, write_results_json
 from lcjax.bench.timing import compile_fn, machine_info, temp_bytes, time_compiled
 
 DEFAULT_SEQ_LENS = (1024, 4096, 16384, 32768, 65536)
@@ -176,13 +175,7 @@ def run_cli(args) -> int:
         trained_quality, model_info = _trained_quality(args, ms)
     result = {"rows": rows, "slopes": slopes, "blockwise_over_plash_32k": ratio,
               "quality_random": quality, "quality_trained": trained_quality,
-              "trained_model": model_info, "machine": machine_info(), "args": {
-                  k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, tuple,
-                                                                         bool))}}
-    if args.out.lower() not in ("", "none"):
-        os.makedirs(args.out, exist_ok=True)
-        path = os.path.join(args.out, "results.json")
-        with open(path, "w") as f:
-            json.dump(result, f, indent=1, default=str)
-        print(f"wrote {path}")
+              "trained_model": model_info, "machine": machine_info(),
+              "args": cli_args(args)}
+    write_results_json(result, args.out)
     return 0

@@ -156,6 +156,25 @@ def write_report(result: dict, out_dir: str, stem: str, markdown: str,
     return files
 
 
+def cli_args(args) -> dict:
+    """The plain (int, float, str, tuple, bool) values of an argparse namespace, for a report."""
+    return {k: v for k, v in vars(args).items()
+            if isinstance(v, (int, float, str, tuple, bool))}
+
+
+def write_results_json(result: dict, out_dir: str) -> str | None:
+    """Write ``result`` to ``<out_dir>/results.json`` and print the path; ``out_dir`` "" or
+    "none" writes nothing (returns None)."""
+    if out_dir.lower() in ("", "none"):
+        return None
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "results.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1, default=json_default)
+    print(f"wrote {path}")
+    return path
+
+
 def figure_title(what: str, config: Mapping, machine: Mapping) -> str:
     """``what, B=.. H=.. D=.. causal dtype (backend, N CPUs)`` for a plot."""
     return (f"{what}, B={config['batch']} H={config['heads']} D={config['head_dim']} "
