@@ -20,10 +20,9 @@ at the training length. Quick mode trains a few hundred steps only: the models a
 converged, and the comparison says how the attention variants train in that regime, not at
 convergence.
 
-Timing not yet measured on a quiet machine: a 4-step smoke run of all three models (2
-held-out windows per length) took 1,047 s under a load average of ~25 on the 2-core
-machine, 481 s of it PLASH's (compiling its causal chunk scan and its gradient
-dominates); so the 150 s quick budget may not hold, and needs a quiet measurement.
+Quick mode took 108 s on a quiet 2-core machine (2026-12-01); its budget is 130 s. Under
+a load average of ~25 a 4-step smoke run took 1,047 s, 481 s of it PLASH's (compiling its
+causal chunk scan and its gradient dominates), so time it quiet.
 """
 
 from __future__ import annotations
@@ -135,5 +134,5 @@ EXPERIMENT = Experiment(
     paper="PLASH (ICML 2026): prototype attention with polynomial enrichment",
     summary="byte LMs on Shakespeare: softmax vs PLASH vs Performer, bits/byte at 1x/2x/4x T",
     run=run,
-    quick_budget_s=150,
+    quick_budget_s=130,  # 108 s quiet (2026-12-01)
 )

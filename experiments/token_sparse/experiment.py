@@ -49,7 +49,7 @@ At L = 128 the attention step is tiny, so the method's fixed costs (the scoring 
 sort, gathers and a scatter) are not amortised: the speed-up column says what they cost
 at the experiment's lengths; ``lcjax bench token_sparse`` measures T = 4K–32K.
 
-Quick mode (a 200 s budget on 2 CPUs, everything included): 320 steps × 32 rows at
+Quick mode (a 160 s budget on 2 CPUs, everything included): 320 steps × 32 rows at
 L = 128 on ``niah_single_1``, evaluation at 5 depths × 8 items, coverages 0.05, 0.2, 0.5.
 Full mode: 1,500 steps × 32 rows at L = 256 on three single-needle haystacks (noise,
 Shakespeare, distractor needles), 5 depths × 40 items per task, coverages 0.01–0.5, and
@@ -670,9 +670,7 @@ EXPERIMENT = Experiment(
     summary="a dense-trained byte LM evaluated with token-sparse prefill in the drift-chosen "
             "layers at several coverages: RULER-style accuracy vs attention speed-up",
     run=run,
-    # 150 s held 2 layers x 240 steps (91 s quiet), which reached only 30% dense; 3 layers
-    # x 320 steps is about 1.9x the training (estimated ~160 s quiet in all, unverified)
-    quick_budget_s=200,
+    quick_budget_s=160,  # 3 layers x 320 steps: 132 s quiet (2026-12-01)
 )
 
 
