@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TEST_WORKERS ?= 2
 
-.PHONY: test test-tfds test-hf reproduce reproduce-full gpu-check bench bench-entmax lint clean venv
+.PHONY: corpora test test-tfds test-hf reproduce reproduce-full gpu-check bench bench-entmax lint clean venv
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,13 @@ venv: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+# Debian Reference in its 11 languages (one guide per language, GPL-2+), the real parallel
+# corpus of lcjax.data.parallel / the MGAL generator; needs root (docs/mgal.md: without root)
+DEBIAN_REFERENCE_LANGS := en de es fr it ja pt pt-br zh-cn zh-tw id
+corpora:
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
+		$(addprefix debian-reference-,$(DEBIAN_REFERENCE_LANGS))
 
 # two pytest workers (pytest-xdist): the suite is dominated by single-threaded XLA
 # compilation, so the 2 CPUs of the development machine and CI run it nearly twice as fast
