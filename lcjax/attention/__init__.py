@@ -24,6 +24,7 @@ from lcjax.attention.core import (
 )
 from lcjax.attention.entmax import entmax_attention, sparsemax_attention
 from lcjax.attention.flashblock import FlashBlockConfig, flashblock_attention
+from lcjax.attention.linear import icl_predict, linear_attention  # registers linear
 from lcjax.attention.nystrom import nystrom_attention
 from lcjax.attention.performer import performer_attention
 from lcjax.attention.plash import plash_attention
@@ -53,8 +54,10 @@ __all__ = [
     "dot_product_attention",
     "entmax_attention",
     "get",
+    "icl_predict",
     "jax_dot_product_attention",
     "lengths_to_segment_ids",
+    "linear_attention",
     "merge_attention",
     "nystrom_attention",
     "performer_attention",
