@@ -4,6 +4,7 @@
 from lcjax.interop.hf import (
     ARCHITECTURES,
     decoder_to_hf_config,
+    hf_tensor_paths,
     hf_to_decoder_config,
     load_hf,
     read_hf_config,
@@ -11,5 +12,5 @@ from lcjax.interop.hf import (
     save_hf,
 )
 
-__all__ = ["ARCHITECTURES", "decoder_to_hf_config", "hf_to_decoder_config", "load_hf",
-           "read_hf_config", "read_qk_weights", "save_hf"]
+__all__ = ["ARCHITECTURES", "decoder_to_hf_config", "hf_tensor_paths",
+           "hf_to_decoder_config", "load_hf", "read_hf_config", "read_qk_weights", "save_hf"]

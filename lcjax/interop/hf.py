@@ -51,7 +51,7 @@ from lcjax.nn import DecoderConfig, DecoderLM
 from lcjax.rope import check_rope_scaling
 
 __all__ = ["load_hf", "save_hf", "read_hf_config", "read_qk_weights", "hf_to_decoder_config",
-           "decoder_to_hf_config", "ARCHITECTURES"]
+           "decoder_to_hf_config", "hf_tensor_paths", "ARCHITECTURES"]
 
 # HF architecture class -> model_type
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
@@ -229,6 +229,13 @@ def _hf_names(c: DecoderConfig) -> dict[str, tuple]:
         names[p + "mlp.up_proj.weight"] = ((*b, "mlp", "w_up"), "t")
         names[p + "mlp.down_proj.weight"] = ((*b, "mlp", "w_down"), "t")
     return names
+
+
+def hf_tensor_paths(config: DecoderConfig) -> dict[str, tuple]:
+    """HF tensor name -> our parameter path in :class:`DecoderLM` (e.g.
+    ``"model.layers.0.self_attn.q_proj.weight" -> ("blocks", 0, "attn", "q_proj")``), the
+    naming :func:`load_hf` and :func:`save_hf` use (for adapters: ``lcjax.nn.lora``)."""
+    return {name: where for name, (where, _) in _hf_names(config).items()}
 
 
 def _to_ours(x: np.ndarray, how, d: int) -> np.ndarray:
