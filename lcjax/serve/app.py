@@ -1,0 +1,336 @@
+"""The OpenAI-compatible HTTP API of ``lcjax serve`` (FastAPI).
+
+Routes::
+
+    GET  /v1/models             {"object": "list", "data": [{"id", "object": "model", ...}]}
+    POST /v1/completions        {"model", "prompt": str | [str], "max_tokens" (16), ...}
+    POST /v1/chat/completions   {"model", "messages": [{"role", "content"}], ...}
+    GET  /health                {"status": "ok"}
+    GET  /v1/lcjax/stats        the batcher's counters (generate calls, batch sizes, shapes)
+
+Sampling fields: ``temperature`` (OpenAI's default 1; 0 = greedy), ``top_p``, ``seed``,
+``stop`` (a string or up to 4: the reply is cut before the first occurrence, finish_reason
+"stop"), ``n`` (replies per prompt; with a seed, reply i uses ``seed + i``), ``max_tokens``
+(chat also ``max_completion_tokens``; chat's default is what the context leaves, at most
+``default_chat_max_tokens``), ``stream`` (server-sent events: ``data: {chunk}`` lines, then
+``data: [DONE]``; the chunks are sent once the batch has been generated, since one jitted
+``generate`` call makes the whole reply). Replies carry ``usage`` (prompt, completion and
+total tokens) and ``finish_reason`` ("stop": a stop id or string ended it; "length":
+``max_tokens`` did).
+
+Errors use OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: 400 for an
+invalid request (FastAPI's 422 validation errors included, ``param`` naming the field), 400
+``context_length_exceeded`` when prompt tokens + ``max_tokens`` exceed the model's context,
+404 ``model_not_found`` for another model id, 404/405 for unknown routes, 500 when
+generation fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from typing import Annotated, Literal
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from lcjax.serve.batcher import Batcher, Generation
+from lcjax.serve.model import ROLES, ServedModel
+
+__all__ = ["APIError", "ChatRequest", "CompletionRequest", "create_app"]
+
+MAX_N = 8
+
+
+class APIError(Exception):
+    """An error reply: HTTP ``status`` and OpenAI's error fields."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 code: str | None = None, type: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = (
+            status, message, param, code, type)
+
+    def response(self) -> JSONResponse:
+        return error_response(self.status, self.message, param=self.param, code=self.code,
+                              type=self.type)
+
+
+def error_response(status: int, message: str, *, param: str | None = None,
+                   code: str | None = None, type: str = "invalid_request_error") -> JSONResponse:
+    """OpenAI's error body ``{"error": {"message", "type", "param", "code"}}``."""
+    return JSONResponse({"error": {"message": message, "type": type, "param": param,
+                                   "code": code}}, status_code=status)
+
+
+# --- request bodies ---------------------------------------------------------------------
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
+    stop: str | Annotated[list[str], Field(max_length=4)] | None = None
+    seed: int | None = None
+    stream: bool = False
+    user: str | None = None
+
+
+class CompletionRequest(_Sampling):
+    """``POST /v1/completions``: ``prompt`` a string or a list of them."""
+
+    prompt: str | Annotated[list[str], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)] | None = 16
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal[ROLES]  # type: ignore[valid-type]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class ChatRequest(_Sampling):
+    """``POST /v1/chat/completions``: ``messages`` with ``role`` and ``content``."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+def _stops(stop) -> list[str]:
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    return [s for s in stops if s]
+
+
+def _cut_at_stop(tokenizer, tokens: np.ndarray, stops: list[str]) -> tuple[str, int, bool]:
+    """(text, completion tokens, stopped by a string): the text before the first stop
+    string, and the fewest tokens whose text contains it (a binary search: containing a
+    stop string only grows with the prefix)."""
+    text = tokenizer.decode(tokens)
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    if not hits:
+        return text, len(tokens), False
+    found = lambda k: any(s in tokenizer.decode(tokens[:k]) for s in stops)
+    lo, hi = 1, len(tokens)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if found(mid) else (mid + 1, hi)
+    return text[:min(hits)], lo, True
+
+
+def _finish(served: ServedModel, gen: Generation, stops: list[str]) -> tuple[str, int, str]:
+    """(text, completion tokens, finish_reason) of one generation."""
+    text, count, by_string = _cut_at_stop(served.tokenizer, gen.tokens, stops)
+    return text, count, "stop" if (by_string or gen.stopped) else "length"
+
+
+def _check_context(served: ServedModel, prompt_tokens: int, max_tokens: int,
+                   param: str) -> None:
+    if prompt_tokens + max_tokens > served.max_len:
+        raise APIError(400, f"This model's maximum context length is {served.max_len} tokens; "
+                       f"the prompt has {prompt_tokens} tokens and max_tokens is {max_tokens} "
+                       f"({prompt_tokens + max_tokens} in all). Shorten the prompt or lower "
+                       "max_tokens.", param=param, code="context_length_exceeded")
+
+
+def _check_model(served: ServedModel, name: str) -> None:
+    if name != served.name:
+        raise APIError(404, f"The model {name!r} does not exist; this server serves "
+                       f"{served.name!r}.", param="model", code="model_not_found")
+
+
+async def _generate_all(batcher: Batcher, prompts: list[np.ndarray], max_tokens: list[int],
+                        req: _Sampling) -> list[list[Generation]]:
+    """``req.n`` generations per prompt, all submitted at once (so they batch)."""
+    futures = [[batcher.submit(ids, m, temperature=req.temperature, top_p=req.top_p,
+                               seed=None if req.seed is None else req.seed + i)
+                for i in range(req.n)] for ids, m in zip(prompts, max_tokens)]
+    flat = await asyncio.gather(*(asyncio.wrap_future(f) for row in futures for f in row))
+    return [flat[i * req.n:(i + 1) * req.n] for i in range(len(prompts))]
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _sse(chunks: list[dict]) -> StreamingResponse:
+    async def events():
+        for chunk in chunks:
+            yield f"data: {json.dumps(chunk)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+# --- the app ----------------------------------------------------------------------------
+
+def create_app(served: ServedModel, *, batch_window_ms: float = 10.0, max_batch: int = 8,
+               min_bucket: int = 16, default_chat_max_tokens: int = 256) -> FastAPI:
+    """The FastAPI app serving ``served``; its batcher runs while the app does (lifespan)
+    and is ``app.state.batcher``.
+
+    Args:
+      served: the model, tokenizer, name and context (:func:`lcjax.serve.load_served`).
+      batch_window_ms, max_batch, min_bucket: the :class:`~lcjax.serve.Batcher`'s.
+      default_chat_max_tokens: a chat reply's ``max_tokens`` when the request gives none
+        (at most what the context leaves).
+    """
+    batcher = Batcher(served.model, stop_ids=served.tokenizer.eos_ids,
+                      pad_id=served.tokenizer.pad_id, window_ms=batch_window_ms,
+                      max_batch=max_batch, min_bucket=min_bucket)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        batcher.start()
+        try:
+            yield
+        finally:
+            batcher.stop()
+
+    app = FastAPI(title="lcjax serve", lifespan=lifespan)
+    app.state.batcher = batcher
+    app.state.served = served
+    created = int(time.time())
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        param = ".".join(loc) or None
+        detail = "; ".join(f"{'.'.join(str(x) for x in e.get('loc', ()) if x != 'body')}: "
+                           f"{e.get('msg')}" for e in errors)
+        return error_response(400, f"Invalid request: {detail}", param=param,
+                              code=first.get("type"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        return error_response(exc.status_code, f"{exc.detail}: {request.method} "
+                              f"{request.url.path}", code=None,
+                              type="invalid_request_error" if exc.status_code < 500
+                              else "server_error")
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception):
+        return error_response(500, f"generation failed: {type(exc).__name__}: {exc}",
+                              type="server_error")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": served.name, "object": "model",
+                                            "created": created, "owned_by": "lcjax"}]}
+
+    @app.get("/v1/models/{model_id}")
+    async def model(model_id: str):
+        _check_model(served, model_id)
+        return {"id": served.name, "object": "model", "created": created, "owned_by": "lcjax"}
+
+    @app.get("/v1/lcjax/stats")
+    async def stats():
+        return batcher.stats.as_dict()
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest):
+        _check_model(served, req.model)
+        prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+        ids = [served.tokenizer.encode(p) for p in prompts]
+        for i, x in enumerate(ids):
+            if len(x) == 0:
+                raise APIError(400, f"prompt {i} has no tokens", param="prompt")
+            _check_context(served, len(x), req.max_tokens, "max_tokens")
+        gens = await _generate_all(batcher, ids, [req.max_tokens] * len(ids), req)
+        stops = _stops(req.stop)
+        choices, completion = [], 0
+        for i, row in enumerate(gens):
+            for j, gen in enumerate(row):
+                text, count, reason = _finish(served, gen, stops)
+                completion += count
+                choices.append({"index": i * req.n + j, "text": text, "logprobs": None,
+                                "finish_reason": reason})
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        usage = _usage(sum(len(x) for x in ids), completion)
+        body = {"id": rid, "object": "text_completion", "created": int(time.time()),
+                "model": served.name, "choices": choices, "usage": usage}
+        if req.stream:
+            return _sse([{**body, "choices": [c], "usage": None} for c in choices]
+                        + [{**body, "choices": [], "usage": usage}])
+        return body
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatRequest):
+        _check_model(served, req.model)
+        messages = [{"role": m.role, "content": m.text(),
+                     **({"name": m.name} if m.name else {})} for m in req.messages]
+        try:
+            ids = served.tokenizer.encode_chat(messages)
+        except Exception as e:  # a template's raise_exception, e.g. roles out of order
+            raise APIError(400, f"the chat template failed: {e}", param="messages") from None
+        if len(ids) == 0:
+            raise APIError(400, "the messages have no tokens", param="messages")
+        asked = req.max_completion_tokens or req.max_tokens
+        param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+        if asked is None:
+            asked = min(default_chat_max_tokens, served.max_len - len(ids))
+            if asked < 1:
+                asked = 1  # then the guard below names the over-long prompt
+        _check_context(served, len(ids), asked, param)
+        [row] = await _generate_all(batcher, [ids], [asked], req)
+        stops = _stops(req.stop)
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        choices, completion = [], 0
+        for j, gen in enumerate(row):
+            text, count, reason = _finish(served, gen, stops)
+            completion += count
+            choices.append({"index": j, "message": {"role": "assistant", "content": text},
+                            "logprobs": None, "finish_reason": reason})
+        usage = _usage(len(ids), completion)
+        body = {"id": rid, "object": "chat.completion", "created": int(time.time()),
+                "model": served.name, "choices": choices, "usage": usage}
+        if req.stream:
+            chunk = {"id": rid, "object": "chat.completion.chunk", "created": body["created"],
+                     "model": served.name}
+            events = []
+            for c in choices:
+                events.append({**chunk, "choices": [{"index": c["index"], "delta": {
+                    "role": "assistant", "content": c["message"]["content"]},
+                    "logprobs": None, "finish_reason": None}]})
+                events.append({**chunk, "choices": [{"index": c["index"], "delta": {},
+                                                     "logprobs": None,
+                                                     "finish_reason": c["finish_reason"]}]})
+            return _sse(events + [{**chunk, "choices": [], "usage": usage}])
+        return body
+
+    return app
+

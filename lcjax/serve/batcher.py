@@ -1,0 +1,268 @@
+"""Request batching for ``lcjax serve``: concurrent requests become one jitted
+:func:`lcjax.nn.generate` call.
+
+A worker thread takes the first waiting request, then every request that arrives within
+``window_ms`` of it (at most ``max_batch``), groups them by sampling parameters and runs
+each group as ONE ``generate`` call on a padded batch:
+
+    rows     B_pad = the next power of two >= the group's size (at most ``max_batch``);
+             the spare rows are one-token prompts whose output is dropped
+    prompt   P_pad = ``lcjax.eval.runners.bucket_length(max_b len_b)`` (right padding,
+             masked by ``prompt_lengths``)
+    decode   N_pad = the next power of two >= max_b max_tokens_b; row b keeps its first
+             max_tokens_b tokens
+
+so the number of compiled programs is (batch buckets) x (prompt buckets) x (decode
+buckets), not one per request. Greedy decoding of a row does not depend on the other rows
+or on the padding (:func:`lcjax.nn.generate`), so a batched greedy reply equals the reply
+to the request alone. ``generate`` takes one temperature and top-p per call, hence the
+grouping; a sampled request with a ``seed`` runs as row 0 of its own call with
+``rng = jax.random.key(seed)`` (row b's stream is ``fold_in(fold_in(rng, b), step)``, and a
+row's samples do not depend on the batch size), so the same seed gives the same reply
+whatever else is in flight. Unseeded sampled requests share a call and a fresh seed.
+
+:attr:`Batcher.stats` counts the ``generate`` calls and their batch sizes.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from lcjax.eval.runners import bucket_length
+
+__all__ = ["BatchStats", "Batcher", "Generation", "group_jobs", "next_power_of_two"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """One request's output.
+
+    tokens: int32 [n], the generated ids (n <= max_tokens), a final stop id included.
+    stopped: True if the row ended on a stop id (OpenAI's finish_reason "stop"), False if it
+      ran to ``max_tokens`` ("length").
+    """
+
+    tokens: np.ndarray
+    stopped: bool
+
+
+@dataclasses.dataclass
+class _Job:
+    ids: np.ndarray
+    max_tokens: int
+    temperature: float
+    top_p: float | None
+    seed: int | None
+    future: concurrent.futures.Future
+    serial: int
+
+
+@dataclasses.dataclass
+class BatchStats:
+    """What the batcher ran: ``batch_sizes[i]`` requests in ``generate`` call i, padded to
+    ``shapes[i] = (B_pad, P_pad, N_pad)``."""
+
+    batch_sizes: list[int] = dataclasses.field(default_factory=list)
+    shapes: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
+
+    @property
+    def generate_calls(self) -> int:
+        return len(self.batch_sizes)
+
+    @property
+    def requests(self) -> int:
+        return sum(self.batch_sizes)
+
+    def as_dict(self) -> dict:
+        return {"generate_calls": self.generate_calls, "requests": self.requests,
+                "batch_sizes": list(self.batch_sizes),
+                "shapes": [list(s) for s in self.shapes],
+                "distinct_shapes": len(set(self.shapes))}
+
+
+def next_power_of_two(n: int) -> int:
+    """The smallest power of two >= n (n >= 1)."""
+    if n < 1:
+        raise ValueError(f"next_power_of_two: `n` must be >= 1, got {n}")
+    return 1 << (int(n) - 1).bit_length()
+
+
+class Batcher:
+    """Runs generation requests in batches on a worker thread.
+
+    Args:
+      model: an ``lcjax.nn.DecoderLM``.
+      stop_ids: token ids that end a reply (e.g. EOS).
+      pad_id: the padding id.
+      window_ms: how long the worker waits, after the first request of a batch, for more.
+      max_batch: the most requests in one ``generate`` call.
+      min_bucket: the smallest prompt bucket (``bucket_length``'s ``min_bucket``).
+
+    ``start()`` starts the worker, ``submit(...)`` returns a future of a
+    :class:`Generation`, ``stop()`` ends the worker (waiting requests fail with
+    ``RuntimeError``).
+    """
+
+    def __init__(self, model, *, stop_ids: Sequence[int], pad_id: int, window_ms: float = 10.0,
+                 max_batch: int = 8, min_bucket: int = 16, seed: int = 0):
+        if not window_ms >= 0:
+            raise ValueError(f"Batcher: `window_ms` must be >= 0, got {window_ms!r}")
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"Batcher: `max_batch` must be an int >= 1, got {max_batch!r}")
+        if not isinstance(min_bucket, int) or min_bucket < 1:
+            raise ValueError(f"Batcher: `min_bucket` must be an int >= 1, got {min_bucket!r}")
+        self.model = model
+        self.stop_ids = tuple(int(i) for i in stop_ids)
+        self.pad_id = int(pad_id)
+        self.window_s = window_ms / 1000.0
+        self.max_batch = max_batch
+        self.min_bucket = min_bucket
+        self.stats = BatchStats()
+        self._rng = np.random.default_rng(seed)
+        self._queue: queue.Queue = queue.Queue()
+        self._serial = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # --- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        """Starts the worker thread (once)."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name="lcjax-serve-batcher",
+                                                daemon=True)
+                self._thread.start()
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Ends the worker after the batch it is running; later requests fail."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join(timeout)
+        self._fail_waiting(RuntimeError("the server is shutting down"))
+
+    def submit(self, ids, max_tokens: int, *, temperature: float = 0.0,
+               top_p: float | None = None, seed: int | None = None
+               ) -> concurrent.futures.Future:
+        """Queues one request: prompt ``ids`` (int [len >= 1]); a future of its
+        :class:`Generation`."""
+        ids = np.asarray(ids, np.int32).reshape(-1)
+        if ids.size < 1:
+            raise ValueError("Batcher.submit: the prompt has no tokens")
+        if not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
+            raise ValueError(f"Batcher.submit: `max_tokens` must be an int >= 1, got "
+                             f"{max_tokens!r}")
+        if not temperature >= 0:
+            raise ValueError(f"Batcher.submit: `temperature` must be >= 0, got {temperature}")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise ValueError(f"Batcher.submit: `top_p` must lie in (0, 1], got {top_p}")
+        if self._thread is None:
+            raise RuntimeError("Batcher.submit: the batcher is not running (call start())")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put(_Job(ids, int(max_tokens), float(temperature),
+                             None if top_p is None or top_p >= 1 else float(top_p),
+                             None if seed is None else int(seed), future, next(self._serial)))
+        return future
+
+    # --- worker --------------------------------------------------------------------------
+    def _fail_waiting(self, error: Exception) -> None:
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None and not job.future.done():
+                job.future.set_exception(error)
+
+    def _collect(self, first: _Job) -> tuple[list[_Job], bool]:
+        """``first`` and what arrives within the window (at most max_batch); and whether
+        the stop sentinel was seen."""
+        jobs = [first]
+        deadline = time.monotonic() + self.window_s
+        while len(jobs) < self.max_batch:
+            left = deadline - time.monotonic()
+            try:
+                job = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:
+                return jobs, True
+            jobs.append(job)
+        return jobs, False
+
+    def _work(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            jobs, stopping = self._collect(first)
+            for group in group_jobs(jobs, self.max_batch):
+                self._run(group)
+            if stopping:
+                return
+
+    def _run(self, group: list[_Job]) -> None:
+        try:
+            results = self._generate(group)
+        except Exception as e:  # every request of the call fails, the server keeps going
+            for job in group:
+                job.future.set_exception(e)
+            return
+        for job, result in zip(group, results):
+            job.future.set_result(result)
+
+    def _generate(self, group: list[_Job]) -> list[Generation]:
+        import jax
+
+        from lcjax.nn import generate
+
+        n = len(group)
+        b_pad = min(next_power_of_two(n), max(self.max_batch, n))
+        p_pad = bucket_length(max(len(j.ids) for j in group), min_bucket=self.min_bucket)
+        n_pad = next_power_of_two(max(j.max_tokens for j in group))
+        rows = np.full((b_pad, p_pad), self.pad_id, np.int32)
+        lengths = np.ones(b_pad, np.int32)
+        rows[:, 0] = group[0].ids[0]
+        for r, job in enumerate(group):
+            rows[r, :len(job.ids)] = job.ids
+            lengths[r] = len(job.ids)
+        head = group[0]
+        greedy = head.temperature == 0
+        seed = head.seed if head.seed is not None else int(self._rng.integers(2**31))
+        out = generate(self.model, rows, n_pad, temperature=head.temperature,
+                       top_p=None if greedy else head.top_p, stop_tokens=self.stop_ids,
+                       rng=None if greedy else jax.random.key(seed), prompt_lengths=lengths,
+                       pad_id=self.pad_id)
+        tokens, ends = np.asarray(out.tokens), np.asarray(out.lengths)
+        self.stats.batch_sizes.append(n)
+        self.stats.shapes.append((b_pad, p_pad, n_pad))
+        results = []
+        for r, job in enumerate(group):
+            gen = tokens[r, lengths[r]:ends[r]][:job.max_tokens]
+            stopped = bool(gen.size) and int(gen[-1]) in self.stop_ids
+            results.append(Generation(gen.astype(np.int32), stopped))
+        return results
+
+
+def group_jobs(jobs: Sequence[_Job], max_batch: int) -> list[list[_Job]]:
+    """Jobs that may share one ``generate`` call, in arrival order: greedy ones together,
+    sampled ones by (temperature, top_p); a seeded sampled job alone; at most max_batch."""
+    groups: dict[tuple, list[_Job]] = {}
+    for job in jobs:
+        if job.temperature == 0:
+            key: tuple = ("greedy",)
+        elif job.seed is not None:
+            key = ("seeded", job.serial)
+        else:
+            key = ("sampled", job.temperature, job.top_p)
+        groups.setdefault(key, []).append(job)
+    return [g[i:i + max_batch] for g in groups.values() for i in range(0, len(g), max_batch)]

@@ -1,0 +1,213 @@
+"""What ``lcjax serve`` serves: a :class:`~lcjax.nn.DecoderLM`, its tokenizer and its chat
+template, loaded from an ``lcjax train`` run folder or a Hugging Face checkpoint folder.
+
+* Run folder (``DIR/config.json`` with a ``"model"`` section and ``DIR/checkpoints/``):
+  :func:`lcjax.train.checkpoint.load_model`, the byte tokenizer (``lcjax.data.tokenizer``:
+  a prompt is ``[BOS] + UTF-8 bytes``, EOS ends a reply, PAD pads) and
+  :func:`render_byte_chat`.
+* Hugging Face folder (``config.json`` + ``*.safetensors``, ``tokenizer.json``):
+  :func:`lcjax.interop.hf.load_hf` (context: ``max_position_embeddings``), the
+  ``tokenizers`` tokenizer, the stop ids of ``eos_token_id`` (``config.json`` and
+  ``generation_config.json``) and ``tokenizer_config.json``'s ``eos_token``, and its
+  ``chat_template`` (rendered in jinja2's sandbox, as ``transformers`` does) when it has one,
+  else :func:`render_byte_chat`'s layout.
+
+The byte chat template (documented in ``docs/serve.md``) is one line per message and an open
+assistant turn::
+
+    <bos>system: You are terse.\\nuser: Hi!\\nassistant:
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from lcjax.data import tokenizer as byte_tok
+
+__all__ = ["ByteTokenizer", "HFTokenizer", "ServedModel", "load_served",
+           "render_byte_chat"]
+
+ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+def render_byte_chat(messages: Sequence[dict]) -> str:
+    """The byte models' chat prompt: ``"{role}: {content}\\n"`` per message, then
+    ``"assistant:"`` (the BOS comes from the tokenizer)."""
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+
+
+class ByteTokenizer:
+    """The byte tokenizer as the server uses it: ``[BOS] + bytes`` in, bytes < 256 out."""
+
+    eos_ids = (byte_tok.EOS,)
+    pad_id = byte_tok.PAD
+    vocab_size = byte_tok.VOCAB_SIZE
+    has_chat_template = False
+
+    def encode(self, text: str) -> np.ndarray:
+        """int32 [1 + len(UTF-8 bytes)]: BOS then the bytes."""
+        return byte_tok.encode(text, bos=True)
+
+    def encode_chat(self, messages: Sequence[dict]) -> np.ndarray:
+        """The ids of :func:`render_byte_chat` (with BOS)."""
+        return self.encode(render_byte_chat(messages))
+
+    def decode(self, ids) -> str:
+        """UTF-8 text of the byte ids (specials and ids >= 256 dropped)."""
+        ids = np.asarray(ids).reshape(-1)
+        return byte_tok.decode(ids[ids < 256])
+
+
+def _read_json(path: str) -> dict:
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _ids(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in (value if isinstance(value, list) else [value])]
+
+
+def _token_text(value) -> str | None:
+    """``tokenizer_config.json`` writes special tokens as a string or ``{"content": ...}``."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+class HFTokenizer:
+    """A Hugging Face checkpoint's ``tokenizer.json`` (the ``tokenizers`` package), its stop
+    ids and chat template."""
+
+    def __init__(self, path: str | os.PathLike):
+        from tokenizers import Tokenizer
+
+        path = os.fspath(path)
+        file = os.path.join(path, "tokenizer.json")
+        if not os.path.isfile(file):
+            raise ValueError(f"HFTokenizer: {path!r} has no tokenizer.json")
+        self.tokenizer = Tokenizer.from_file(file)
+        self.vocab_size = self.tokenizer.get_vocab_size()
+        cfg = _read_json(os.path.join(path, "tokenizer_config.json"))
+        model_cfg = _read_json(os.path.join(path, "config.json"))
+        gen_cfg = _read_json(os.path.join(path, "generation_config.json"))
+        self.bos_token = _token_text(cfg.get("bos_token"))
+        self.eos_token = _token_text(cfg.get("eos_token"))
+        eos = _ids(model_cfg.get("eos_token_id")) + _ids(gen_cfg.get("eos_token_id"))
+        if self.eos_token is not None and self.tokenizer.token_to_id(self.eos_token) is not None:
+            eos.append(self.tokenizer.token_to_id(self.eos_token))
+        self.eos_ids = tuple(dict.fromkeys(eos))
+        pad = _ids(model_cfg.get("pad_token_id")) or list(self.eos_ids[:1]) or [0]
+        self.pad_id = pad[0]
+        template = cfg.get("chat_template")
+        if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in template}
+            template = named.get("default", next(iter(named.values()), None))
+        self.chat_template = template
+        self.has_chat_template = bool(template)
+
+    def encode(self, text: str) -> np.ndarray:
+        """int32 ids of ``text`` with the tokenizer's special tokens (e.g. a BOS)."""
+        return np.asarray(self.tokenizer.encode(text).ids, np.int32)
+
+    def render_chat(self, messages: Sequence[dict]) -> str:
+        """The chat template rendered with ``add_generation_prompt=True`` (jinja2 sandbox)."""
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        return env.from_string(self.chat_template).render(
+            messages=list(messages), add_generation_prompt=True,
+            bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+
+    def encode_chat(self, messages: Sequence[dict]) -> np.ndarray:
+        """Ids of the rendered chat template (its own special tokens, none added), or of
+        :func:`render_byte_chat`'s layout when the checkpoint has no template."""
+        if not self.has_chat_template:
+            return self.encode(render_byte_chat(messages))
+        text = self.render_chat(messages)
+        return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, np.int32)
+
+    def decode(self, ids) -> str:
+        """Text of ``ids`` without special tokens."""
+        return self.tokenizer.decode([int(i) for i in np.asarray(ids).reshape(-1)],
+                                     skip_special_tokens=True)
+
+
+@dataclasses.dataclass
+class ServedModel:
+    """A model the server answers with.
+
+    Attributes:
+      model: the ``lcjax.nn.DecoderLM``.
+      tokenizer: :class:`ByteTokenizer` or :class:`HFTokenizer` (``encode``, ``encode_chat``,
+        ``decode``, ``eos_ids``, ``pad_id``).
+      name: the ``model`` id clients send (``/v1/models`` lists it).
+      max_len: the context: prompt tokens + ``max_tokens`` may not exceed it.
+    """
+
+    model: Any
+    tokenizer: Any
+    name: str
+    max_len: int
+
+    def __post_init__(self):
+        vocab = self.model.config.vocab_size
+        if self.tokenizer.vocab_size > vocab:
+            raise ValueError(f"ServedModel: the tokenizer has {self.tokenizer.vocab_size} ids, "
+                             f"more than the model's vocab_size={vocab}")
+        if not isinstance(self.max_len, int) or self.max_len < 2:
+            raise ValueError(f"ServedModel: `max_len` must be an int >= 2, got {self.max_len!r}")
+
+
+def _is_run_dir(path: str) -> bool:
+    return "model" in _read_json(os.path.join(path, "config.json")) and os.path.isdir(
+        os.path.join(path, "checkpoints"))
+
+
+def load_served(path: str | os.PathLike, *, name: str | None = None,
+                max_len: int | None = None, dtype=None) -> ServedModel:
+    """The :class:`ServedModel` of a run folder or a Hugging Face checkpoint folder.
+
+    Args:
+      path: ``lcjax train --out DIR`` or a folder with ``config.json``, ``*.safetensors``
+        and ``tokenizer.json``.
+      name: the served model id (default: the folder's name).
+      max_len: the context (default: the run's ``max_len``, or the HF config's
+        ``max_position_embeddings``).
+      dtype: a Hugging Face checkpoint's compute dtype (default: the checkpoint's).
+
+    Raises:
+      ValueError: the folder is neither kind, or lacks a piece.
+    """
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise ValueError(f"load_served: {path!r} is not a folder")
+    name = name or os.path.basename(os.path.normpath(os.path.abspath(path)))
+    if _is_run_dir(path):
+        from lcjax.train.checkpoint import load_model
+
+        model = load_model(path)
+        return ServedModel(model, ByteTokenizer(), name, max_len or model.config.max_len)
+    hf = _read_json(os.path.join(path, "config.json"))
+    if not hf:
+        raise ValueError(f"load_served: {path!r} has no config.json (expected an `lcjax train` "
+                         "run folder or a Hugging Face checkpoint folder)")
+    from lcjax.interop.hf import load_hf
+
+    context = max_len or int(hf.get("max_position_embeddings", 2048))
+    model, _ = load_hf(path, dtype=dtype, max_len=context)
+    return ServedModel(model, HFTokenizer(path), name, context)
