@@ -201,16 +201,18 @@ def make_optimizer(
     )
 
 
-def _value_and_grad(loss_fn: LossFn, graphdef, params, rest, batch, rng):
-    """``(loss, metrics, new_rest, grads)`` of ``loss_fn`` at ``params`` (grads w.r.t. them)."""
+def _value_and_grad(loss_fn: LossFn, graphdef, params, rest, batch, rng, wrt=nnx.Param):
+    """``(loss, metrics, new_rest, grads)`` of ``loss_fn`` at ``params`` (grads w.r.t. them:
+    the variables that the nnx filter ``wrt`` selects)."""
     model = nnx.merge(graphdef, params, rest)
 
     def f(m):
         loss, mets = loss_fn(m, batch, rng)
         return loss, _check_metrics(loss, mets)
 
-    (loss, mets), grads = nnx.value_and_grad(f, has_aux=True)(model)  # carries RNG counts
-    _, _, rest = nnx.split(model, nnx.Param, ...)
+    (loss, mets), grads = nnx.value_and_grad(  # carries RNG counts
+        f, has_aux=True, argnums=nnx.DiffState(0, wrt))(model)
+    _, _, rest = nnx.split(model, wrt, ...)
     return loss.astype(jnp.float32), mets, rest, grads
 
 
@@ -238,7 +240,7 @@ def _check_metrics(loss: Any, mets: Any) -> dict[str, tuple[jax.Array, jax.Array
     return out
 
 
-def _accumulate(loss_fn: LossFn, graphdef, params, rest, batch, rng, n: int):
+def _accumulate(loss_fn: LossFn, graphdef, params, rest, batch, rng, n: int, wrt=nnx.Param):
     """:func:`_value_and_grad` over ``n`` micro-batches (consecutive rows), combined exactly.
 
     Micro-batch ``i`` (rng ``fold_in(rng, i)``) weighs ``w_i = metrics["loss_weight"]``
@@ -251,7 +253,7 @@ def _accumulate(loss_fn: LossFn, graphdef, params, rest, batch, rng, n: int):
 
     def one(params, rest, mb, i):
         loss, mets, rest, grads = _value_and_grad(
-            loss_fn, graphdef, params, rest, mb, jax.random.fold_in(rng, i))
+            loss_fn, graphdef, params, rest, mb, jax.random.fold_in(rng, i), wrt)
         lw = mets.pop(metrics.LOSS_WEIGHT, (jnp.float32(1.0), None))[0]
         grads = jax.tree.map(lambda g: g.astype(jnp.float32) * lw, grads)
         weighted = {k: (w * v, w) for k, (v, mw) in mets.items()
@@ -275,7 +277,8 @@ def _accumulate(loss_fn: LossFn, graphdef, params, rest, batch, rng, n: int):
 
 
 def make_train_step(graphdef: nnx.GraphDef, loss_fn: LossFn | None = None,
-                    grad_accum: int = 1, mesh: Mesh | None = None) -> Callable:
+                    grad_accum: int = 1, mesh: Mesh | None = None, *,
+                    wrt: Any = nnx.Param) -> Callable:
     """Jitted ``(params, rest, opt_state, batch, hparams, rng) -> (params, rest, opt_state,
     stats)``.
 
@@ -289,18 +292,19 @@ def make_train_step(graphdef: nnx.GraphDef, loss_fn: LossFn | None = None,
     output is replicated on it (``out_shardings``); place the inputs with
     :func:`lcjax.parallel.distributed.replicate` and
     :func:`lcjax.parallel.distributed.global_batch`, and XLA partitions the step from the
-    batch's ``P("data", "context")``.
+    batch's ``P("data", "context")``. ``wrt``: the nnx filter of the trained variables
+    (``params`` must be ``nnx.split(model, wrt, ...)[1]``; the rest rides in ``rest``).
     """
     loss_fn = metrics.nll_loss if loss_fn is None else loss_fn
 
     def step(params, rest, opt_state, batch, hparams, rng):
         if grad_accum == 1:
             loss, mets, rest, grads = _value_and_grad(loss_fn, graphdef, params, rest, batch,
-                                                      rng)
+                                                      rng, wrt)
             mets = {k: v for k, (v, _) in mets.items() if k != metrics.LOSS_WEIGHT}
         else:
             loss, mets, rest, grads = _accumulate(loss_fn, graphdef, params, rest, batch, rng,
-                                                  grad_accum)
+                                                  grad_accum, wrt)
         tx = make_optimizer(**hparams)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
@@ -350,10 +354,10 @@ def make_eval_step(graphdef: nnx.GraphDef, eval_fn: LossFn | None = None,
 
 @functools.lru_cache(maxsize=16)
 def _train_step(graphdef: nnx.GraphDef, loss_fn: LossFn | None, grad_accum: int,
-                mesh: Mesh | None = None) -> Callable:
-    """One compiled train step per (model, loss hook, grad_accum, mesh): each shape
+                mesh: Mesh | None = None, wrt: Any = nnx.Param) -> Callable:
+    """One compiled train step per (model, loss hook, grad_accum, mesh, wrt): each shape
     compiles once."""
-    return make_train_step(graphdef, loss_fn, grad_accum, mesh)
+    return make_train_step(graphdef, loss_fn, grad_accum, mesh, wrt=wrt)
 
 
 @functools.lru_cache(maxsize=16)
@@ -579,6 +583,7 @@ def train(
     eval_fn: LossFn | None = None,
     model_fn: Callable[[Any, nnx.Rngs], nnx.Module] | None = None,
     stop_at: int | None = None,
+    wrt: Any = nnx.Param,
 ) -> TrainResult:
     """Trains a model on packed documents or on a dataset of batch dicts; resumes from
     ``cfg.out_dir``.
@@ -605,6 +610,10 @@ def train(
         when the batch carries them.
       stop_at: stop (and checkpoint) after this step though the schedule runs
         to ``cfg.steps`` — what an interrupted run does.
+      wrt: nnx filter of the variables trained (differentiated, updated, held in the
+        optimizer state, checkpointed as ``params``); default every ``nnx.Param``. E.g.
+        ``lcjax.nn.lora.LoRAParam`` trains only LoRA adapters: the base parameters ride
+        frozen in the other state.
 
     Returns:
       A :class:`TrainResult`.
@@ -653,8 +662,8 @@ def train(
     last = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
 
     model = (model_fn or _default_model_fn)(model_cfg, nnx.Rngs(cfg.seed))
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    train_step = _train_step(graphdef, loss_fn, cfg.grad_accum, mesh)
+    graphdef, params, rest = nnx.split(model, wrt, ...)
+    train_step = _train_step(graphdef, loss_fn, cfg.grad_accum, mesh, wrt)
     eval_step = _eval_step(graphdef, eval_fn, mesh)
     hparams = optimizer_hparams(cfg)
     opt_state = make_optimizer(**hparams).init(params)
