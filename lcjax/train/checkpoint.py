@@ -268,3 +268,39 @@ def load_model(run_dir: str | os.PathLike, *, step: int | None = None,
     if restored is None:
         raise ValueError(f"load_model: no checkpoint in {ckpt!r}")
     return nnx.merge(graphdef, restored["params"], restored["rest"])
+
+
+def open_run(directory: str | os.PathLike, *, resume: bool, meta: dict,
+             fields: dict[str, tuple[str, ...] | None], params: Any, rest: Any,
+             opt_state: Any, max_to_keep: int = 3, uncommit: bool = True
+             ) -> tuple[ocp.CheckpointManager, dict | None]:
+    """Opens a run's checkpoint folder: the manager and, on a resume, the restored state.
+
+    A fresh run (``resume=False``) into a folder that has checkpoints is refused; a resume
+    first compares the latest checkpoint's meta with ``meta`` (:func:`check_resume` over
+    ``fields``), then restores it into the structure of ``params``, ``rest`` and
+    ``opt_state`` (:func:`restore_checkpoint`). A resume with no checkpoint yet starts
+    fresh (restored state None).
+
+    Returns:
+      ``(manager, restored)``; the caller closes the manager.
+
+    Raises:
+      ValueError: checkpoints without ``resume``; a resume whose meta differs.
+    """
+    manager = checkpoint_manager(directory, max_to_keep=max_to_keep)
+    latest = manager.latest_step()
+    if latest is None:
+        return manager, None
+    try:
+        if not resume:
+            raise ValueError(f"{os.path.dirname(os.path.abspath(directory))} has checkpoints "
+                             f"(latest step {latest}): resume with resume=True (--resume) or "
+                             "train into a fresh out_dir")
+        check_resume(read_meta(manager, latest), meta, fields)
+        restored = restore_checkpoint(manager, params=params, rest=rest, opt_state=opt_state,
+                                      step=latest, uncommit=uncommit)
+    except Exception:
+        manager.close()
+        raise
+    return manager, restored
