@@ -1,0 +1,270 @@
+"""GRPO (lcjax.train.rl) and the verifiers (lcjax.train.rewards): hand-computed advantages,
+clipping and k3 KL, the loss gradient against float64 finite differences through a tiny
+decoder, sampler log-probs against teacher forcing, a toy task with a known optimum,
+exact resume and the option errors."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from lcjax.nn import DecoderConfig, DecoderLM, generate
+from lcjax.train import rl
+from lcjax.train.rewards import (
+    answer_reward,
+    exact_match,
+    make_verifier,
+    numeric_match,
+    parse_number,
+)
+
+V = 6
+LETTERS = "abcdef"
+TOY_CFG = DecoderConfig(vocab_size=V, d_model=32, num_layers=1, num_heads=2, num_kv_heads=2,
+                        head_dim=16, mlp_hidden=64, max_len=16)
+# one prompt; reward 1 only for the answer "ce" (token ids 2, 4): 1/36 per random sample
+TOY_ITEMS = [{"prompt": [0], "answer": "ce"}]
+
+
+def toy_decode(ids):
+    return "".join(LETTERS[int(i)] for i in ids)
+
+
+def toy_reward(prediction, item):
+    return exact_match(prediction, item["answer"])
+
+
+def toy_config(**kw):
+    base = dict(steps=12, prompts_per_step=4, group_size=16, max_new_tokens=2, stop_tokens=(),
+                pad_id=0, lr=0.03, kl_beta=0.04, updates_per_batch=2, progress=False)
+    return rl.GRPOConfig(**{**base, **kw})
+
+
+def run_toy(cfg, **kw):
+    model = DecoderLM(TOY_CFG, rngs=nnx.Rngs(0))
+    return rl.train_grpo(model, cfg, TOY_ITEMS, reward_fn=toy_reward, decode=toy_decode, **kw)
+
+
+# ------------------------------------------------------------------ hand-made numbers
+
+
+def test_group_advantages_hand_numbers():
+    rewards = [[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.5], [1.0, 1.0, 0.0, 0.0]]
+    a = rl.group_advantages(rewards, eps=1e-4)
+    # group 0: mean 1/4, sample std sqrt((0.75^2 + 3 * 0.25^2) / 3) = 0.5
+    np.testing.assert_allclose(a[0], np.array([0.75, -0.25, -0.25, -0.25]) / 0.5001, rtol=1e-6)
+    np.testing.assert_array_equal(a[1], 0.0)  # equal rewards teach nothing
+    # group 2: mean 1/2, sample std sqrt(4 * 0.25 / 3)
+    s = math.sqrt(1.0 / 3.0)
+    np.testing.assert_allclose(a[2], np.array([0.5, 0.5, -0.5, -0.5]) / (s + 1e-4), rtol=1e-6)
+
+
+def test_clipped_surrogate_and_k3_hand_numbers():
+    ratio = np.array([[1.5, 1.5, 0.5, 0.5, 1.1]])
+    adv = np.array([1.0])
+    old = np.log(np.full((1, 5), 0.3))
+    logp = old + np.log(ratio)
+    s, r, clipped = rl.clipped_surrogate(jnp.asarray(logp), jnp.asarray(old),
+                                         jnp.asarray(adv), 0.2)
+    np.testing.assert_allclose(r, ratio, rtol=1e-6)
+    np.testing.assert_allclose(s, [[1.2, 1.2, 0.5, 0.5, 1.1]], rtol=1e-6)
+    np.testing.assert_array_equal(clipped, [[True, True, False, False, False]])
+    s, _, clipped = rl.clipped_surrogate(jnp.asarray(logp), jnp.asarray(old),
+                                         jnp.asarray(-adv), 0.2)
+    np.testing.assert_allclose(s, [[-1.5, -1.5, -0.8, -0.8, -1.1]], rtol=1e-6)
+    np.testing.assert_array_equal(clipped, [[False, False, True, True, False]])
+    # k3 at p = 1/2, p_ref = 1/4: d = ln(1/2), exp(d) - d - 1 = 1/2 + ln 2 - 1
+    k = rl.k3_kl(jnp.log(jnp.array([0.5, 0.25])), jnp.log(jnp.array([0.25, 0.25])))
+    np.testing.assert_allclose(k, [0.5 + math.log(2) - 1, 0.0], atol=1e-7)
+
+
+def test_grpo_objective_hand_numbers():
+    # two rows, three target slots; row 0 has completion tokens 0-1, row 1 tokens 1-2
+    mask = np.array([[1, 1, 0], [0, 1, 1]], np.float32)
+    old = np.log(np.array([[0.5, 0.4, 0.9], [0.9, 0.2, 0.5]], np.float32))
+    ratio = np.array([[1.5, 1.0, 7.0], [3.0, 0.5, 1.1]], np.float32)
+    logp = old + np.log(ratio)
+    ref = logp + np.log(np.array([[0.5, 1.0, 9.0], [9.0, 2.0, 1.0]], np.float32))  # e^d
+    adv = np.array([1.0, -2.0], np.float32)
+    # row 0: s = [min(1.5, 1.2), 1.0] = [1.2, 1.0]; k3 = [0.5 - ln 0.5 - 1, 0]
+    # row 1: s = [min(-1.0, -1.6), min(-2.2, -2.2)] = [-1.6, -2.2]; k3 = [2 - ln 2 - 1, 0]
+    k0, k1 = 0.5 - math.log(0.5) - 1, 2 - math.log(2) - 1
+    beta = 0.1
+    row0 = ((1.2 - beta * k0) + 1.0) / 2
+    row1 = ((-1.6 - beta * k1) + -2.2) / 2
+    args = [jnp.asarray(x) for x in (logp, old, ref, adv, mask)]
+    loss, mets = rl.grpo_objective(*args, clip_eps=0.2, kl_beta=beta, averaging="sequence")
+    np.testing.assert_allclose(loss, -(row0 + row1) / 2, rtol=1e-5)
+    np.testing.assert_allclose(mets["kl"][0], (k0 + k1) / 4, rtol=1e-5)
+    assert float(mets["kl"][1]) == 4.0
+    # clipped branch active: row 0 token 0 (A > 0, ρ = 1.5) and row 1 token 1 (A < 0,
+    # ρ = 0.5); row 1 token 2 has ρ = 1.1 inside [0.8, 1.2]
+    np.testing.assert_allclose(mets["clip_frac"][0], 2 / 4, rtol=1e-6)
+    assert float(mets["loss_weight"]) == 2.0
+    loss, mets = rl.grpo_objective(*args, clip_eps=0.2, kl_beta=beta, averaging="token")
+    total = (1.2 - beta * k0) + 1.0 + (-1.6 - beta * k1) + -2.2
+    np.testing.assert_allclose(loss, -total / 4, rtol=1e-5)
+    assert float(mets["loss_weight"]) == 4.0
+
+
+def test_completion_batch_mask_and_alignment():
+    # row 0: prompt [7, 8], completion [1, 2, 3]; row 1: prompt [7], completion [4], pad
+    tokens = np.array([[7, 8, 1, 2, 3], [7, 4, 0, 0, 0]])
+    batch = rl.completion_batch(tokens, [2, 1], [5, 2])
+    np.testing.assert_array_equal(batch["targets"], tokens[:, 1:])
+    np.testing.assert_array_equal(batch["loss_mask"], [[0, 1, 1, 1], [1, 0, 0, 0]])
+    lp = np.array([[-1.0, -2.0, -3.0], [-4.0, 0.0, 0.0]])
+    np.testing.assert_array_equal(rl.align_logprobs(lp, [2, 1], batch["loss_mask"]),
+                                  [[0, -1, -2, -3], [-4, 0, 0, 0]])
+
+
+# ---------------------------------------------------------------- gradient, consistency
+
+
+def test_loss_gradient_matches_float64_finite_differences():
+    # the loss as a function of the logits [B, T, V] (log-softmax, gather, ratio, clip, k3,
+    # masking, averaging: everything GRPO adds on top of the model) in float64; the model's
+    # own backward pass is JAX's (its logits are float32 by design, see DecoderLM.logits)
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(0)
+        tokens = rng.integers(0, V, size=(4, 7))
+        batch = rl.completion_batch(tokens, [2, 3, 1, 2], [7, 5, 4, 7])
+        z0 = rng.normal(0, 1.5, (4, 6, V))
+        targets = jnp.asarray(batch["targets"])
+        lp = np.asarray(rl.token_logprobs(jnp.asarray(z0), targets))
+        assert lp.dtype == np.float64
+        # ratios inside the clip range (|δ| < 0.1) and far outside (±0.6): both branches
+        delta = rng.uniform(-0.1, 0.1, lp.shape)
+        delta[:, ::3] = 0.6 * np.sign(rng.standard_normal(delta[:, ::3].shape))
+        old, ref = lp - delta, lp + rng.normal(0, 0.3, lp.shape)
+        adv, mask = rng.standard_normal(4), jnp.asarray(batch["loss_mask"])
+        h = 1e-6
+        for averaging in rl.AVERAGING:
+            @jax.jit
+            def f(z, averaging=averaging):
+                return rl.grpo_objective(rl.token_logprobs(z, targets), old, ref, adv, mask,
+                                         clip_eps=0.2, kl_beta=0.3, averaging=averaging)[0]
+
+            grad = np.asarray(jax.grad(f)(jnp.asarray(z0)))
+            assert np.linalg.norm(grad) > 1e-2  # a real signal, not 0 == 0
+            # along the gradient and along a random direction
+            for d in (grad / np.linalg.norm(grad), rng.standard_normal(z0.shape)):
+                fd = float(f(z0 + h * d) - f(z0 - h * d)) / (2 * h)
+                np.testing.assert_allclose(float(np.vdot(grad, d)), fd, rtol=1e-7, atol=1e-9)
+            # masked slots (prompt, padding) get no gradient
+            np.testing.assert_array_equal(np.asarray(grad)[~batch["loss_mask"]], 0.0)
+
+
+def test_sampler_logprobs_equal_teacher_forced_ones():
+    model = DecoderLM(TOY_CFG, rngs=nnx.Rngs(3))
+    prompts = np.array([[1, 2, 3], [4, 0, 0], [5, 1, 0]])
+    plen = np.array([3, 1, 2])
+    out = generate(model, prompts, 4, temperature=1.0, rng=jax.random.key(0),
+                   prompt_lengths=plen, stop_tokens=(5,), return_logprobs=True)
+    tokens, lengths, lp = jax.device_get((out.tokens, out.lengths, out.logprobs))
+    batch = rl.completion_batch(tokens, plen, lengths)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    forced = np.asarray(rl._logprob_step(graphdef)(params, rest, batch["inputs"],
+                                                   batch["targets"]))
+    aligned = rl.align_logprobs(lp, plen, batch["loss_mask"])
+    assert batch["loss_mask"].sum() == (lengths - plen).sum() > 3
+    np.testing.assert_allclose(aligned[batch["loss_mask"]], forced[batch["loss_mask"]],
+                               atol=2e-5)
+
+
+# --------------------------------------------------------------------- training runs
+
+
+def test_toy_task_reward_goes_from_near_zero_to_above_point_nine():
+    result = run_toy(toy_config())
+    rewards = result.rewards
+    assert rewards[0] < 0.15, rewards  # 1/36 per sample at the start
+    assert np.mean(rewards[-3:]) > 0.9, rewards
+    assert set(result.history[0]) >= {"reward_mean", "kl", "clip_frac", "completion_len",
+                                      "loss", "grad_norm", "lr"}
+    assert result.history[0]["completion_len"] == 2.0
+    assert result.history[-1]["kl"] > 0  # moved away from the reference
+
+
+def test_resume_is_exact(tmp_path):
+    cfg = toy_config(steps=4)
+    straight = run_toy(dataclasses_replace(cfg, out_dir=str(tmp_path / "a")))
+    run_toy(dataclasses_replace(cfg, out_dir=str(tmp_path / "b")), stop_at=2)
+    resumed = run_toy(dataclasses_replace(cfg, out_dir=str(tmp_path / "b"), resume=True))
+    assert resumed.step == 4 and [r["step"] for r in resumed.history] == [3, 4]
+    assert resumed.history == straight.history[2:]
+    a, b = (nnx.state(r.model) for r in (straight, resumed))
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    with pytest.raises(ValueError, match="has checkpoints"):
+        run_toy(dataclasses_replace(cfg, out_dir=str(tmp_path / "b")))
+    with pytest.raises(ValueError, match="clip_eps"):
+        run_toy(dataclasses_replace(cfg, out_dir=str(tmp_path / "b"), resume=True,
+                                    clip_eps=0.3))
+
+
+def dataclasses_replace(cfg, **kw):
+    return dataclasses.replace(cfg, **kw)
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(group_size=1), "group_size"), (dict(group_size=0), "group_size"),
+    (dict(clip_eps=0.0), "clip_eps"), (dict(clip_eps=1.0), "clip_eps"),
+    (dict(clip_eps=-0.1), "clip_eps"), (dict(kl_beta=-0.01), "kl_beta"),
+    (dict(kl_beta=float("nan")), "kl_beta"), (dict(averaging="batch"), "averaging"),
+    (dict(temperature=0.0), "temperature"), (dict(updates_per_batch=0), "updates_per_batch"),
+    (dict(warmup_steps=5, steps=2), "warmup_steps"),
+])
+def test_config_errors(kw, match):
+    with pytest.raises(ValueError, match=match):
+        rl.GRPOConfig(**kw)
+
+
+def test_function_errors():
+    with pytest.raises(ValueError, match="G >= 2"):
+        rl.group_advantages([[1.0], [0.0]])
+    x = jnp.zeros((2, 3))
+    with pytest.raises(ValueError, match="clip_eps"):
+        rl.grpo_objective(x, x, x, jnp.zeros(2), x, clip_eps=1.5, kl_beta=0.0)
+    with pytest.raises(ValueError, match="kl_beta"):
+        rl.grpo_loss_fn(0.2, -1.0)
+    with pytest.raises(ValueError, match="advantages"):
+        rl.grpo_objective(x, x, x, jnp.zeros(3), x, clip_eps=0.2, kl_beta=0.0)
+    with pytest.raises(ValueError, match="share one"):
+        rl.grpo_objective(x, x, jnp.zeros((2, 4)), jnp.zeros(2), x, clip_eps=0.2, kl_beta=0.0)
+    with pytest.raises(ValueError, match="max_prompt_len"):
+        rl.train_grpo(DecoderLM(TOY_CFG, rngs=nnx.Rngs(0)), toy_config(max_prompt_len=1),
+                      [{"prompt": [0, 1], "answer": "a"}])
+
+
+# ------------------------------------------------------------------------- verifiers
+
+
+def test_verifiers():
+    assert exact_match("  Paris \n", "paris") == 1.0
+    assert exact_match('"New   York"', "new york") == 1.0
+    assert exact_match("Paris", "paris", casefold=False) == 0.0
+    assert exact_match("Pari", "Paris") == 0.0
+    assert exact_match("a, b", ["a", "b"]) == 1.0 and exact_match("b, a", ["a", "b"]) == 0.0
+    assert parse_number("-1,234.5") == -1234.5 and parse_number("3e-2") == 0.03
+    assert parse_number("12%") == 12.0 and parse_number("1,23") is None
+    assert parse_number("abc") is None and parse_number(True) is None
+    close = numeric_match(rel_tol=1e-3)
+    assert close("100.05", "100") == 1.0 and close("100.2", "100") == 0.0
+    assert close("x", "100") == 0.0
+    assert numeric_match(abs_tol=0.5)("0.4", "0") == 1.0
+    assert answer_reward("1,000", {"answer": "1000"}) == 1.0
+    assert answer_reward("Oslo", {"answer": "oslo"}) == 1.0
+    assert answer_reward("1000.1", {"answer": 1000}) == 0.0
+    assert make_verifier(rel_tol=1e-3)("1000.1", {"answer": 1000}) == 1.0
+    with pytest.raises(ValueError, match="rel_tol"):
+        numeric_match(rel_tol=-1.0)
+    with pytest.raises(ValueError, match="answer"):
+        answer_reward("x", {"question": "?"})
