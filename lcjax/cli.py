@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "bench": ("lcjax.bench.cli", "benchmarks: `lcjax bench attention`, `lcjax bench entmax`"),
     "eval": ("lcjax.eval.cli", "long-context evaluation of a model folder or an endpoint"),
     "analyze": ("lcjax.analysis.cli", "static head analysis: `lcjax analyze lps --checkpoint DIR`"),
+    "data": ("lcjax.data.cli", "dataset generation: `lcjax data tablelong --n N --out DIR`"),
     "serve": ("lcjax.serve.cli", "OpenAI-compatible HTTP server: `lcjax serve --checkpoint DIR`"),
 }
 
