@@ -1,5 +1,6 @@
 """Training: the one train loop (datasets of batch dicts, loss and eval hooks, gradient
-accumulation), losses and metrics, orbax checkpoints, ``lcjax train``. See docs/training.md."""
+accumulation), losses and metrics, orbax checkpoints, ``lcjax train``. See docs/training.md.
+GRPO with verifiable rewards: ``train_grpo`` (docs/grpo.md)."""
 
 from lcjax.train.checkpoint import checkpoint_manager, restore_checkpoint, save_checkpoint
 from lcjax.train.loop import (
@@ -26,6 +27,8 @@ from lcjax.train.metrics import (
     token_nll,
     weighted_nll,
 )
+from lcjax.train.rewards import answer_reward, exact_match, make_verifier, numeric_match
+from lcjax.train.rl import GRPOConfig, GRPOResult, group_advantages, grpo_loss_fn, train_grpo
 from lcjax.train.rope_distill import (
     distill_loss,
     distill_loss_fn,
@@ -34,6 +37,8 @@ from lcjax.train.rope_distill import (
 )
 
 __all__ = [
+    "GRPOConfig",
+    "GRPOResult",
     "TrainConfig",
     "TrainResult",
     "answer_weighted_loss",
@@ -63,4 +68,11 @@ __all__ = [
     "token_nll",
     "train",
     "weighted_nll",
+    "answer_reward",
+    "exact_match",
+    "group_advantages",
+    "grpo_loss_fn",
+    "make_verifier",
+    "numeric_match",
+    "train_grpo",
 ]
