@@ -9,6 +9,7 @@ from lcjax.data.corpus import (
     split_works,
     work_id,
 )
+from lcjax.data.markov import MarkovSource, sample_chains
 from lcjax.data.pipeline import (
     gather_windows,
     make_dataset,
@@ -27,6 +28,7 @@ __all__ = [
     "VOCAB_SIZE",
     "Document",
     "FeatureSource",
+    "MarkovSource",
     "SyntheticSource",
     "decode",
     "decode_bytes",
@@ -37,6 +39,7 @@ __all__ = [
     "make_iterator",
     "num_windows",
     "pack_stream",
+    "sample_chains",
     "shakespeare_dir",
     "shakespeare_split",
     "shakespeare_works",

@@ -23,6 +23,7 @@ from lcjax.nn.diffusion import (
     diffusion_config,
     generate_blocks,
 )
+from lcjax.nn.disentangled import DisentangledConfig, DisentangledTransformer
 from lcjax.nn.layers import RMSNorm, SwiGLU, rms_norm
 from lcjax.nn.plash import PlashAttention, plash_prototypes
 from lcjax.nn.sampling import (
@@ -54,6 +55,8 @@ __all__ = [
     "DecoderCache",
     "DecoderConfig",
     "DecoderLM",
+    "DisentangledConfig",
+    "DisentangledTransformer",
     "BlockGeneration",
     "MaskedDiffusionLoss",
     "diffusion_config",
