@@ -1,0 +1,171 @@
+"""Metrics for MGAL-style items (:mod:`lcjax.data.mgal`; PAPERS.md §17).
+
+MGAL reports that long-context models often answer *fluently but inconsistently* with the
+source: the reply reads well in the right language but drifts from what the document says.
+The metrics keep the two apart:
+
+* multiple choice — ``correct``: the parsed choice (a letter ``A``…, a 0-based digit or an
+  option's exact text) equals ``item.answer``; accuracy is its mean.
+* open answers — ``exact``: ``norm(prediction) == norm(answer)`` with ``norm`` = NFKC,
+  casefold, whitespace collapsed, surrounding punctuation stripped; ``consistency``: token F1
+  against the source span ``context[answer_span]`` (:func:`source_text`; for
+  ``which_section`` the heading line), ``F1 = 2 P R / (P + R)``,
+  ``P = |pred ∩ src| / |pred|``, ``R = |pred ∩ src| / |src|``
+  (multiset overlap of :func:`tokens`). Tokens are language-aware: every CJK character
+  (Han, kana, Hangul) is one token — ja and zh have no spaces — and other text splits into
+  ``\\w+`` runs. Answers that are labels (sentence order, discourse role) have no span to
+  be consistent with: ``consistency`` is None and only ``exact`` counts.
+* ``fluent`` (source-free): the reply is non-empty, at least half of its letters are in the
+  item language's script (:func:`script_share`) and its token count is within a factor 2 of
+  the gold answer's. ``drifting`` = fluent and ``consistency < 0.5``: the failure MGAL
+  describes, reported next to (not inside) the consistency score.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+
+from lcjax.data.mgal import CJK_LANGS, MgalItem
+
+__all__ = ["DRIFT_THRESHOLD", "exact_match", "normalize", "parse_choice", "score_item",
+           "score_items", "script_share", "source_text", "summarize", "token_f1", "tokens"]
+
+DRIFT_THRESHOLD = 0.5
+_CJK_CHAR = re.compile(r"[\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\u9fff"
+                       r"\uac00-\ud7af\uf900-\ufaff]")
+_TOKEN = re.compile(r"[\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\u9fff"
+                    r"\uac00-\ud7af\uf900-\ufaff]|[^\W\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff]+")
+
+
+def normalize(text: str) -> str:
+    """NFKC, casefold, whitespace collapsed, leading / trailing punctuation and quotes off."""
+    t = unicodedata.normalize("NFKC", text).casefold()
+    t = re.sub(r"\s+", " ", t).strip()
+    return t.strip(" \"'“”‘’「」『』.,;:!?。、，！？：；()[]")
+
+
+def tokens(text: str) -> list[str]:
+    """Language-aware tokens of ``normalize(text)``: one per CJK character, else ``\\w+``."""
+    return _TOKEN.findall(normalize(text))
+
+
+def token_f1(prediction: str, reference: str) -> float:
+    """Multiset token F1 of ``prediction`` against ``reference`` (1.0 when both are empty)."""
+    p, r = Counter(tokens(prediction)), Counter(tokens(reference))
+    if not p and not r:
+        return 1.0
+    overlap = sum((p & r).values())
+    if overlap == 0:
+        return 0.0
+    prec, rec = overlap / sum(p.values()), overlap / sum(r.values())
+    return 2 * prec * rec / (prec + rec)
+
+
+def exact_match(prediction: str, answer: str) -> bool:
+    """``normalize(prediction) == normalize(answer)``."""
+    return normalize(prediction) == normalize(answer)
+
+
+def script_share(text: str, lang: str) -> float:
+    """Fraction of the letters of ``text`` written in ``lang``'s script: CJK characters for
+    ja / zh-cn / zh-tw (ASCII technical terms count too: they are part of such text), Latin
+    letters otherwise. 0.0 for a text without letters."""
+    letters = [c for c in text if c.isalpha()]
+    if not letters:
+        return 0.0
+    if lang in CJK_LANGS:
+        good = sum(bool(_CJK_CHAR.match(c)) or c.isascii() for c in letters)
+    else:
+        good = sum(unicodedata.name(c, "").startswith("LATIN") for c in letters)
+    return good / len(letters)
+
+
+def parse_choice(prediction: str, options: Sequence[str]) -> int | None:
+    """The option a reply picks: a leading letter (``"B"``, ``"B."``, ``"(B)"``), a 0-based
+    index, or an option's exact (normalised) text; None when it picks none."""
+    text = prediction.strip()
+    m = re.match(r"^\(?([A-Za-z])(?:[).:\s]|$)", text)
+    if m and ord(m.group(1).upper()) - 65 < len(options):
+        return ord(m.group(1).upper()) - 65
+    if re.fullmatch(r"\d+", text) and int(text) < len(options):
+        return int(text)
+    norm = normalize(text)
+    hits = [i for i, o in enumerate(options) if normalize(o) == norm]
+    return hits[0] if len(hits) == 1 else None
+
+
+def _is_label(item: MgalItem) -> bool:
+    """Label answers (order, role) are not text of the context."""
+    return item.task in ("order", "role")
+
+
+def source_text(item: MgalItem) -> str:
+    """The context text an open answer must be consistent with: ``context[answer_span]``
+    (the answer's own occurrence) — except for ``which_section``, whose span is the term's
+    occurrence and whose answer is a heading: there, that heading line of the context."""
+    if item.task == "which_section":
+        heading = str(item.answer)
+        if f"## {heading}" not in item.context:
+            raise ValueError(f"source_text: heading {heading!r} not in the context")
+        return heading
+    return item.context[item.answer_span[0]:item.answer_span[1]]
+
+
+def score_item(item: MgalItem, prediction: str) -> dict:
+    """One record: the item's tags plus ``kind`` ("mc" / "open") and its scores."""
+    rec = {"language": item.language, "granularity": item.granularity, "task": item.task,
+           "position_doc": item.position_doc, "position_para": item.position_para,
+           "length_bucket": item.length_bucket, "crowded": item.crowded}
+    if item.options is not None:
+        choice = parse_choice(prediction, item.options)
+        rec.update(kind="mc", choice=choice, correct=choice == item.answer)
+        return rec
+    answer = str(item.answer)
+    exact = exact_match(prediction, answer)
+    if _is_label(item):
+        rec.update(kind="open", exact=exact, consistency=None, fluent=None, drifting=None)
+        return rec
+    source = source_text(item)
+    consistency = token_f1(prediction, source)
+    n_pred, n_gold = len(tokens(prediction)), max(len(tokens(answer)), 1)
+    fluent = (n_pred > 0 and script_share(prediction, item.language) >= 0.5
+              and 0.5 <= n_pred / n_gold <= 2.0)
+    rec.update(kind="open", exact=exact, consistency=consistency, fluent=fluent,
+               drifting=fluent and consistency < DRIFT_THRESHOLD)
+    return rec
+
+
+def score_items(items: Sequence[MgalItem], predictions: Sequence[str]) -> list[dict]:
+    """:func:`score_item` for each pair; ValueError when the lengths differ."""
+    if len(items) != len(predictions):
+        raise ValueError(f"score_items: {len(items)} items but {len(predictions)} predictions")
+    return [score_item(it, p) for it, p in zip(items, predictions)]
+
+
+def _mean(values: Iterable) -> float | None:
+    vals = [float(v) for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def summarize(records: Sequence[Mapping], by: Sequence[str] = ("language", "granularity")
+              ) -> dict[tuple, dict]:
+    """Per group (``by`` tags): ``n``, ``mc_accuracy``, ``exact_match``, ``consistency_f1``,
+    ``fluent`` and ``fluent_but_drifting`` rates (None where a group has no such record)."""
+    groups: dict[tuple, list[Mapping]] = {}
+    for r in records:
+        groups.setdefault(tuple(r[k] for k in by), []).append(r)
+    out = {}
+    for key in sorted(groups, key=str):
+        rs = groups[key]
+        mc = [r for r in rs if r["kind"] == "mc"]
+        op = [r for r in rs if r["kind"] == "open"]
+        out[key] = {"n": len(rs), "n_mc": len(mc), "n_open": len(op),
+                    "mc_accuracy": _mean(r["correct"] for r in mc),
+                    "exact_match": _mean(r["exact"] for r in op),
+                    "consistency_f1": _mean(r["consistency"] for r in op),
+                    "fluent": _mean(r["fluent"] for r in op),
+                    "fluent_but_drifting": _mean(r["drifting"] for r in op)}
+    return out
