@@ -12,6 +12,9 @@ stops the batcher and exits with status 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
+import threading
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +36,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=["critical", "error", "warning", "info", "debug"])
 
 
+def _server_class():
+    """uvicorn's Server, except that SIGINT/SIGTERM end it with status 0: uvicorn (>= 0.29)
+    re-raises the signal after its graceful shutdown, so the process would die by it."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            before = {s: signal.signal(s, self.handle_exit)
+                      for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, handler in before.items():
+                    signal.signal(s, handler)
+
+    return Server
+
+
 def run(args: argparse.Namespace) -> int:
     """Loads the model and serves it until SIGINT/SIGTERM; returns the exit status."""
     import uvicorn
@@ -45,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
                      min_bucket=args.min_bucket)
     print(f"lcjax serve: {served.name!r} (context {served.max_len}) on "
           f"http://{args.host}:{args.port}/v1", flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
+    server = _server_class()(uvicorn.Config(app, host=args.host, port=args.port,
                                            log_level=args.log_level))
     server.run()
-    return 0
+    return 0 if server.started else 1
