@@ -679,20 +679,12 @@ def train(
 
     manager = log_path = None
     if cfg.out_dir is not None:
-        manager = checkpoint.checkpoint_manager(
-            os.path.join(cfg.out_dir, "checkpoints"), max_to_keep=cfg.keep_checkpoints
+        manager, restored = checkpoint.open_run(  # restored onto this run's mesh
+            os.path.join(cfg.out_dir, "checkpoints"), resume=cfg.resume, meta=meta,
+            fields=RESUME_FIELDS, params=params, rest=rest, opt_state=opt_state,
+            max_to_keep=cfg.keep_checkpoints, uncommit=mesh is None,
         )
-        latest = manager.latest_step()
-        if latest is not None and not cfg.resume:
-            manager.close()
-            raise ValueError(f"{cfg.out_dir} has checkpoints (latest step {latest}): resume "
-                             "with resume=True (--resume) or train into a fresh out_dir")
-        if latest is not None:
-            checkpoint.check_resume(checkpoint.read_meta(manager, latest), meta, RESUME_FIELDS)
-            restored = checkpoint.restore_checkpoint(  # onto this run's mesh, whatever it
-                manager, params=params, rest=rest, opt_state=opt_state, step=latest,  # was
-                uncommit=mesh is None,
-            )
+        if restored is not None:
             params, rest, opt_state = (restored[k] for k in ("params", "rest", "opt_state"))
             data_state, step = restored["data_state"], restored["step"]
         log_path = os.path.join(cfg.out_dir, "metrics.jsonl")
