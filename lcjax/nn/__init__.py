@@ -25,6 +25,7 @@ from lcjax.nn.diffusion import (
 )
 from lcjax.nn.disentangled import DisentangledConfig, DisentangledTransformer
 from lcjax.nn.layers import RMSNorm, SwiGLU, rms_norm
+from lcjax.nn.lora import LoRAConfig, LoRAModel, LoRAParam, apply_lora
 from lcjax.nn.plash import PlashAttention, plash_prototypes
 from lcjax.nn.sampling import (
     DecodeResult,
@@ -45,6 +46,10 @@ __all__ = [
     "Attention",
     "AttentionTap",
     "LearnableAlpha",
+    "LoRAConfig",
+    "LoRAModel",
+    "LoRAParam",
+    "apply_lora",
     "PlashAttention",
     "plash_prototypes",
     "VariantConfig",
