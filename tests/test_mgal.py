@@ -1,5 +1,5 @@
-"""MGAL generator and metrics on a synthetic parallel corpus (tests/mgal_synthetic.py),
-plus one run of the generator on the real Debian Reference when it is installed."""
+"""MGAL generator and metrics on a synthetic parallel corpus (tests/mgal_synthetic.py); the
+generator's run on the real Debian Reference is in tests/test_parallel_corpus.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 import pytest
 from mgal_synthetic import LANGS, Synthetic
 
-from lcjax.data import mgal, parallel
+from lcjax.data import mgal
 from lcjax.eval import mgal_metrics as mm
 
 LENGTHS = (6000, 12000)
@@ -272,24 +272,3 @@ def test_oracle_scores_perfectly(items, syn):
         assert row["consistency_f1"] in (None, 1.0)
     with pytest.raises(ValueError, match="predictions"):
         mm.score_items(items, preds[:-1])
-
-
-# --- the real corpus -------------------------------------------------------------------------
-
-REAL_LANGS = ("en", "de", "fr", "ja", "zh-cn", "id")
-
-
-def test_generator_on_debian_reference():
-    try:
-        real = parallel.load_debian_reference(REAL_LANGS)
-    except parallel.CorpusMissingError as err:
-        pytest.skip(f"Debian Reference not installed ({err}); `make corpora` installs it")
-    got = mgal.generate(real, langs=REAL_LANGS, lengths=(8192,), n_per_cell=1, seed=0)
-    cells = collections.Counter((it.language, it.granularity, it.position_doc) for it in got)
-    assert len(cells) == len(REAL_LANGS) * 4 * 3 and set(cells.values()) == {1}
-    for it in got:
-        assert len(it.context.encode()) <= 8192
-        s, e = it.answer_span
-        assert it.position_doc == _third(s / len(it.context))
-        if it.task in ("cloze", "gap", "probe", "summary", "next_heading"):
-            assert it.context[s:e] == (it.answer if it.options is None else it.options[it.answer])
