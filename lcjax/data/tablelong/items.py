@@ -212,7 +212,8 @@ def make_item(rng: np.random.Generator, *, min_len: int, max_len: int, tokenizer
                 return {"task": task, "language": language, "format": fmt,
                         "domain": db.domain, "tables": db.tables,
                         "context": serialize(db.tables, fmt), "question": q.text,
-                        "answer": answer, "sql": q.sql, "ordered": q.ordered,
+                        "answer": answer, "sql": q.sql,
+                        "ordered": q.ordered and isinstance(answer, list),
                         "decimals": q.decimals, "length": length, "target_length": target,
                         "tokenizer": counter.name}
         finally:
