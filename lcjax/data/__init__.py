@@ -10,6 +10,7 @@ from lcjax.data.corpus import (
     work_id,
 )
 from lcjax.data.markov import MarkovSource, sample_chains
+from lcjax.data.parallel import ParallelCorpus, load_debian_reference
 from lcjax.data.pipeline import (
     gather_windows,
     make_dataset,
@@ -28,12 +29,14 @@ __all__ = [
     "VOCAB_SIZE",
     "Document",
     "FeatureSource",
+    "ParallelCorpus",
     "MarkovSource",
     "SyntheticSource",
     "decode",
     "decode_bytes",
     "encode",
     "gather_windows",
+    "load_debian_reference",
     "load_shakespeare",
     "make_dataset",
     "make_iterator",
