@@ -19,6 +19,7 @@ from lcjax.data.pipeline import (
     pack_stream,
 )
 from lcjax.data.synthetic import SyntheticSource
+from lcjax.data.tablelong import TableLongSource  # also registers the "tablelong" suite
 from lcjax.data.tfds import FeatureSource, tfds_source
 from lcjax.data.tokenizer import BOS, EOS, PAD, VOCAB_SIZE, decode, decode_bytes, encode
 
@@ -32,6 +33,7 @@ __all__ = [
     "ParallelCorpus",
     "MarkovSource",
     "SyntheticSource",
+    "TableLongSource",
     "decode",
     "decode_bytes",
     "encode",
