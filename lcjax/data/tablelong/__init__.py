@@ -1,4 +1,4 @@
-"""TableLong: verifiable multilingual table data for long-context reasoning (``../docs/
+"""TableLong: verifiable multilingual table data for long-context reasoning (``docs/
 tablelong.md``), after the TableLong recipe (row-major tables carry periodic long-range
 mutual information; questions whose answers a program computes give exact-match rewards).
 
