@@ -143,6 +143,16 @@ def test_length_control_bytes_and_another_tokenizer():
         assert 300 <= len(it["context"].split()) == it["length"] <= 500
         assert it["tokenizer"] == "words"
 
+    from tokenizers import Tokenizer, models, pre_tokenizers  # a Hugging Face tokenizer
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "|": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    for i in range(5):
+        it = generate_item(6, i, min_len=400, max_len=700, tokenizer=tok)
+        n = len(tok.encode(it["context"], add_special_tokens=False).ids)
+        assert 400 <= n == it["length"] <= 700 and n != len(it["context"].encode())
+        assert it["tokenizer"].startswith("hf-wordlevel")
+
 
 def test_deterministic_per_seed_and_index():
     a = [generate_item(3, i, min_len=500, max_len=900) for i in (0, 7, 7)]

@@ -70,11 +70,11 @@ _WORDS: dict[str, tuple[str, ...]] = {
                       "履修ID", "选课编号"),
     "score": ("score", "Punktzahl", "note", "nota", "得点", "成绩"),
     "term": ("term", "Semester", "semestre", "periodo", "学期", "学期"),
-    # aggregate and ordering words
-    "agg_sum": ("sum", "Summe", "somme", "suma", "合計", "总和"),
-    "agg_mean": ("mean", "Mittelwert", "moyenne", "media", "平均", "平均值"),
-    "agg_max": ("maximum", "Maximum", "maximum", "máximo", "最大値", "最大值"),
-    "agg_min": ("minimum", "Minimum", "minimum", "mínimo", "最小値", "最小值"),
+    # aggregate and ordering words (de / fr / es with the article the templates leave out)
+    "agg_sum": ("sum", "die Summe", "la somme", "la suma", "合計", "总和"),
+    "agg_mean": ("mean", "den Mittelwert", "la moyenne", "la media", "平均", "平均值"),
+    "agg_max": ("maximum", "das Maximum", "le maximum", "el máximo", "最大値", "最大值"),
+    "agg_min": ("minimum", "das Minimum", "le minimum", "el mínimo", "最小値", "最小值"),
     "agg_count": ("number of rows", "Anzahl der Zeilen", "nombre de lignes", "número de filas",
                   "行数", "行数"),
     "ext_desc": ("highest", "höchsten", "plus grand", "mayor", "最も大きい", "最大"),
@@ -152,9 +152,9 @@ _TEMPLATES: dict[str, tuple[str, ...]] = {
     ),
     "aggregate": (
         "What is the {agg} of {col} over the rows of table {table}{where}?",
-        "Was ist die {agg} von {col} über die Zeilen der Tabelle {table}{where}?",
-        "Quelle est la {agg} de {col} sur les lignes de la table {table}{where} ?",
-        "¿Cuál es la {agg} de {col} en las filas de la tabla {table}{where}?",
+        "Berechne {agg} von {col} über die Zeilen der Tabelle {table}{where}.",
+        "Calculez {agg} de {col} sur les lignes de la table {table}{where}.",
+        "Calcula {agg} de {col} en las filas de la tabla {table}{where}.",
         "表 {table}{where} の行における {col} の{agg}は何ですか？",
         "表 {table}{where} 的行中 {col} 的{agg}是多少？",
     ),
@@ -191,12 +191,12 @@ _TEMPLATES: dict[str, tuple[str, ...]] = {
     "join": (
         "What is the {agg} of {col} over the rows of table {child} whose {fk} refers to a row "
         "of table {parent} that satisfies {cond}?",
-        "Was ist die {agg} von {col} über die Zeilen der Tabelle {child}, deren {fk} auf eine "
-        "Zeile der Tabelle {parent} mit {cond} verweist?",
-        "Quelle est la {agg} de {col} sur les lignes de la table {child} dont {fk} renvoie à "
-        "une ligne de la table {parent} qui vérifie {cond} ?",
-        "¿Cuál es la {agg} de {col} en las filas de la tabla {child} cuyo {fk} remite a una "
-        "fila de la tabla {parent} que cumple {cond}?",
+        "Berechne {agg} von {col} über die Zeilen der Tabelle {child}, deren {fk} auf eine "
+        "Zeile der Tabelle {parent} mit {cond} verweist.",
+        "Calculez {agg} de {col} sur les lignes de la table {child} dont {fk} renvoie à "
+        "une ligne de la table {parent} qui vérifie {cond}.",
+        "Calcula {agg} de {col} en las filas de la tabla {child} cuyo {fk} remite a una "
+        "fila de la tabla {parent} que cumple {cond}.",
         "表 {child} の行のうち、{fk} が指す表 {parent} の行が {cond} を満たすものについて、"
         "{col} の{agg}は何ですか？",
         "表 {child} 中 {fk} 指向表 {parent} 里满足 {cond} 的行的那些行，其 {col} 的{agg}是多少？",
