@@ -19,7 +19,8 @@ draw whose evidence is not unique in the context:
 
 * word — ``cloze``: a sentence of the context quoted with one word masked (``____``); the
   answer is the word (an ASCII term or a CJK character pair in ja / zh).
-* sentence — ``gap``: ``prev [GAP] next`` quoted; the answer is the sentence between them.
+* sentence — ``gap``: ``prev [GAP] next`` quoted (consecutive sentences of one section,
+  possibly across a paragraph break); the answer is the sentence between them.
   ``order``: three sentences of one paragraph, shuffled as A/B/C; the answer is their
   document order (``"B, A, C"``). ``role``: the discourse role of a sentence derived from
   structure — ``background`` (its section's first paragraph), ``method`` (a middle one),
@@ -90,7 +91,8 @@ ROLES = ("background", "method", "outcome")
 CJK_LANGS = ("ja", "zh-cn", "zh-tw")
 CROWD_WINDOW = 4
 NUM_OPTIONS = 4
-MAX_TRIES = 60
+MAX_TRIES = 200
+NEW_CONTEXT_EVERY = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,6 +227,13 @@ class _Context:
     def unique(self, s: str) -> bool:
         return bool(s) and self.text.count(s) == 1
 
+    def entities(self, s: str) -> set[str]:
+        """:func:`entities` of ``s``, memoised per context."""
+        cache = self.__dict__.setdefault("_entities", {})
+        if s not in cache:
+            cache[s] = entities(s)
+        return cache[s]
+
 
 def _piece_counts(corpus: ParallelCorpus, lang: str, counter: TokenCounter, cache: dict):
     key = (lang, counter.name, id(corpus))
@@ -326,7 +335,7 @@ def _sentence_pool(ctx: _Context, exclude: set[str], near: int | None, gold: str
                    rng, crowded: bool, k: int) -> list[str] | None:
     """k distractor sentences: crowded ones from paragraphs within ``CROWD_WINDOW`` of
     paragraph ``near`` sharing an entity with ``gold``; plain ones from elsewhere."""
-    gold_ents = entities(gold)
+    gold_ents = ctx.entities(gold)
     cands = []
     for pi, p in enumerate(ctx.paras):
         close = near is not None and abs(pi - near) <= CROWD_WINDOW
@@ -336,7 +345,7 @@ def _sentence_pool(ctx: _Context, exclude: set[str], near: int | None, gold: str
             sent = ctx.text[s:e]
             if sent in exclude or sent == gold:
                 continue
-            if crowded and not (entities(sent) & gold_ents):
+            if crowded and not (ctx.entities(sent) & gold_ents):
                 continue
             cands.append(sent)
     cands = list(dict.fromkeys(cands))
@@ -345,12 +354,10 @@ def _sentence_pool(ctx: _Context, exclude: set[str], near: int | None, gold: str
     return [cands[i] for i in rng.choice(len(cands), size=k, replace=False)]
 
 
-def _pick_sentence(ctx: _Context, rng, position: str, *, min_sentences: int = 1,
-                   inner: bool = False):
+def _pick_sentence(ctx: _Context, rng, position: str):
     """(para index, sentence index) of a random sentence starting in ``position``."""
-    cands = [(pi, si) for pi, p in enumerate(ctx.paras) if len(p.sentences) >= min_sentences
-             for si, (s, _) in enumerate(p.sentences)
-             if (not inner or 0 < si < len(p.sentences) - 1) and _in_position(ctx, s, position)]
+    cands = [(pi, si) for pi, p in enumerate(ctx.paras)
+             for si, (s, _) in enumerate(p.sentences) if _in_position(ctx, s, position)]
     if not cands:
         return None
     return cands[rng.integers(len(cands))]
@@ -384,13 +391,23 @@ def _task_cloze(ctx, corpus, rng, position, crowded):
     return _Draw(q, word, (s0 + a, s0 + b), distract)
 
 
+def _section_flow(ctx: _Context) -> list[list[tuple[int, int]]]:
+    """Per section, its sentences ``(para index, sentence index)`` in document order."""
+    return [[(pi, si) for pi in sec.paras for si in range(len(ctx.paras[pi].sentences))]
+            for sec in ctx.secs]
+
+
 def _task_gap(ctx, corpus, rng, position, crowded):
-    pick = _pick_sentence(ctx, rng, position, min_sentences=3, inner=True)
-    if pick is None:
+    cands = [(flow[j - 1], flow[j], flow[j + 1]) for flow in _section_flow(ctx)
+             for j in range(1, len(flow) - 1)
+             if _in_position(ctx, ctx.paras[flow[j][0]].sentences[flow[j][1]][0], position)]
+    if crowded:
+        cands = [c for c in cands if ctx.entities(ctx.sentence(*c[1]))]
+    if not cands:
         return None
-    pi, si = pick
-    prev, gold, nxt = (ctx.sentence(pi, si + d) for d in (-1, 0, 1))
-    if not (ctx.unique(prev) and ctx.unique(gold)) or crowded and not entities(gold):
+    before, (pi, si), after = cands[rng.integers(len(cands))]
+    prev, gold, nxt = ctx.sentence(*before), ctx.sentence(pi, si), ctx.sentence(*after)
+    if not (ctx.unique(prev) and ctx.unique(gold)):
         return None
     pool = _sentence_pool(ctx, {prev, nxt}, pi, gold, rng, crowded, NUM_OPTIONS - 1)
     if pool is None:
@@ -445,7 +462,7 @@ def _task_role(ctx, corpus, rng, position, crowded):
 
 def _paragraph_draw(ctx, rng, pi, question, crowded):
     first = ctx.sentence(pi, 0)
-    if not ctx.unique(first) or crowded and not entities(first):
+    if not ctx.unique(first) or crowded and not ctx.entities(first):
         return None
     if crowded:
         pool = _sentence_pool(ctx, set(), pi, first, rng, True, NUM_OPTIONS - 1)
@@ -460,9 +477,10 @@ def _paragraph_draw(ctx, rng, pi, question, crowded):
     return _Draw(question, first, ctx.paras[pi].sentences[0], pool, crowd_ok=True)
 
 
-def _pick_paragraph(ctx, rng, position):
+def _pick_paragraph(ctx, rng, position, with_entities=False):
     cands = [pi for pi, p in enumerate(ctx.paras)
-             if p.sentences and _in_position(ctx, p.sentences[0][0], position)]
+             if p.sentences and _in_position(ctx, p.sentences[0][0], position)
+             and (not with_entities or ctx.entities(ctx.sentence(pi, 0)))]
     return None if not cands else cands[rng.integers(len(cands))]
 
 
@@ -471,7 +489,7 @@ def _task_probe(ctx, corpus, rng, position, crowded):
     if not others:
         return None
     src = corpus.pivot if corpus.pivot in others else others[0]
-    pi = _pick_paragraph(ctx, rng, position)
+    pi = _pick_paragraph(ctx, rng, position, with_entities=crowded)
     if pi is None:
         return None
     probe = corpus.paragraph(src, ctx.paras[pi].key).text
@@ -488,7 +506,7 @@ def _task_probe(ctx, corpus, rng, position, crowded):
 
 
 def _task_summary(ctx, corpus, rng, position, crowded):
-    pi = _pick_paragraph(ctx, rng, position)
+    pi = _pick_paragraph(ctx, rng, position, with_entities=crowded)
     if pi is None:
         return None
     text = ctx.text
@@ -643,7 +661,7 @@ def _one(corpus, lang, length, gran, task, position, fmt, seq, counter, cache, n
     ctx = None
     for attempt in range(MAX_TRIES):
         rng = np.random.default_rng([*seq, attempt])
-        if ctx is None or attempt % 5 == 0:
+        if ctx is None or attempt % NEW_CONTEXT_EVERY == 0:
             ctx = build_context(corpus, lang, length, int(rng.integers(n_secs)), counter, cache)
         if not ctx.paras:
             continue
