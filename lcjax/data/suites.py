@@ -2,7 +2,7 @@
 
 A :class:`Suite` is what ``lcjax.eval.evaluate`` consumes::
 
-    suite = get_suite("ruler")             # or "nolima"
+    suite = get_suite("ruler")             # or "nolima", "mgal"
     for t in suite.tasks:                  # SuiteTask(name, task, overrides, uses_depth)
         sample = suite.generate(t.task, seed, length, tokenizer=tok,
                                 **({"depth": d} if t.uses_depth else {}), **t.overrides)
@@ -70,6 +70,7 @@ def get_suite(name: str) -> Suite:
             import lcjax.data.nolima  # noqa: F401
         except ImportError:
             pass
+        import lcjax.data.mgal  # noqa: F401  (suite "mgal": Debian Reference, loaded lazily)
     try:
         return _SUITES[name]()
     except KeyError:
