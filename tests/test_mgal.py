@@ -272,3 +272,52 @@ def test_oracle_scores_perfectly(items, syn):
         assert row["consistency_f1"] in (None, 1.0)
     with pytest.raises(ValueError, match="predictions"):
         mm.score_items(items, preds[:-1])
+
+
+# --- the evaluator suite ---------------------------------------------------------------------
+
+
+def test_suite_through_the_evaluator_and_heatmaps(corpus, tmp_path):
+    from lcjax.eval.evaluate import evaluate
+    from lcjax.eval.items import build_items
+
+    suite = mgal.make_suite(corpus)
+    tasks = ["en/word", "ja/sentence", "de/paragraph", "ja/document"]
+    kw = dict(tasks=tasks)
+    items = build_items(suite, (6000,), (0.0, 0.5, 1.0), 1, 0, **kw)
+    gold = {it.prompt.decode(): it.answer.decode() for it in items}
+    for it in items:  # the sample's tags: depth picks position_doc, prompt holds the item
+        item = it.sample.info["item"]
+        assert item.position_doc == mgal.depth_position(it.depth)
+        assert f"{item.language}/{item.granularity}" == it.task
+        assert it.prompt.decode() == mgal.format_prompt(item, reply="text")
+
+    ja_doc = {it.prompt.decode() for it in items if it.task == "ja/document"}
+
+    def reader(prompts):  # right everywhere except ja/document, wrong there on purpose
+        return ["nothing" if p in ja_doc else gold[p] for p in prompts]
+
+    res = evaluate(reader, suite, (6000,), (0.0, 0.5, 1.0), 1, 0, progress=False, **kw)
+    by_task = {t: v["overall"]["string_match_all"] for t, v in res.summary["tasks"].items()}
+    assert by_task == {"en/word": 100.0, "ja/sentence": 100.0, "de/paragraph": 100.0,
+                       "ja/document": 0.0}
+    grids = mm.eval_grids(res.records)
+    langs, grans, values = grids["language_x_granularity"]
+    assert langs == ["en", "ja", "de"] and grans == list(mgal.GRANULARITIES)
+    assert values[1] == [None, 100.0, None, 0.0]
+    poss, _, pvalues = grids["position_x_granularity"]
+    assert poss == list(mgal.POSITIONS) and all(row[3] == 0.0 for row in pvalues)
+    paths = mm.write_heatmaps(res.records, str(tmp_path))
+    assert all(open(p, "rb").read(8).startswith(b"\x89PNG") for p in paths.values())
+
+
+def test_cli_langs_flag_selects_tasks():
+    import argparse
+
+    from lcjax.eval.cli import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--suite", "mgal", "--endpoint", "http://x", "--langs", "en,ja",
+                         "--lengths", "8k,16k", "--out", "o"])
+    assert args.langs == ("en", "ja") and args.lengths == (8192, 16384)

@@ -57,6 +57,7 @@ which_section. A multiple-choice ``answer`` is the 0-based index into ``options`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import re
 import zlib
@@ -64,8 +65,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from lcjax.data import parallel
 from lcjax.data.parallel import ParallelCorpus
-from lcjax.data.suites import TokenCounter, as_tokenizer
+from lcjax.data.suites import Suite, SuiteTask, TokenCounter, as_tokenizer, register_suite
 
 __all__ = [
     "CJK_LANGS",
@@ -76,10 +78,13 @@ __all__ = [
     "ROLES",
     "TASKS",
     "MgalItem",
+    "depth_position",
     "entities",
     "format_prompt",
     "generate",
+    "make_suite",
     "position_of",
+    "sample",
 ]
 
 GRANULARITIES = ("word", "sentence", "paragraph", "document")
@@ -116,13 +121,17 @@ class MgalItem:
     task: str
 
 
-def format_prompt(item: MgalItem) -> str:
-    """Context, question and lettered options (``A. …``) as one prompt; the expected reply is
-    the answer text, or the option's letter for multiple choice."""
+def format_prompt(item: MgalItem, *, reply: str = "letter") -> str:
+    """Context, question and lettered options (``A. …``) as one prompt. The expected reply is
+    the answer text, and for multiple choice the option's letter (``reply="letter"``) or
+    the option's text (``reply="text"``, what the ``mgal`` suite's string match checks)."""
+    if reply not in ("letter", "text"):
+        raise ValueError(f"format_prompt: reply must be 'letter' or 'text', got {reply!r}")
     parts = [item.context, "", item.question]
     if item.options is not None:
         parts += [f"{chr(65 + i)}. {o}" for i, o in enumerate(item.options)]
-        parts.append("Answer with the letter of the correct option.")
+        parts.append("Answer with the letter of the correct option." if reply == "letter"
+                     else "Answer by copying the text of the correct option.")
     return "\n".join(parts) + "\nAnswer:"
 
 
@@ -671,3 +680,79 @@ def _one(corpus, lang, length, gran, task, position, fmt, seq, counter, cache, n
     raise RuntimeError(f"mgal: could not draw a {task!r} item ({fmt}) at position {position!r} "
                        f"for {lang!r} within {length} tokens after {MAX_TRIES} tries; the "
                        f"corpus may be too small for this budget")
+
+
+# --- the evaluator suite ("mgal") ---------------------------------------------------------
+
+
+def depth_position(depth: float) -> str:
+    """The position a suite depth asks for: ``[0, 1/3)`` begin, ``[1/3, 2/3)`` middle,
+    ``[2/3, 1]`` end (use depths 0, 0.5, 1)."""
+    if not 0.0 <= float(depth) <= 1.0:
+        raise ValueError(f"depth must lie in [0, 1], got {depth}")
+    return POSITIONS[min(int(float(depth) * 3), 2)]
+
+
+def sample(corpus: ParallelCorpus, task: str, seed, length: int, *, depth: float = 0.5,
+           tokenizer=None, cache: dict | None = None):
+    """One item of suite task ``"<lang>/<granularity>"`` as an ``lcjax.data.ruler.Sample``.
+
+    The item's task and format are drawn from ``seed``; ``depth`` picks ``position_doc``
+    (:func:`depth_position`). The prompt is :func:`format_prompt` with ``reply="text"``;
+    ``answer`` and the one reference are the answer text (the gold option's text for
+    multiple choice); ``info["item"]`` is the :class:`MgalItem`. ``length`` budgets the
+    context; ``Sample.length`` counts the whole prompt plus answer.
+    """
+    from lcjax.data.ruler import Sample
+
+    lang, _, gran = task.partition("/")
+    if gran not in TASKS or lang not in corpus.langs:
+        raise ValueError(f"mgal suite: task must be '<lang>/<granularity>' with lang in "
+                         f"{corpus.langs} and granularity in {GRANULARITIES}; got {task!r}")
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    seq = [int(x) for x in rng.integers(0, 2**31 - 1, size=3)]
+    kind = TASKS[gran][seq[0] % len(TASKS[gran])]
+    fmt = FORMATS[seq[1] % len(FORMATS)]
+    counter = as_tokenizer(tokenizer)
+    item = _one(corpus, lang, int(length), gran, kind, depth_position(depth), fmt, seq,
+                counter, {} if cache is None else cache, len(corpus.documents[lang]))
+    prompt = format_prompt(item, reply="text")
+    gold = str(item.answer) if item.options is None else item.options[item.answer]
+    evidence = item.context[item.answer_span[0]:item.answer_span[1]]
+    offset = len(item.context[:item.answer_span[0]].encode())
+    return Sample(prompt=prompt.encode(), answer=gold.encode(), references=(gold.encode(),),
+                  task=f"mgal_{kind}", length=counter.count(prompt) + counter.count(gold),
+                  haystack_bytes=len(item.context.encode()),
+                  depths=(item.answer_span[0] / len(item.context),), offsets=(offset,),
+                  needles=(evidence.encode(),), num_targets=1,
+                  info={"item": item, "task": kind, "format": fmt},
+                  tokenizer=counter.name, question=item.question.encode())
+
+
+def make_suite(corpus: ParallelCorpus, *, langs: Sequence[str] | None = None,
+               name: str = "mgal") -> Suite:
+    """An evaluator :class:`~lcjax.data.suites.Suite` over ``corpus``: one task
+    ``"<lang>/<granularity>"`` per language and granularity, depth = position."""
+    langs = tuple(corpus.langs if langs is None else langs)
+    cache: dict = {}
+
+    def generate_sample(task, seed, length, *, depth=0.5, tokenizer=None):
+        return sample(corpus, task, seed, length, depth=depth, tokenizer=tokenizer, cache=cache)
+
+    tasks = tuple(SuiteTask(f"{lang}/{g}", f"{lang}/{g}") for lang in langs
+                  for g in GRANULARITIES)
+    return Suite(name, generate_sample, tasks)
+
+
+@functools.lru_cache(maxsize=1)
+def _debian_corpus() -> ParallelCorpus:
+    return parallel.load_debian_reference(parallel.DEBIAN_LANGS)
+
+
+def _debian_suite() -> Suite:
+    """Suite ``"mgal"``: Debian Reference, all 11 languages aligned together (so an item does
+    not depend on which languages a run asks for)."""
+    return make_suite(_debian_corpus())
+
+
+register_suite("mgal", _debian_suite)

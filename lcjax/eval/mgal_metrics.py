@@ -31,7 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from lcjax.data.mgal import CJK_LANGS, MgalItem
 
 __all__ = ["DRIFT_THRESHOLD", "exact_match", "normalize", "parse_choice", "score_item",
-           "score_items", "script_share", "source_text", "summarize", "token_f1", "tokens"]
+           "eval_grids", "plot_grid", "score_items", "script_share", "source_text",
+           "write_heatmaps", "summarize", "token_f1", "tokens"]
 
 DRIFT_THRESHOLD = 0.5
 _CJK_CHAR = re.compile(r"[\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\u9fff"
@@ -169,3 +170,72 @@ def summarize(records: Sequence[Mapping], by: Sequence[str] = ("language", "gran
                     "fluent": _mean(r["fluent"] for r in op),
                     "fluent_but_drifting": _mean(r["drifting"] for r in op)}
     return out
+
+
+# --- heat-maps of an evaluator run (``lcjax eval --suite mgal``) ---------------------------
+
+
+def eval_grids(records: Sequence[Mapping], metric: str = "string_match_all"
+               ) -> dict[str, tuple[list[str], list[str], list[list[float | None]]]]:
+    """Mean ``metric`` of evaluator records (tasks ``"<lang>/<granularity>"``, depth =
+    position) on two grids: ``"language_x_granularity"`` and ``"position_x_granularity"``,
+    each ``(row labels, column labels, values)`` with None for an empty cell."""
+    from lcjax.data.mgal import GRANULARITIES, POSITIONS, depth_position
+
+    rows = []
+    for r in records:
+        lang, _, gran = str(r["task"]).partition("/")
+        if gran not in GRANULARITIES:
+            raise ValueError(f"eval_grids: task {r['task']!r} is not '<lang>/<granularity>'")
+        rows.append((lang, gran, depth_position(r["depth"]), float(r[metric])))
+    grans = [g for g in GRANULARITIES if any(x[1] == g for x in rows)]
+    langs = list(dict.fromkeys(x[0] for x in rows))
+    poss = [p for p in POSITIONS if any(x[2] == p for x in rows)]
+
+    def grid(labels, col):
+        return [[_mean(x[3] for x in rows if x[col] == lab and x[1] == g) for g in grans]
+                for lab in labels]
+
+    return {"language_x_granularity": (langs, grans, grid(langs, 0)),
+            "position_x_granularity": (poss, grans, grid(poss, 2))}
+
+
+def plot_grid(rows: Sequence[str], cols: Sequence[str], values, path: str, *,
+              title: str = "", label: str = "string_match_all (%)") -> None:
+    """A rows x cols heat map (0-100) with the values printed in the cells."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    grid = np.array([[np.nan if v is None else v for v in row] for row in values], float)
+    fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(cols), 1.2 + 0.45 * len(rows)))
+    im = ax.imshow(grid, vmin=0, vmax=100, cmap="RdYlGn", aspect="auto")
+    for i in range(len(rows)):
+        for j in range(len(cols)):
+            if not np.isnan(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:.0f}", ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(cols)), list(cols))
+    ax.set_yticks(range(len(rows)), list(rows))
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(im, ax=ax, label=label)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_heatmaps(records: Sequence[Mapping], out_dir: str, *, title: str = "mgal",
+                   metric: str = "string_match_all") -> dict[str, str]:
+    """``mgal_language_x_granularity.png`` and ``mgal_position_x_granularity.png`` in
+    ``out_dir`` (:func:`eval_grids`); returns their paths."""
+    import os
+
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {}
+    for name, (rows, cols, values) in eval_grids(records, metric).items():
+        path = os.path.join(out_dir, f"mgal_{name}.png")
+        plot_grid(rows, cols, values, path, title=f"{title}: {name.replace('_x_', ' x ')}",
+                  label=f"{metric} (%)")
+        paths[name] = path
+    return paths
