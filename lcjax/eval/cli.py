@@ -1,6 +1,8 @@
 """``lcjax eval``: evaluate a model folder or an OpenAI-compatible endpoint on a suite.
 
     lcjax eval --suite ruler --model runs/a --lengths 1k,2k,4k --out reports/eval_a
+    lcjax eval --suite mgal --model runs/a --langs en,de,ja --lengths 8k,16k --depths 0,0.5,1 \\
+        --out reports/mgal_a
     lcjax eval --suite nolima --endpoint http://127.0.0.1:8000 --api-model m --chat \\
         --concurrency 8 --lengths 4k --out out/ --resume
 
@@ -37,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-per-cell", type=int, default=4, help="items per task, length, depth")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tasks", type=_names, default=None, help="comma list (default: all)")
+    parser.add_argument("--langs", type=_names, default=None,
+                        help="suites with tasks named <lang>/<...> (mgal): keep these languages")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--resume", action="store_true",
                         help="skip the items already in OUT/results.jsonl")
@@ -75,9 +79,19 @@ def run(args: argparse.Namespace) -> int:
                                 concurrency=args.concurrency)
     else:
         target = args.model
+    tasks = args.tasks
+    if getattr(args, "langs", None):
+        from lcjax.data.suites import get_suite
+
+        names = [t.name for t in get_suite(args.suite).tasks
+                 if t.name.split("/")[0] in args.langs]
+        tasks = [n for n in names if args.tasks is None or n in args.tasks]
+        if not tasks:
+            raise SystemExit(f"lcjax eval: no task of suite {args.suite!r} for --langs "
+                             f"{','.join(args.langs)}")
     results = evaluate(
         target, args.suite, args.lengths, args.depths, args.n_per_cell, args.seed,
-        tasks=args.tasks, results_file=os.path.join(args.out, "results.jsonl"),
+        tasks=tasks, results_file=os.path.join(args.out, "results.jsonl"),
         resume=args.resume, retry_errors=args.retry_errors, batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens, attention=args.attention, progress=args.progress)
     command = command_line(["lcjax", "eval"], [
@@ -85,8 +99,13 @@ def run(args: argparse.Namespace) -> int:
         ("--api-model", args.api_model), ("--chat", args.chat or None),
         ("--lengths", args.lengths), ("--depths", args.depths),
         ("--n-per-cell", args.n_per_cell), ("--seed", args.seed), ("--tasks", args.tasks),
+        ("--langs", getattr(args, "langs", None)),
         ("--attention", args.attention), ("--out", args.out)])
     write_report(results, args.out, command=command, machine=machine_info())
+    if args.suite == "mgal":  # language x granularity, position x granularity
+        from lcjax.eval.mgal_metrics import write_heatmaps
+
+        write_heatmaps(results.records, args.out)
     print(json.dumps({"overall": results.summary["overall"], "out": args.out}))
     return 0
 
