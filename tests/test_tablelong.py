@@ -88,6 +88,11 @@ def test_item_schema_types_and_keys(many):
         con.close()
         # answers: lists only when the SQL returns several rows; ordered iff ORDER BY
         assert it["ordered"] == ("ORDER BY" in it["sql"] and isinstance(it["answer"], list))
+    levels = collections.defaultdict(set)
+    for it in items:
+        levels[it["task"]].add(it["difficulty"])
+    assert levels["lookup"] == {1} and levels["count"] == {2, 3}
+    assert levels["multi_hop"] == {5, 6} and levels["join"] == {4}
 
 
 def test_verifier_rejects_wrong_answers(many):
@@ -213,6 +218,10 @@ def test_cli_deterministic_whatever_the_worker_count(tmp_path, capsys):
     assert len(one) == 4 and one == two
     src = ShardSource(tmp_path / "w2")
     assert len(src) == 10
+    import grain
+
+    ds = grain.MapDataset.source(src).shuffle(seed=0)
+    assert sorted(it["index"] for it in ds) == list(range(10))
     assert src[8] == generate_item(9, 8, min_len=1024, max_len=2048)
     summary = json.loads((tmp_path / "w1" / "summary.json").read_text())
     assert summary["items"] == 10 and sum(summary["tasks"].values()) == 10

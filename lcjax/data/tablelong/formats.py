@@ -48,18 +48,32 @@ def parse_value(text: str, type_: str):
     raise ValueError(f"tablelong: unknown column type {type_!r}")
 
 
-def render_cells(table: dict) -> list[list[str]]:
-    """The cells of ``table`` as written (:func:`write_value`), row by row."""
+def render_cells(table: dict, fmt: str = "csv") -> list[list[str]]:
+    """The cells of ``table`` as written (:func:`write_value`), row by row, escaped for
+    ``fmt`` (``|`` -> ``\\|`` in markdown, ``html.escape`` in HTML; CSV quotes when writing)."""
     bad = [t for t in table["types"] if t not in ("text", "integer", "real", "date", "id")]
     if bad:
         raise ValueError(f"tablelong: unknown column types {bad}")
     writers = [repr if t == "real" else str for t in table["types"]]
-    return [[w(v) for w, v in zip(writers, row, strict=True)] for row in table["rows"]]
+    cells = [[w(v) for w, v in zip(writers, row, strict=True)] for row in table["rows"]]
+    escape = _ESCAPE.get(fmt)
+    if escape is not None:
+        text = [j for j, t in enumerate(table["types"]) if t == "text"]  # others need none
+        for r in cells:
+            for j in text:
+                r[j] = escape(r[j])
+    return cells
 
 
-def _markdown(name: str, table: dict, cells: list[list[str]]) -> str:
-    rows = [[c.replace("|", "\\|") for c in r] for r in cells]
-    head = [h.replace("|", "\\|") for h in table["columns"]]
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+_ESCAPE = {"markdown": _md_escape, "html": html.escape}
+
+
+def _markdown(name: str, table: dict, rows: list[list[str]]) -> str:
+    head = [_md_escape(h) for h in table["columns"]]
     widths = [max([len(head[j]), 3] + [len(r[j]) for r in rows]) for j in range(len(head))]
 
     def line(cells):
@@ -80,8 +94,7 @@ def _csv(name: str, table: dict, cells: list[list[str]]) -> str:
 def _html(name: str, table: dict, cells: list[list[str]]) -> str:
     e = html.escape
     head = "".join(f"<th>{e(h)}</th>" for h in table["columns"])
-    body = "\n".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>"
-                     for r in cells)
+    body = "\n".join("<tr><td>" + "</td><td>".join(r) + "</td></tr>" for r in cells)
     return (f"<table>\n<caption>{e(name)}</caption>\n<thead><tr>{head}</tr></thead>\n"
             f"<tbody>\n{body}\n</tbody>\n</table>")
 
@@ -90,8 +103,9 @@ def serialize(tables: dict[str, dict], fmt: str,
               cells: dict[str, list[list[str]]] | None = None) -> str:
     """The context text of ``tables`` ({name: {"columns", "types", "rows"}}) in ``fmt``.
 
-    ``cells`` ({name: :func:`render_cells`}, possibly longer than the rows: only the first
-    ``len(rows)`` are used) saves re-rendering when serialising prefixes of the same tables."""
+    ``cells`` ({name: ``render_cells(table, fmt)``}, possibly longer than the rows: only the
+    first ``len(rows)`` are used) saves re-rendering when serialising prefixes of the same
+    tables."""
     if fmt == "json":
         doc = {name: [dict(zip(t["columns"], row, strict=True)) for row in t["rows"]]
                for name, t in tables.items()}
@@ -101,7 +115,7 @@ def serialize(tables: dict[str, dict], fmt: str,
         raise ValueError(f"tablelong: unknown format {fmt!r}; known: {FORMATS}")
     cells = cells or {}
     return "\n\n".join(
-        writer(name, t, cells[name][:len(t["rows"])] if name in cells else render_cells(t))
+        writer(name, t, cells[name][:len(t["rows"])] if name in cells else render_cells(t, fmt))
         for name, t in tables.items())
 
 

@@ -6,7 +6,7 @@ so a set of items does not depend on how many processes made it. An item is a JS
 
     {"id", "seed", "index", "task", "language", "format", "domain",
      "tables": {name: {"columns": [...], "types": [...], "rows": [[...], ...]}},
-     "context", "question", "answer", "sql", "ordered", "decimals",
+     "context", "question", "answer", "sql", "ordered", "decimals", "difficulty",
      "length", "target_length", "tokenizer"}
 
 ``types`` are from {"text", "integer", "real", "date", "id"}, declared in SQLite as TEXT /
@@ -101,23 +101,26 @@ def _sizes(n_tables: int, rows: float) -> list[int]:
     return [parent, middle, max(2, int(rows - parent - middle))]
 
 
-def _fit_leaf(db: Database, fmt: str, count, target: int) -> tuple[Database, int] | None:
+def _fit_leaf(db: Database, fmt: str, count, target: int) -> tuple[Database, str, int] | None:
     """The database with the most leaf rows whose context has at most ``target`` tokens,
-    with its token count; None if one leaf row is already too many.
+    with that context and its token count; None if one leaf row is already too many.
 
     The count grows with the leaf prefix, nearly linearly: a bracketed search that steps to
     the linear interpolation of the bracket (bisection when that does not shrink it)."""
-    cells = {name: render_cells(t) for name, t in db.tables.items()}
+    cells = {} if fmt == "json" else {name: render_cells(t, fmt) for name, t in db.tables.items()}
+
+    texts = {}
 
     def size(n):
-        return count(serialize(resize_leaf(db, n).tables, fmt, cells))
+        texts[n] = serialize(resize_leaf(db, n).tables, fmt, cells)
+        return count(texts[n])
 
     lo, hi = 1, len(db.rows(len(db.specs) - 1))
     c_lo, c_hi = size(lo), size(hi)
     if c_lo > target:
         return None
     if c_hi <= target:
-        return resize_leaf(db, hi), c_hi
+        return resize_leaf(db, hi), texts[hi], c_hi
     while hi - lo > 1:  # invariant: size(lo) <= target < size(hi)
         guess = lo + int((target - c_lo) / max(c_hi - c_lo, 1) * (hi - lo))
         mid = min(max(guess, lo + 1), hi - 1)
@@ -128,18 +131,29 @@ def _fit_leaf(db: Database, fmt: str, count, target: int) -> tuple[Database, int
             lo, c_lo = mid, c
         else:
             hi, c_hi = mid, c
-    return resize_leaf(db, lo), c_lo
+    return resize_leaf(db, lo), texts[lo], c_lo
 
 
 def _database(rng, language: str, fmt: str, count, min_len: int, max_len: int):
-    """A database whose context has between ``min_len`` and ``max_len`` tokens (aiming at a
-    uniform target in that range), or None when the range cannot be met."""
+    """A database whose context has between ``min_len`` and ``max_len`` tokens, aiming at a
+    target uniform over ``[max(min_len, smallest database), max_len]``; None when the range
+    cannot be met."""
     domain = sorted(DOMAINS)[int(rng.integers(len(DOMAINS)))]
     n_tables = int(rng.integers(2, len(DOMAINS[domain]) + 1))
-    target = int(rng.integers(min_len, max_len + 1))
+    u = rng.random()
     pilot = make_database(rng, language, [2] * (n_tables - 1) + [8], domain)
-    full = count(serialize(pilot.tables, fmt))
-    one = count(serialize(resize_leaf(pilot, 1).tables, fmt))
+    while True:
+        full = count(serialize(pilot.tables, fmt))
+        one = count(serialize(resize_leaf(pilot, 1).tables, fmt))   # the smallest database
+        if one <= max_len:
+            break
+        if n_tables == 2:
+            return None
+        n_tables = 2
+        pilot = Database(pilot.domain, language, pilot.specs[:2],
+                         {s.name: pilot.tables[s.name] for s in pilot.specs[:2]})
+    low = max(min_len, one)                  # the target is uniform over what can be met
+    target = low + int(u * (max_len - low + 1))
     per_row = max((full - one) / 7, 1.0)
     rows = target / per_row
     for _ in range(6):
@@ -156,9 +170,9 @@ def _database(rng, language: str, fmt: str, count, min_len: int, max_len: int):
                                  {s.name: pilot.tables[s.name] for s in pilot.specs[:2]})
             rows *= 0.5
             continue
-        db, length = fit
+        db, context, length = fit
         if length >= min_len:
-            return db, length, target
+            return db, context, length, target
         if len(db.rows(n_tables - 1)) < sizes[-1]:
             return None          # one more leaf row jumps past the target
         rows *= 1.5 * target / max(length, 1)
@@ -194,7 +208,7 @@ def make_item(rng: np.random.Generator, *, min_len: int, max_len: int, tokenizer
         if made is None:
             stats["length_misses"] += 1
             continue
-        db, length, target = made
+        db, context, length, target = made
         con = load_sqlite(db.tables)
         try:
             for _ in range(_MAX_ATTEMPTS):
@@ -211,10 +225,11 @@ def make_item(rng: np.random.Generator, *, min_len: int, max_len: int, tokenizer
                 answer = round(py, q.decimals) if q.decimals is not None else py
                 return {"task": task, "language": language, "format": fmt,
                         "domain": db.domain, "tables": db.tables,
-                        "context": serialize(db.tables, fmt), "question": q.text,
+                        "context": context, "question": q.text,
                         "answer": answer, "sql": q.sql,
                         "ordered": q.ordered and isinstance(answer, list),
-                        "decimals": q.decimals, "length": length, "target_length": target,
+                        "decimals": q.decimals, "difficulty": q.difficulty,
+                        "length": length, "target_length": target,
                         "tokenizer": counter.name}
         finally:
             con.close()

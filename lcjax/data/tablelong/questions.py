@@ -45,7 +45,8 @@ class Question:
 
     ``answer`` is a scalar or a list; ``ordered``: the list's order matters (the SQL has
     ORDER BY); ``real``: the answer is a REAL computed by arithmetic (sum / mean), compared
-    to 1e-9 relative and written rounded to ``decimals``."""
+    to 1e-9 relative and written rounded to ``decimals``. ``difficulty``: 1 (lookup) to 6 (a
+    two-hop chain), one more per condition or hop."""
 
     task: str
     text: str
@@ -54,6 +55,7 @@ class Question:
     ordered: bool = False
     real: bool = False
     decimals: int | None = None
+    difficulty: int = 1
 
 
 def quote_ident(name: str) -> str:
@@ -143,11 +145,12 @@ _AGG_WORD = {"SUM": "agg_sum", "AVG": "agg_mean", "MAX": "agg_max", "MIN": "agg_
              "COUNT": "agg_count"}
 
 
-def _agg_answer(task, text, sql, values, agg, col_type):
+def _agg_answer(task, text, sql, values, agg, col_type, difficulty):
     answer = _aggregate(values, agg)
     real = col_type == "real" and agg in ("SUM", "AVG") or agg == "AVG"
     decimals = 2 if real else None
-    return Question(task, text, sql, answer, real=real, decimals=decimals)
+    return Question(task, text, sql, answer, real=real, decimals=decimals,
+                    difficulty=difficulty)
 
 
 def _rounded_note(agg, lang):
@@ -185,7 +188,8 @@ def _count(rng, db: Database, lang):
     text = vocab.template("count", lang).format(table=spec.name,
                                                 cond=_cond_text(spec, conds, lang))
     sql = f"SELECT COUNT(*) FROM {quote_ident(spec.name)}{_where(conds, spec)}"
-    return Question("count", text, sql, sum(_holds(r, conds) for r in rows))
+    return Question("count", text, sql, sum(_holds(r, conds) for r in rows),
+                    difficulty=1 + len(conds))
 
 
 def _aggregate_q(rng, db: Database, lang):
@@ -202,7 +206,8 @@ def _aggregate_q(rng, db: Database, lang):
     sql = (f"SELECT {agg}({quote_ident(spec.headers[col])}) FROM {quote_ident(spec.name)}"
            f"{_where(conds, spec)}")
     values = [r[col] for r in rows if _holds(r, conds)]
-    return _agg_answer("aggregate", text, sql, values, agg, spec.columns[col].type)
+    return _agg_answer("aggregate", text, sql, values, agg, spec.columns[col].type,
+                       2 + len(conds))
 
 
 def _extreme(rng):
@@ -224,7 +229,8 @@ def _argmax(rng, db: Database, lang):
            f"WHERE {c} = (SELECT {agg}({c}) FROM {name})")
     best = (max if desc else min)(r[col] for r in rows)
     answer = [r[target] for r in rows if r[col] == best]
-    return Question("argmax", text, sql, answer[0] if len(answer) == 1 else answer)
+    return Question("argmax", text, sql, answer[0] if len(answer) == 1 else answer,
+                    difficulty=3)
 
 
 def _sorted_rows(rows, col: int, desc: bool):
@@ -253,7 +259,7 @@ def _topk(rng, db: Database, lang):
     sql = (f"SELECT {quote_ident(spec.headers[target])} FROM {quote_ident(spec.name)} "
            f"{_order_sql(spec, col, desc)} LIMIT {k}")
     answer = [r[target] for r in _sorted_rows(rows, col, desc)[:k]]
-    return Question("topk", text, sql, answer, ordered=True)
+    return Question("topk", text, sql, answer, ordered=True, difficulty=3)
 
 
 def _join(rng, db: Database, lang):
@@ -279,8 +285,8 @@ def _join(rng, db: Database, lang):
     keep = {r[0] for r in prows if _holds(r, conds)}
     values = [1 if col is None else r[col] for r in crows if r[fk] in keep]
     if agg == "COUNT":
-        return Question("join", text, sql, len(values))
-    return _agg_answer("join", text, sql, values, agg, child.columns[col].type)
+        return Question("join", text, sql, len(values), difficulty=4)
+    return _agg_answer("join", text, sql, values, agg, child.columns[col].type, 4)
 
 
 def _multi_hop(rng, db: Database, lang):
@@ -312,7 +318,7 @@ def _multi_hop(rng, db: Database, lang):
             sql = (f"SELECT {quote_ident(up.headers[attr])} FROM {quote_ident(up.name)} "
                    f"WHERE {quote_ident(up.headers[0])} = ({inner})")
     sep = "、" if lang in ("ja", "zh") else "; "
-    return Question("multi_hop", sep.join(parts), sql, row[attr])
+    return Question("multi_hop", sep.join(parts), sql, row[attr], difficulty=4 + hops)
 
 
 _MAKERS = {"lookup": _lookup, "count": _count, "aggregate": _aggregate_q, "argmax": _argmax,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
+import itertools
 import random
 
 import numpy as np
@@ -157,11 +158,8 @@ def _values(rnd: random.Random, col: ColumnSpec, language: str, n: int,
             parent_ids: list[int] | None) -> list:
     kind, _, rest = col.kind.partition(":")
     if kind == "pk":
-        ids, value = [], rnd.randint(1, 5000)
-        for _ in range(n):
-            value += rnd.randint(1, 3)
-            ids.append(value)
-        return ids
+        return list(itertools.accumulate(rnd.choices((1, 2, 3), k=n),
+                                         initial=rnd.randint(1, 5000)))[1:]
     if kind == "fk":
         return rnd.choices(parent_ids, k=n)
     if kind == "cat":
@@ -170,12 +168,12 @@ def _values(rnd: random.Random, col: ColumnSpec, language: str, n: int,
         return rnd.choices(faker_pool(kind, language), k=n)
     lo, hi = (int(x) for x in rest.split(":"))
     if kind == "int":
-        return [rnd.randint(lo, hi) for _ in range(n)]
+        return rnd.choices(range(lo, hi + 1), k=n)
     if kind == "real":
-        return [rnd.randint(100 * lo, 100 * hi) / 100 for _ in range(n)]
+        return [c / 100 for c in rnd.choices(range(100 * lo, 100 * hi + 1), k=n)]
     a = datetime.date(lo, 1, 1).toordinal()
     b = datetime.date(hi, 12, 31).toordinal()
-    return [datetime.date.fromordinal(rnd.randint(a, b)).isoformat() for _ in range(n)]
+    return [datetime.date.fromordinal(d).isoformat() for d in rnd.choices(range(a, b + 1), k=n)]
 
 
 def _choose_columns(rng: np.random.Generator, columns: tuple[ColumnSpec, ...]):
