@@ -376,3 +376,41 @@ def test_hf_folder_tokenizer_and_chat_template(tmp_path):
     ids = served.tokenizer.encode_chat(messages)
     assert list(ids) == [3, 5, 9, 7, 0, 8, 4, 9, 3, 6, 9]
     assert served.tokenizer.decode([7, 4, 8]) == "hi there"
+
+
+def test_batcher_stop_ids_end_a_row_and_report_stop(model):
+    ids = tok.encode(PROMPT, bos=True)
+    out = generate(model, ids[None], MAX_TOKENS, stop_tokens=(tok.EOS,), pad_id=tok.PAD)
+    gen = [int(t) for t in np.asarray(out.tokens)[0, len(ids):int(out.lengths[0])]]
+    stop = gen[-1]  # decoding ends at its first occurrence
+    end = gen.index(stop) + 1
+    batcher = Batcher(model, stop_ids=(stop,), pad_id=tok.PAD, window_ms=0, min_bucket=32)
+    batcher.start()
+    try:
+        got = batcher.submit(ids, MAX_TOKENS).result(60)
+        short = batcher.submit(ids, MAX_TOKENS - 1).result(60)  # same padded shape
+    finally:
+        batcher.stop()
+    assert list(got.tokens) == gen[:end] and got.stopped
+    assert list(short.tokens) == gen[:min(end, MAX_TOKENS - 1)]
+    assert short.stopped == (end <= MAX_TOKENS - 1)
+    with pytest.raises(RuntimeError, match="start"):
+        batcher.submit(ids, 2)
+
+
+def test_generation_failure_is_a_500_and_the_server_goes_on(model, served, monkeypatch):
+    url, client, _ = served
+
+    def broken(*args, **kwargs):
+        raise FloatingPointError("simulated device failure")
+
+    monkeypatch.setattr("lcjax.nn.generate", broken)
+    with pytest.raises(openai.InternalServerError) as e:
+        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=MAX_TOKENS,
+                                  temperature=0)
+    assert e.value.body["type"] == "server_error"
+    assert "simulated device failure" in e.value.body["message"]
+    monkeypatch.undo()
+    ok = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=MAX_TOKENS,
+                                   temperature=0)
+    assert ok.choices[0].text == direct_text(model, tok.encode(PROMPT, bos=True))[0]

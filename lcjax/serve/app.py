@@ -168,7 +168,11 @@ async def _generate_all(batcher: Batcher, prompts: list[np.ndarray], max_tokens:
     futures = [[batcher.submit(ids, m, temperature=req.temperature, top_p=req.top_p,
                                seed=None if req.seed is None else req.seed + i)
                 for i in range(req.n)] for ids, m in zip(prompts, max_tokens)]
-    flat = await asyncio.gather(*(asyncio.wrap_future(f) for row in futures for f in row))
+    try:
+        flat = await asyncio.gather(*(asyncio.wrap_future(f) for row in futures for f in row))
+    except Exception as e:  # the generate call failed: a 500, the server goes on
+        raise APIError(500, f"generation failed: {type(e).__name__}: {e}", type="server_error",
+                       code="generation_failed") from None
     return [flat[i * req.n:(i + 1) * req.n] for i in range(len(prompts))]
 
 

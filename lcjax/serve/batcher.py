@@ -6,7 +6,7 @@ A worker thread takes the first waiting request, then every request that arrives
 each group as ONE ``generate`` call on a padded batch:
 
     rows     B_pad = the next power of two >= the group's size (at most ``max_batch``);
-             the spare rows are one-token prompts whose output is dropped
+             the spare rows repeat row 0 and their output is dropped
     prompt   P_pad = ``lcjax.eval.runners.bucket_length(max_b len_b)`` (right padding,
              masked by ``prompt_lengths``)
     decode   N_pad = the next power of two >= max_b max_tokens_b; row b keeps its first
@@ -230,10 +230,10 @@ class Batcher:
         p_pad = bucket_length(max(len(j.ids) for j in group), min_bucket=self.min_bucket)
         n_pad = next_power_of_two(max(j.max_tokens for j in group))
         rows = np.full((b_pad, p_pad), self.pad_id, np.int32)
-        lengths = np.ones(b_pad, np.int32)
-        rows[:, 0] = group[0].ids[0]
-        for r, job in enumerate(group):
-            rows[r, :len(job.ids)] = job.ids
+        lengths = np.full(b_pad, len(group[0].ids), np.int32)
+        rows[:, :len(group[0].ids)] = group[0].ids  # spare rows copy row 0: with greedy
+        for r, job in enumerate(group):            # decoding they stop when it stops, so
+            rows[r, :len(job.ids)] = job.ids        # they never keep the loop running
             lengths[r] = len(job.ids)
         head = group[0]
         greedy = head.temperature == 0
