@@ -135,6 +135,17 @@ def test_sampler_transitions_follow_tables():
     np.testing.assert_array_less(np.abs(first - n * k / v), 5 * sd)
 
 
+def test_sampler_python_and_vectorised_walks_agree(monkeypatch):
+    import lcjax.data.markov as markov
+
+    for k in (0, 1, 3):
+        small = sample_chains(5, 3, 40, order=k, vocab=3, alpha=0.3)[0]  # Python walk
+        monkeypatch.setattr(markov, "_PYTHON_WALK_MAX_N", 0)
+        np.testing.assert_array_equal(sample_chains(5, 3, 40, order=k, vocab=3, alpha=0.3)[0],
+                                      small)
+        monkeypatch.undo()
+
+
 def test_sampler_bos_and_source():
     plain, t1 = sample_chains(3, 4, 10, order=2, vocab=3, alpha=0.5)
     with_bos, t2 = sample_chains(3, 4, 10, order=2, vocab=3, alpha=0.5, bos=True)

@@ -21,11 +21,14 @@ is one chain from ``np.random.default_rng([seed, i])`` as a training row.
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 __all__ = ["MAX_CONTEXTS", "MarkovSource", "check_tokens", "context_code", "sample_chains"]
 
 MAX_CONTEXTS = 1 << 20  # V**k table rows allowed per chain
+_PYTHON_WALK_MAX_N = 4  # up to this many chains, the walk is a Python loop (same numbers)
 
 
 def _check_shape_args(order: int, vocab: int, alpha: float | None = None) -> None:
@@ -92,10 +95,21 @@ def sample_chains(rng, n: int, length: int, *, order: int, vocab: int, alpha: fl
     tokens[:, :order] = rng.integers(0, vocab, size=(n, order))
     u = rng.random((n, length))
     rows = np.arange(n)
-    for i in range(order, length):
-        code = context_code(tokens[:, i - order:i], vocab)
-        # inverse CDF; the min guards u above the last (rounded) cumulative value
-        tokens[:, i] = np.minimum((u[:, i, None] >= cdf[rows, code]).sum(-1), vocab - 1)
+    code = context_code(tokens[:, :order], vocab)
+    mod = vocab ** max(order - 1, 0)
+    # inverse CDF: next = #{m : u >= cdf[m]}, capped at V - 1 (u above a rounded last value)
+    if n <= _PYTHON_WALK_MAX_N:  # per-record sampling (grain): plain Python is faster
+        for b in range(n):
+            rows_b, c, row = cdf[b].tolist(), int(code[b]), tokens[b]
+            for i, ui in enumerate(u[b, order:].tolist(), start=order):
+                nxt = min(bisect.bisect_right(rows_b[c], ui), vocab - 1)
+                row[i] = nxt
+                c = (c % mod) * vocab + nxt if order > 0 else c
+    else:
+        for i in range(order, length):
+            nxt = np.minimum((u[:, i, None] >= cdf[rows, code]).sum(-1), vocab - 1)
+            tokens[:, i] = nxt
+            code = (code % mod) * vocab + nxt if order > 0 else code  # drop the oldest token
     tokens = tokens.astype(np.int32)
     if bos:
         tokens = np.concatenate([np.full((n, 1), vocab, np.int32), tokens], axis=1)
