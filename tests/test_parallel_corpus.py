@@ -144,5 +144,21 @@ def test_generator_on_debian_reference(debian):
         third = s / len(it.context)
         assert it.position_doc == ("begin" if third < 1 / 3 else "middle" if third < 2 / 3
                                    else "end")
+        lo = it.context.rfind("\n\n", 0, s + 1)
+        lo = 0 if lo < 0 else lo + 2
+        hi = it.context.find("\n\n", s)
+        hi = len(it.context) if hi < 0 else hi
+        lo += 3 * it.context.startswith("## ", lo)
+        frac = (s - lo) / (hi - lo)
+        assert it.position_para == ("begin" if frac < 1 / 3 else "middle" if frac < 2 / 3
+                                    else "end")
         if it.task in ("cloze", "gap", "probe", "summary", "next_heading"):
             assert it.context[s:e] == (it.answer if it.options is None else it.options[it.answer])
+    # crowded items (items 4 and 5 of a paragraph cell): every distractor shares an entity
+    crowd = mgal.generate(debian, langs=("de", "ja", "zh-cn"), lengths=(8192,), n_per_cell=6,
+                          seed=0, granularities=("paragraph",))
+    crowded = [it for it in crowd if it.crowded]
+    assert len(crowded) == 3 * 3 * 2
+    for it in crowded:
+        gold = mgal.entities(it.options[it.answer])
+        assert all(gold & mgal.entities(o) for o in it.options)
