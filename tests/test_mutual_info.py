@@ -11,7 +11,6 @@ from lcjax.analysis.mutual_info import (
     lagged_mi,
     mutual_information,
     periodic_peaks,
-    plot_mi,
     row_period,
 )
 
@@ -104,20 +103,20 @@ def test_table_mi_peaks_at_multiples_of_the_row_length(table_text):
     assert min(c.mi for c in checks) > 0.8 * max(c.mi for c in checks)
 
 
-def test_text_mi_decays_with_distance(tmp_path, table_text):
-    from lcjax.data import load_shakespeare
+def test_text_mi_decays_with_distance_and_the_plot(tmp_path, table_text):
+    from lcjax.analysis.mutual_info import TEXT_LAGS, text_vs_table_mi
 
-    text = "".join(d.text for d in load_shakespeare()[:3])[:1_000_000]
-    lags = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    mi = lagged_mi(text, lags)
-    assert all(a > b for a, b in zip(mi, mi[1:]))
-    fit = fit_power_law(lags, mi, min_lag=16)
+    out = text_vs_table_mi(tmp_path / "mi.png", table_text=table_text, ks=(1, 2))
+    mi = out["text"]["mi"]
+    assert len(mi) == len(TEXT_LAGS) and all(a > b for a, b in zip(mi, mi[1:]))
+    fit = out["text"]["fit"]
     assert fit.exponent > 0.1 and fit.r2 > 0.8
-    m = row_period(table_text)
-    tlags = list(range(1, 3 * m + 1))
-    path = plot_mi({"shakespeare": (lags, mi), "table": (tlags, lagged_mi(table_text, tlags))},
-                   tmp_path / "mi.png", fits={"shakespeare": fit}, periods={"table": m})
-    blob = path.read_bytes()
+    # the one-pass peak check agrees with periodic_peaks on the same text
+    m = out["table"]["period"]
+    ref = periodic_peaks(table_text, m, ks=(1, 2))
+    got = [x for p in out["table"]["peaks"] for x in (p.lag, p.mi, p.off_mi)]
+    assert got == pytest.approx([x for p in ref for x in (p.lag, p.mi, p.off_mi)], rel=1e-12)
+    blob = (tmp_path / "mi.png").read_bytes()
     assert blob[:8] == b"\x89PNG\r\n\x1a\n" and len(blob) > 10_000
 
 

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 
 __all__ = ["PeakCheck", "PowerLawFit", "as_token_arrays", "fit_power_law", "lagged_mi",
-           "mutual_information", "periodic_peaks", "plot_mi", "row_period"]
+           "mutual_information", "periodic_peaks", "plot_mi", "row_period", "text_vs_table_mi"]
 
 CORRECTIONS = ("none", "miller_madow", "shuffle")
 
@@ -217,3 +217,42 @@ def plot_mi(curves: dict[str, tuple[Sequence[int], Sequence[float]]], path, *,
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+TEXT_LAGS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def text_vs_table_mi(path=None, *, text_bytes: int = 1_000_000, table_bytes: int = 65_536,
+                     seed: int = 0, ks: Sequence[int] = (1, 2, 3, 4, 5),
+                     table_text: str | None = None) -> dict:
+    """The comparison of the TableLong argument, on bytes with Miller-Madow correction:
+
+    - text: I(d) at :data:`TEXT_LAGS` over the first ``text_bytes`` of the Shakespeare corpus
+      and its power-law fit for d >= 16;
+    - table: an English aligned-markdown TableLong context of about ``table_bytes`` (item 1
+      of ``seed``, or ``table_text``), its row period m, I(d) for d = 1 .. (max(ks) + 1) m and
+      the :func:`periodic_peaks` checks.
+
+    Writes the two-panel plot to ``path`` when given. Returns ``{"text": {"lags", "mi",
+    "fit"}, "table": {"period", "lags", "mi", "peaks"}}``."""
+    from lcjax.data.corpus import load_shakespeare
+
+    text = "".join(d.text for d in load_shakespeare())[:text_bytes]
+    t_mi = lagged_mi(text, TEXT_LAGS)
+    fit = fit_power_law(TEXT_LAGS, t_mi, min_lag=16)
+    if table_text is None:
+        from lcjax.data.tablelong import generate_item
+
+        table_text = generate_item(seed, 1, min_len=int(0.9 * table_bytes), max_len=table_bytes,
+                                   languages=("en",), formats=("markdown",))["context"]
+    m = row_period(table_text)
+    lags = list(range(1, (max(ks) + 1) * m + 1))
+    mi = lagged_mi(table_text, lags)
+    peaks = [PeakCheck(k, k * m, float(mi[k * m - 1]),
+                       float(max(mi[k * m - 1 + o] for o in range(-(m // 2), m // 2 + 1) if o)))
+             for k in ks]
+    if path is not None:
+        plot_mi({"text (Shakespeare)": (TEXT_LAGS, t_mi), "table (markdown)": (lags, mi)}, path,
+                fits={"text (Shakespeare)": fit}, periods={"table (markdown)": m})
+    return {"text": {"lags": list(TEXT_LAGS), "mi": t_mi.tolist(), "fit": fit},
+            "table": {"period": m, "lags": lags, "mi": mi.tolist(), "peaks": peaks}}

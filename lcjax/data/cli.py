@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
                            tokenizer=tokenizer, progress=args.progress, **kwargs)
     print(json.dumps(summary, indent=1, ensure_ascii=False))
     print(f"tablelong: {summary['items']} items in {summary['seconds']:.1f} s = "
-          f"{summary['items_per_s']:.1f} items/s with {args.workers} worker(s); "
+          f"{summary['items_per_s']:.1f} items/s with {args.workers} worker(s) "
+          f"({summary['items_per_cpu_s']:.1f} items per CPU second of generation); "
           f"Python-SQLite disagreements (not emitted): {summary['bugs']}")
     return 0

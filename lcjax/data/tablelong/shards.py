@@ -36,6 +36,7 @@ def _make_shard(job: tuple) -> dict:
     stats: collections.Counter = collections.Counter()
     tasks, langs, fmts, lengths = (collections.Counter(), collections.Counter(),
                                    collections.Counter(), [])
+    cpu0 = time.process_time()
     path = pathlib.Path(out) / _shard_name(k)
     tmp = path.with_suffix(".jsonl.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
@@ -48,7 +49,7 @@ def _make_shard(job: tuple) -> dict:
             lengths.append(item["length"])
     os.replace(tmp, path)
     return {"items": stop - start, "tasks": tasks, "languages": langs, "formats": fmts,
-            "lengths": lengths, "stats": stats}
+            "lengths": lengths, "stats": stats, "cpu": time.process_time() - cpu0}
 
 
 def _context(workers: int):
@@ -64,7 +65,9 @@ def write_shards(out: str | os.PathLike, n: int, *, min_len: int, max_len: int, 
 
     ``kwargs`` go to :func:`lcjax.data.tablelong.items.make_item` (``tasks``, ``languages``,
     ``formats``); ``tokenizer`` must be picklable for ``workers > 1``. Returns the summary:
-    ``items``, ``seconds``, ``items_per_s``, the ``tasks`` / ``languages`` / ``formats`` mix,
+    ``items``, ``seconds``, ``items_per_s`` (wall clock, start-up included),
+    ``cpu_seconds`` / ``items_per_cpu_s`` (the workers' CPU time making items: what the
+    rate would be per free core), the ``tasks`` / ``languages`` / ``formats`` mix,
     ``length`` (min / mean / max tokens of the contexts), ``bugs`` (Python-SQLite
     disagreements, never emitted), ``redraws`` and ``length_misses``.
     """
@@ -111,7 +114,9 @@ def _summary(results: list[dict], seconds: float) -> dict:
             mix[k].update(r[k])
         lengths.extend(r["lengths"])
     n = len(lengths)
+    cpu = sum(r["cpu"] for r in results)
     return {"items": n, "seconds": round(seconds, 3), "items_per_s": round(n / seconds, 1),
+            "cpu_seconds": round(cpu, 3), "items_per_cpu_s": round(n / max(cpu, 1e-9), 1),
             **{k: dict(sorted(v.items())) for k, v in mix.items()},
             "length": {"min": int(min(lengths)), "mean": round(float(np.mean(lengths)), 1),
                        "max": int(max(lengths))},
