@@ -235,3 +235,19 @@ def test_write_shards_rejects_bad_counts(tmp_path):
     with pytest.raises(ValueError, match="workers"):
         write_shards(tmp_path, 5, min_len=500, max_len=900, workers=0)
 
+
+
+def test_translations_complete_and_unambiguous():
+    from lcjax.data.tablelong import DOMAINS, vocab
+
+    for table in (vocab.WORDS, vocab.TEMPLATES):
+        assert all(len(v) == len(LANGUAGES) for v in table.values())
+    for lang in LANGUAGES:
+        for values in vocab.CATEGORIES.values():
+            assert len(values) == len(set(v[LANGUAGES.index(lang)] for v in values))
+        for chain in DOMAINS.values():
+            names = [vocab.word(concept, lang) for concept, _ in chain]
+            assert len(set(names)) == len(names)
+            for _, columns in chain:
+                headers = [vocab.word(c.concept, lang) for c in columns]
+                assert len(set(headers)) == len(headers), (lang, headers)

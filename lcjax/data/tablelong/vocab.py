@@ -11,7 +11,7 @@ LOCALES = {"en": "en_US", "de": "de_DE", "fr": "fr_FR", "es": "es_ES", "ja": "ja
            "zh": "zh_CN"}
 
 # concept -> (en, de, fr, es, ja, zh)
-_WORDS: dict[str, tuple[str, ...]] = {
+WORDS: dict[str, tuple[str, ...]] = {
     # tables
     "departments": ("departments", "Abteilungen", "services", "departamentos", "部署", "部门"),
     "employees": ("employees", "Mitarbeiter", "employés", "empleados", "社員", "员工"),
@@ -133,7 +133,7 @@ CATEGORIES: dict[str, tuple[tuple[str, ...], ...]] = {
 }
 
 # question templates: {table}, {col}, {key}, {val}, {cond}, {agg}, {ext}, {target}, {k} ...
-_TEMPLATES: dict[str, tuple[str, ...]] = {
+TEMPLATES: dict[str, tuple[str, ...]] = {
     "lookup": (
         "In table {table}, what is the {col} of the row whose {key} is {val}?",
         "Was ist in der Tabelle {table} der Wert von {col} in der Zeile mit {key} = {val}?",
@@ -262,12 +262,12 @@ def _index(language: str) -> int:
 
 def word(concept: str, language: str) -> str:
     """The ``language`` word of a table, column, aggregate or ordering concept."""
-    return _WORDS[concept][_index(language)]
+    return WORDS[concept][_index(language)]
 
 
 def template(name: str, language: str) -> str:
     """The ``language`` question template ``name``."""
-    return _TEMPLATES[name][_index(language)]
+    return TEMPLATES[name][_index(language)]
 
 
 def category_values(category: str, language: str) -> tuple[str, ...]:
