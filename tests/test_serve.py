@@ -347,7 +347,7 @@ def test_hf_folder_tokenizer_and_chat_template(tmp_path):
     from lcjax.interop.hf import save_hf
 
     hf_dir = str(tmp_path / "hf")
-    cfg = DecoderConfig(vocab_size=16, d_model=16, num_layers=1, num_heads=2, num_kv_heads=1,
+    cfg = DecoderConfig(vocab_size=10, d_model=16, num_layers=1, num_heads=2, num_kv_heads=1,
                         head_dim=8, mlp_hidden=32, max_len=32)
     save_hf(DecoderLM(cfg, rngs=nnx.Rngs(0)), hf_dir)
     vocab = {w: i for i, w in enumerate(["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>",
@@ -376,6 +376,21 @@ def test_hf_folder_tokenizer_and_chat_template(tmp_path):
     ids = served.tokenizer.encode_chat(messages)
     assert list(ids) == [3, 5, 9, 7, 0, 8, 4, 9, 3, 6, 9]
     assert served.tokenizer.decode([7, 4, 8]) == "hi there"
+    # served over HTTP: the chat reply is generate's on the template's ids, stopped by the
+    # checkpoint's stop ids (an 11-token bucket: the direct call shares the program)
+    want = generate(served.model, ids[None], MAX_TOKENS, stop_tokens=(2, 4), pad_id=2)
+    gen = np.asarray(want.tokens)[0, len(ids):int(want.lengths[0])]
+    with Server(create_app(served, min_bucket=len(ids), batch_window_ms=0)) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        reply = client.chat.completions.create(model="small", messages=messages,
+                                               max_tokens=MAX_TOKENS, temperature=0)
+        with pytest.raises(openai.BadRequestError) as e:  # 11 + 14 > 24
+            client.chat.completions.create(model="small", messages=messages, max_tokens=14)
+    assert reply.choices[0].message.content  # the random model writes words (seed 0)
+    assert reply.choices[0].message.content == served.tokenizer.decode(gen)
+    assert reply.usage.prompt_tokens == len(ids) and reply.usage.completion_tokens == len(gen)
+    assert reply.choices[0].finish_reason == ("stop" if gen[-1] in (2, 4) else "length")
+    assert "24" in e.value.body["message"] and "11" in e.value.body["message"]
 
 
 def test_batcher_stop_ids_end_a_row_and_report_stop(model):
