@@ -1,0 +1,149 @@
+"""ParaTool's soft tool selection: a gating network over the query embedding that weighs
+K tool modules (LoRA adapters, one per tool) and adds their weighted updates to the base
+(parameterized tools; BUPT-GAMMA, arXiv 2605.29561, stage 2: ``GatingNetwork`` in its
+``soft_tool_selection_train``).
+
+With tool modules ΔW_k = (α/r)(B_k A_k)ᵀ on the same kernels and gate weights g ∈ Δ^K
+(softmax of the gate's logits over the query embedding, optionally kept to the top k and
+renormalised), each kernel of row b runs as::
+
+    W_b = W + Σ_k g_bk ΔW_k
+
+so the model is linear in g through the weight update, and a one-hot g = e_k is tool
+k's module alone. The load-balancing term is the Switch Transformer's (Fedus et al.,
+2021): ``K · Σ_k f_k P_k`` with f_k the fraction of rows whose top-1 tool is k and P_k the
+mean gate weight of k (1 when balanced, K when one tool takes every row).
+
+    lora = LoRAModel(base)                       # one adapter per tool (stage 1)
+    gate = ToolGate(d_model, K, rngs=nnx.Rngs(0), top_k=2)
+    g = gate(query_embedding(base, prompts, prompt_mask))     # [B, K]
+    logits = mixed_call(lora, tool_names, g, tokens)          # [B, T, V]
+
+What is here: the gate, the aggregation, the query embedding and the balance term.
+Stages 1 and 3 (training per-tool modules; joint fine-tuning) and the experiment are
+not built yet (``docs/tools.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lcjax.nn.lora import LoRAModel
+
+__all__ = ["ToolGate", "query_embedding", "mixed_deltas", "mixed_call", "load_balancing_loss",
+           "top_k_weights"]
+
+
+def top_k_weights(logits: jax.Array, k: int | None) -> jax.Array:
+    """softmax(logits) [B, K] restricted to each row's ``k`` largest and renormalised
+    (``k=None`` or ``k >= K``: the full softmax)."""
+    if k is None or k >= logits.shape[-1]:
+        return jax.nn.softmax(logits, axis=-1)
+    if k < 1:
+        raise ValueError(f"top_k must be >= 1, got {k}")
+    kth = jax.lax.top_k(logits, k)[0][..., -1:]
+    return jax.nn.softmax(jnp.where(logits >= kth, logits, -jnp.inf), axis=-1)
+
+
+class ToolGate(nnx.Module):
+    """Gate logits = MLP(e) over a query embedding e [B, D] (one hidden SiLU layer of
+    width ``hidden``, or linear when ``hidden=None``); the call returns the weights
+    [B, K] (:func:`top_k_weights` with ``top_k``)."""
+
+    def __init__(self, d_model: int, num_tools: int, *, rngs: nnx.Rngs,
+                 hidden: int | None = None, top_k: int | None = None):
+        if num_tools < 1 or (top_k is not None and top_k < 1):
+            raise ValueError(f"ToolGate: need num_tools >= 1 and top_k >= 1 or None, got "
+                             f"{num_tools}, {top_k}")
+        self.top_k = top_k
+        self.hidden = nnx.Linear(d_model, hidden, rngs=rngs) if hidden else None
+        self.out = nnx.Linear(hidden or d_model, num_tools, rngs=rngs)
+
+    def logits(self, embedding: jax.Array) -> jax.Array:
+        """[B, D] -> [B, K]."""
+        h = embedding.astype(jnp.float32)
+        if self.hidden is not None:
+            h = jax.nn.silu(self.hidden(h))
+        return self.out(h)
+
+    def __call__(self, embedding: jax.Array) -> jax.Array:
+        """[B, D] -> gate weights [B, K], rows summing to 1."""
+        return top_k_weights(self.logits(embedding), self.top_k)
+
+
+def query_embedding(model: nnx.Module, tokens: jax.Array,
+                    mask: jax.Array | None = None) -> jax.Array:
+    """Mean of the base's final normed hidden states over the query tokens: tokens
+    [B, T], mask bool [B, T] (default all) -> float32 [B, D]. ``model`` is a DecoderLM (or
+    anything with ``hidden_states`` and ``final_norm``)."""
+    h = model.final_norm(model.hidden_states(tokens)[-1]).astype(jnp.float32)
+    m = jnp.ones(tokens.shape, bool) if mask is None else mask
+    if m.shape != tokens.shape:
+        raise ValueError(f"query_embedding: mask {m.shape} must have the tokens' shape "
+                         f"{tokens.shape}")
+    w = m.astype(jnp.float32)[..., None]
+    return (h * w).sum(1) / jnp.maximum(w.sum(1), 1.0)
+
+
+def mixed_deltas(lora: LoRAModel, names: Sequence[str]) -> dict[tuple, jax.Array]:
+    """``{kernel path: [K, *W.shape]}``: each tool's ΔW stacked (zeros where tool k has no
+    module on that kernel)."""
+    if not names:
+        raise ValueError("mixed_deltas: no tool names")
+    missing = [n for n in names if n not in lora.adapters]
+    if missing:
+        raise ValueError(f"mixed_deltas: no adapters {missing}; adapters: "
+                         f"{sorted(lora.adapters)}")
+    per_tool = [lora.adapters[n].deltas() for n in names]
+    paths = sorted({p for d in per_tool for p in d}, key=str)
+    out = {}
+    for p in paths:
+        like = next(d[p] for d in per_tool if p in d)
+        out[p] = jnp.stack([d.get(p, jnp.zeros_like(like)) for d in per_tool])
+    return out
+
+
+def mixed_call(lora: LoRAModel, names: Sequence[str], gates: jax.Array, tokens: jax.Array,
+               **kwargs) -> jax.Array:
+    """The base with W + Σ_k g_k ΔW_k on every tool kernel: gates [K] (one mixture for the
+    batch) or [B, K] (one per row, run row by row under ``jax.vmap``); tokens [B, T];
+    ``kwargs`` go to the base call (no cache). Returns the base's logits [B, T, V]."""
+    stacked = mixed_deltas(lora, names)
+    k = len(names)
+    if gates.shape[-1] != k or gates.ndim not in (1, 2) or (
+            gates.ndim == 2 and gates.shape[0] != tokens.shape[0]):
+        raise ValueError(f"mixed_call: gates must be [{k}] or [batch={tokens.shape[0]}, {k}], "
+                         f"got {gates.shape}")
+    graphdef, state = nnx.split(lora.base)
+    flat = list(nnx.to_flat_state(state))
+
+    def run(g, x):
+        new = []
+        for path, var in flat:
+            d = stacked.get(tuple(path))
+            if d is not None:
+                w = var.get_value()
+                delta = jnp.tensordot(g.astype(jnp.float32), d, axes=1)
+                var = var.replace((w.astype(jnp.float32) + delta).astype(w.dtype))
+            new.append((path, var))
+        return nnx.merge(graphdef, nnx.from_flat_state(new))(x, **kwargs)
+
+    if gates.ndim == 1:
+        return run(gates, tokens)
+    return jax.vmap(lambda g, x: run(g, x[None])[0])(gates, tokens)
+
+
+def load_balancing_loss(weights: jax.Array) -> jax.Array:
+    """Switch-style balance term of gate weights [B, K]: K · Σ_k f_k P_k (f_k: share of
+    rows whose argmax is k; P_k: mean weight of k). 1 when balanced, K when collapsed;
+    differentiable through P."""
+    if weights.ndim != 2:
+        raise ValueError(f"load_balancing_loss: weights must be [batch, K], got "
+                         f"{weights.shape}")
+    k = weights.shape[-1]
+    f = jax.nn.one_hot(jnp.argmax(weights, -1), k).mean(0)
+    return k * jnp.sum(jax.lax.stop_gradient(f) * weights.mean(0))

@@ -1,0 +1,124 @@
+"""ParaTool's soft selection (lcjax.tools.paratool): a one-hot gate is that tool's module
+alone, the logits are linear in the gate weights where the modules sit on the output
+head, top-k renormalisation, the balance term's closed forms, the masked query embedding."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from lcjax.nn import DecoderConfig, DecoderLM
+from lcjax.nn.lora import LoRAConfig, LoRAModel
+from lcjax.tools.paratool import (
+    ToolGate,
+    load_balancing_loss,
+    mixed_call,
+    query_embedding,
+    top_k_weights,
+)
+
+CFG = DecoderConfig(vocab_size=64, d_model=16, num_layers=1, num_heads=2, num_kv_heads=2,
+                    head_dim=8, mlp_hidden=32, tie_embeddings=False)
+NAMES = ("book_hotel", "search_flight", "cancel_meeting")
+
+
+def tools_model(targets, seed=0):
+    lora = LoRAModel(DecoderLM(CFG, rngs=nnx.Rngs(0)))
+    rng = np.random.default_rng(seed)
+    for i, name in enumerate(NAMES):
+        lora.add_adapter(name, LoRAConfig(rank=2, alpha=4.0, target_modules=targets[i]),
+                         rngs=nnx.Rngs(i + 1))
+        for layer in lora.adapters[name].layers.values():
+            layer.b.set_value(jnp.asarray(rng.normal(0, 0.5, layer.b.shape), jnp.float32))
+    return lora
+
+
+def alone(lora, name, x):
+    lora.set_adapter(name)
+    return np.asarray(lora(x))
+
+
+@pytest.fixture(scope="module")
+def x():
+    return jnp.asarray(np.random.default_rng(1).integers(0, 64, (3, 6)), jnp.int32)
+
+
+def test_one_hot_gate_is_that_tools_module_alone(x):
+    # tools on different kernels (one shared), so a leak of another tool would show
+    lora = tools_model([("q_proj", "w_up"), ("q_proj",), ("o_proj", "lm_head")])
+    # one compile per gate rank; jitted vs eager: float rounding only (1e-5)
+    mix = jax.jit(lambda g: mixed_call(lora, NAMES, g, x))
+    gates = jnp.eye(3)[jnp.array([2, 0, 1])]  # row b uses tool (2, 0, 1)[b]
+    mixed = np.asarray(mix(gates))
+    for b, k in enumerate((2, 0, 1)):
+        np.testing.assert_allclose(mixed[b], alone(lora, NAMES[k], x)[b], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(mix(jnp.eye(3)[1])), alone(lora, NAMES[1], x),
+                               rtol=1e-5, atol=1e-5)
+    lora.set_adapter(None)
+    np.testing.assert_allclose(np.asarray(mix(jnp.zeros(3))), np.asarray(lora(x)), rtol=1e-5,
+                               atol=1e-5)
+    assert np.abs(alone(lora, NAMES[0], x) - alone(lora, NAMES[1], x)).max() > 1e-3
+
+
+def test_aggregation_is_linear_in_the_gate_weights(x):
+    """Modules on lm_head: logits(g) = base + Σ_k g_k (logits_k − base), for any g (not
+    only convex), and logits(a g1 + b g2) − base = a (logits(g1) − base) + b (...)."""
+    lora = tools_model([("lm_head",)] * 3, seed=2)
+    lora.set_adapter(None)
+    base = np.asarray(lora(x), np.float64)
+    singles = [alone(lora, n, x).astype(np.float64) - base for n in NAMES]
+    rng = np.random.default_rng(3)
+    g1, g2 = rng.normal(size=(2, 3, 3))
+    a, b = 0.3, -1.7
+    out = {}
+    mix = jax.jit(lambda g: mixed_call(lora, NAMES, g, x))
+    for key, g in (("g1", g1), ("g2", g2), ("mix", a * g1 + b * g2)):
+        out[key] = np.asarray(mix(jnp.asarray(g, jnp.float32)), np.float64) - base
+        expected = sum(g[:, k, None, None] * singles[k] for k in range(3))
+        np.testing.assert_allclose(out[key], expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out["mix"], a * out["g1"] + b * out["g2"], rtol=1e-4, atol=1e-4)
+    assert np.abs(out["mix"]).max() > 1e-2
+
+
+def test_gate_top_k_and_balance():
+    logits = jnp.asarray(np.random.default_rng(4).normal(size=(5, 4)), jnp.float32)
+    full = np.asarray(top_k_weights(logits, None))
+    np.testing.assert_allclose(full, np.asarray(jax.nn.softmax(logits, -1)), rtol=1e-6)
+    two = np.asarray(top_k_weights(logits, 2))
+    assert ((two > 0).sum(1) == 2).all()
+    np.testing.assert_allclose(two.sum(1), 1.0, rtol=1e-6)
+    top = np.argsort(-np.asarray(logits), 1)[:, :2]
+    for r in range(5):
+        i, j = top[r]
+        np.testing.assert_allclose(two[r, i] / two[r, j], full[r, i] / full[r, j], rtol=1e-5)
+    # balance: K·Σ f_k P_k, by hand
+    np.testing.assert_allclose(float(load_balancing_loss(jnp.full((6, 3), 1 / 3))), 1.0,
+                               rtol=1e-6)
+    np.testing.assert_allclose(float(load_balancing_loss(jnp.eye(3)[jnp.zeros(4, int)])), 3.0)
+    w = jnp.array([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3]])
+    # f = (1/2, 1/2, 0), P = (0.4, 0.4, 0.2): 3 * (0.2 + 0.2) = 1.2
+    np.testing.assert_allclose(float(load_balancing_loss(w)), 1.2, rtol=1e-6)
+    gate = ToolGate(16, 3, rngs=nnx.Rngs(0), hidden=8, top_k=2)
+    g = np.asarray(gate(jnp.asarray(np.random.default_rng(5).normal(size=(4, 16)),
+                                    jnp.float32)))
+    assert g.shape == (4, 3) and ((g > 0).sum(1) == 2).all()
+    np.testing.assert_allclose(g.sum(1), 1.0, rtol=1e-6)
+    with pytest.raises(ValueError, match="top_k"):
+        ToolGate(16, 3, rngs=nnx.Rngs(0), top_k=0)
+
+
+def test_query_embedding_masks_and_errors(x):
+    base = DecoderLM(CFG, rngs=nnx.Rngs(0))
+    mask = jnp.asarray(np.arange(6)[None, :] < np.array([[2], [6], [4]]))
+    emb = np.asarray(query_embedding(base, x, mask))
+    h = np.asarray(base.final_norm(base.hidden_states(x)[-1]))
+    for b, n in enumerate((2, 6, 4)):
+        np.testing.assert_allclose(emb[b], h[b, :n].mean(0), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="mask"):
+        query_embedding(base, x, mask[:, :3])
+    lora = tools_model([("lm_head",)] * 3)
+    with pytest.raises(ValueError, match="gates must be"):
+        mixed_call(lora, NAMES, jnp.ones((2, 3)), x)
+    with pytest.raises(ValueError, match="no adapters"):
+        mixed_call(lora, ("nope",), jnp.ones(1), x)
