@@ -80,9 +80,10 @@ from lcjax.train.loop import (
 )
 from lcjax.train.rewards import answer_reward
 
-__all__ = ["GRPOConfig", "GRPOResult", "clipped_surrogate", "completion_batch",
-           "default_prompt", "grpo_loss_fn", "grpo_objective", "group_advantages", "k3_kl",
-           "prompt_indices", "token_logprobs", "train_grpo"]
+__all__ = ["GRPOConfig", "GRPOResult", "align_logprobs", "clipped_surrogate",
+           "completion_batch", "default_prompt", "grpo_loss_fn", "grpo_objective",
+           "group_advantages", "k3_kl", "prompt_indices", "sample_group_batch",
+           "token_logprobs", "train_grpo"]
 
 AVERAGING = ("sequence", "token")
 OLD_LOGPROBS = ("sampler", "recompute")
@@ -444,6 +445,41 @@ def _rewards(tokens, prompt_lengths, lengths, rows_items, reward_fn, decode, sto
     return out
 
 
+def sample_group_batch(model: nnx.Module, cfg: GRPOConfig, prompts: np.ndarray,
+                       prompt_lengths: np.ndarray, row_items: Sequence[Mapping],
+                       rng: jax.Array, reward_fn: Callable[[str, Mapping], float],
+                       decode: Callable[[Any], str]
+                       ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """Steps 1-3 of a GRPO step: sample, score, advantages.
+
+    Args:
+      model: the current policy.
+      cfg: sampling settings (``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``,
+        ``stop_tokens``, ``pad_id``), ``group_size`` and ``adv_eps``.
+      prompts: int ``[B, P]`` right-padded, each group's prompt in ``group_size``
+        consecutive rows; ``prompt_lengths`` int ``[B]``; ``row_items`` the B items.
+      rng: the sampling key.
+
+    Returns:
+      ``(batch, rewards [B], generated [B])``: ``batch`` is :func:`completion_batch` plus
+      ``advantages`` ``[B]`` and the sampler's ``old_logprobs`` ``[B, L - 1]``;
+      ``generated`` counts each row's new tokens (a stop token included).
+    """
+    from lcjax.nn import generate  # here: lcjax.nn imports lcjax.train pieces
+
+    out = generate(model, prompts, cfg.max_new_tokens, temperature=cfg.temperature,
+                   top_k=cfg.top_k, top_p=cfg.top_p, stop_tokens=cfg.stop_tokens, rng=rng,
+                   prompt_lengths=prompt_lengths, return_logprobs=True, pad_id=cfg.pad_id)
+    tokens, lengths, sampled = jax.device_get((out.tokens, out.lengths, out.logprobs))
+    rewards = _rewards(tokens, prompt_lengths, lengths, row_items, reward_fn, decode,
+                       cfg.stop_tokens)
+    batch = completion_batch(tokens, prompt_lengths, lengths)
+    batch["advantages"] = group_advantages(rewards.reshape(-1, cfg.group_size),
+                                           cfg.adv_eps).reshape(-1)
+    batch["old_logprobs"] = align_logprobs(sampled, prompt_lengths, batch["loss_mask"])
+    return batch, rewards, lengths - prompt_lengths
+
+
 # ------------------------------------------------------------------------------- the driver
 
 
@@ -488,16 +524,13 @@ def train_grpo(
     if not items:
         raise ValueError("train_grpo: no items")
     prompts = [_encode_prompt(prompt_fn(it), encode) for it in items]
-    width = max(len(p) for p in prompts) if cfg.max_prompt_len is None else cfg.max_prompt_len
-    if max(len(p) for p in prompts) > width:
-        raise ValueError(f"a prompt has {max(len(p) for p in prompts)} tokens > "
-                         f"max_prompt_len={width}")
+    prompt_len = np.array([len(p) for p in prompts], np.int32)
+    width = int(prompt_len.max()) if cfg.max_prompt_len is None else cfg.max_prompt_len
+    if prompt_len.max() > width:
+        raise ValueError(f"a prompt has {prompt_len.max()} tokens > max_prompt_len={width}")
     padded = np.full((len(prompts), width), cfg.pad_id, np.int32)
     for i, p in enumerate(prompts):
         padded[i, :len(p)] = p
-    prompt_len = np.array([len(p) for p in prompts], np.int32)
-
-    from lcjax.nn import generate  # here: lcjax.nn imports lcjax.train pieces
 
     graphdef, ref_params, ref_rest = nnx.split(model, nnx.Param, ...)
     params, rest = jax.tree.map(jnp.copy, (ref_params, ref_rest))  # the step donates them
@@ -556,21 +589,12 @@ def train_grpo(
         step += 1
         idx = np.repeat(prompt_indices(len(items), step, cfg.prompts_per_step, cfg.data_seed),
                         g)
-        out = generate(
-            nnx.merge(graphdef, params, rest), padded[idx], cfg.max_new_tokens,
-            temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-            stop_tokens=cfg.stop_tokens, rng=jax.random.fold_in(sample_rng, step),
-            prompt_lengths=prompt_len[idx], return_logprobs=True, pad_id=cfg.pad_id)
-        tokens, lengths, sampled = jax.device_get((out.tokens, out.lengths, out.logprobs))
-        rewards = _rewards(tokens, prompt_len[idx], lengths, [items[i] for i in idx],
-                           reward_fn, decode, cfg.stop_tokens)
-        batch = completion_batch(tokens, prompt_len[idx], lengths)
-        batch["advantages"] = group_advantages(rewards.reshape(-1, g), cfg.adv_eps).reshape(-1)
+        batch, rewards, gen_len = sample_group_batch(
+            nnx.merge(graphdef, params, rest), cfg, padded[idx], prompt_len[idx],
+            [items[i] for i in idx], jax.random.fold_in(sample_rng, step), reward_fn, decode)
         batch["ref_logprobs"] = logprob_step(ref_params, ref_rest, batch["inputs"],
                                              batch["targets"])
-        if cfg.old_logprobs == "sampler":
-            batch["old_logprobs"] = align_logprobs(sampled, prompt_len[idx], batch["loss_mask"])
-        else:
+        if cfg.old_logprobs == "recompute":
             batch["old_logprobs"] = logprob_step(params, rest, batch["inputs"],
                                                  batch["targets"])
         stats = []
@@ -581,7 +605,7 @@ def train_grpo(
             stats.append(s)
         pending.append({
             "step": step, "reward_mean": rewards.mean(), "reward_std": rewards.std(),
-            "completion_len": float(np.mean(lengths - prompt_len[idx])),
+            "completion_len": float(np.mean(gen_len)),
             "loss": stats[0]["loss"],
             **{m: sum(s[m] for s in stats) / mu for m in ("kl", "clip_frac", "grad_norm")},
             "lr": sched(step * mu),
