@@ -320,6 +320,20 @@ def test_disentangled_build_reproduces_estimators(order):
                                    1.0, atol=1e-6)
 
 
+def test_attention_fit_recovers_analytic_beta_and_alpha():
+    # the experiment's read-out of beta and the BOS pseudo-count, on a model whose matching
+    # head is known: soft matching at beta = 2 with pseudo-count alpha = 0.5
+    from experiments.induction_smoothing.experiment import attention_fit
+
+    model = build("soft_matching", order=2, vocab=3, max_len=32, beta=2.0, alpha=0.5)
+    tokens, _ = sample_chains(4, 3, 31, order=2, vocab=3, alpha=1.0, bos=True)
+    fit = attention_fit(model, tokens, 2)
+    assert abs(fit["beta_hat"] - 2.0) < 1e-5 and fit["r2_within_row"] > 1 - 1e-9
+    assert abs(fit["alpha_hat"] - 0.5) < 1e-5
+    np.testing.assert_allclose(fit["prev_token_weight"], 1.0, atol=1e-6)
+    assert fit["mass_on_non_observations"] < 1e-12
+
+
 def test_disentangled_trains_through_the_loop():
     from lcjax.train import TrainConfig, train
 
