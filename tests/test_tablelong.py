@@ -251,3 +251,20 @@ def test_translations_complete_and_unambiguous():
             for _, columns in chain:
                 headers = [vocab.word(c.concept, lang) for c in columns]
                 assert len(set(headers)) == len(headers), (lang, headers)
+
+
+def test_a_disagreement_is_counted_and_never_emitted(monkeypatch):
+    from lcjax.data.tablelong import items as items_module
+
+    real, calls = items_module.sql_answer, []
+
+    def flaky(tables, sql, con=None):  # SQLite "disagrees" on the first two questions
+        calls.append(sql)
+        return "not the answer" if len(calls) <= 2 else real(tables, sql, con)
+
+    monkeypatch.setattr(items_module, "sql_answer", flaky)
+    stats = collections.Counter()
+    it = generate_item(2, 3, min_len=500, max_len=900, stats=stats)
+    monkeypatch.undo()
+    assert stats["bugs"] == 2 and len(calls) == 3
+    assert it["sql"] == calls[2] and it["answer"] != "not the answer" and verify_item(it)
