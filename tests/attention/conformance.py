@@ -250,6 +250,19 @@ def _expect_raise(err, fn, *args, **kwargs):
         fn(*args, **kwargs)
 
 
+def prepare_call(variant: tuple[str, str], case: Case):
+    """(spec, impl, inputs, fn) of ``case`` for ``variant``, or None once the call has
+    raised what the declared features say it must (a case outside them)."""
+    spec, impl = resolve(variant)
+    inputs = make_inputs(case)
+    fn = variant_fn(spec, impl, case)
+    outcome = expected(spec, impl, case)
+    if outcome is not OK:
+        _expect_raise(outcome, fn, **inputs)
+        return None
+    return spec, impl, inputs, fn
+
+
 def _mesh(axis: str):
     assert jax.device_count() == 8, "tests/conftest.py must provide 8 CPU devices"
     return jax.make_mesh((8,), (axis,), axis_types=(AxisType.Explicit,))
@@ -297,13 +310,10 @@ class ConformanceSuite:
     def test_forward_matches_reference(self, variant, case_name):
         """The forward of every case but GRAD_CASES (checked by the gradient test, from the
         program that gives their gradients)."""
-        spec, impl = resolve(variant)
         case = FORWARD_CASES[case_name]
-        inputs = make_inputs(case)
-        fn = variant_fn(spec, impl, case)
-        outcome = expected(spec, impl, case)
-        if outcome is not OK:
-            return _expect_raise(outcome, fn, **inputs)
+        if (call := prepare_call(variant, case)) is None:
+            return
+        spec, impl, inputs, fn = call
         self._check_forward(spec, impl, case, inputs, jax.jit(fn)(**inputs))
 
     # -- gradients -----------------------------------------------------------
@@ -311,13 +321,10 @@ class ConformanceSuite:
     def test_gradients_match_reference(self, variant, case_name):
         """Forward (the same checks as the forward test) and dq, dk, dv of the case, from
         one jitted program; a case outside the declared features must raise as there."""
-        spec, impl = resolve(variant)
         case = FORWARD_CASES[case_name]
-        inputs = make_inputs(case)
-        fn = variant_fn(spec, impl, case)
-        outcome = expected(spec, impl, case)
-        if outcome is not OK:
-            return _expect_raise(outcome, fn, **inputs)
+        if (call := prepare_call(variant, case)) is None:
+            return
+        spec, impl, inputs, fn = call
         got, grads = _result_and_grads(fn, inputs, cotangent(case))
         want = reference_result(spec, case, grads=True)  # memoises the reference forward
         self._check_forward(spec, impl, case, inputs, got)
@@ -384,13 +391,10 @@ class ConformanceSuite:
     def test_low_precision(self, variant, dtype):
         """16-bit inputs: output keeps the dtype, is finite, and is close to the float32
         reference on the same (rounded) inputs; gradients are finite."""
-        spec, impl = resolve(variant)
-        case = dataclasses.replace(self._main_case(spec, impl), dtype=dtype)
-        inputs = make_inputs(case)
-        fn = variant_fn(spec, impl, case)
-        outcome = expected(spec, impl, case)
-        if outcome is not OK:
-            return _expect_raise(outcome, fn, **inputs)
+        case = dataclasses.replace(self._main_case(*resolve(variant)), dtype=dtype)
+        if (call := prepare_call(variant, case)) is None:
+            return
+        spec, impl, inputs, fn = call
         got, grads = _result_and_grads(fn, inputs, cotangent(case))
         assert got.dtype == jnp.dtype(dtype)
         assert_close(got, reference_result(spec, case), spec.tolerance[dtype],
@@ -497,4 +501,4 @@ class ConformanceSuite:
 
 __all__ = ["FORWARD_CASES", "GRAD_CASES", "Case", "ConformanceSuite", "cases", "make_inputs",
            "reference_fn", "reference_result", "cotangent", "resolve", "variant_fn", "expected",
-           "assert_close"]
+           "assert_close", "prepare_call"]
