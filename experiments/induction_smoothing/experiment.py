@@ -21,7 +21,8 @@ For each order ``k`` in :data:`SETTINGS` (vocab :data:`VOCAB`, Dirichlet ``alpha
    (``smoothing.bayes_loss_monte_carlo``; the exact enumeration is only for tiny lengths).
    ML k-gram gives probability 0 to unseen transitions, so its loss is infinite whenever
    one occurs; the fraction of such targets is reported.
-4. **Read the matching head**: for each row with observations, ``log a_tj`` of the valid
+4. **Read the matching head** (on the first :data:`ATTENTION_CHAINS` held-out chains):
+   for each row with observations, ``log a_tj`` of the valid
    keys ``j`` (chain index ``k <= j <= t``) is regressed on the overlap ``o_t(j)`` with a
    free intercept per row (least squares on within-row deviations): the slope is
    ``beta_hat`` and the within-row R² says how well "weights exponential in overlap" fits.
@@ -65,6 +66,8 @@ ALPHA = 1.0
 LR = 0.05
 INIT_SCALE = 0.1
 MODEL_SEED, TRAIN_SEED, FIT_SEED, EVAL_SEED = 0, 1, 2, 3
+EVAL_CHUNK = 256  # held-out chains per model call
+ATTENTION_CHAINS = 256  # held-out chains whose matching-head weights are regressed
 SETTINGS = {
     True: dict(orders=(1, 2), length=48, steps=300, batch=32, n_fit=128, n_eval=256),
     False: dict(orders=(1, 2), length=128, steps=4000, batch=64, n_fit=1024, n_eval=2048),
@@ -103,7 +106,9 @@ def model_ce(model, tokens, order: int) -> np.ndarray:
     import jax
     import jax.numpy as jnp
 
-    logp = np.asarray(jax.nn.log_softmax(model(jnp.asarray(tokens[:, :-1])), -1))
+    logp = np.concatenate([np.asarray(jax.nn.log_softmax(
+        model(jnp.asarray(tokens[i:i + EVAL_CHUNK, :-1])), -1))
+        for i in range(0, len(tokens), EVAL_CHUNK)])
     x = tokens[:, 1:]
     return -np.take_along_axis(logp, x[..., None], -1)[..., 0][:, order:]
 
@@ -255,7 +260,7 @@ def run_order(order: int, s: dict, out_dir: Path) -> tuple[dict, list[Claim], Pa
     diff_soft = (ces["trained"] - ces["soft_matching"]).mean(1)
     mc_mean, mc_se = sm.bayes_loss_monte_carlo(EVAL_SEED + 100, s["length"], s["n_eval"],
                                                order=order, vocab=VOCAB, alpha=ALPHA)
-    fit = attention_fit(model, tokens, order)
+    fit = attention_fit(model, tokens[:ATTENTION_CHAINS], order)
     fig = out_dir / f"attention_k{order}.png"
     _plot(fig, model, tokens, order, fit)
     fit.pop("_scatter")
