@@ -247,6 +247,16 @@ def test_estimators_jit_with_traced_params(chains):
                                _ref_jm_batch(chains, [.1, .5, .7]), atol=2e-6)
 
 
+def test_soft_matching_gradient_matches_finite_differences(chains):
+    # the experiment fits (beta, alpha) by L-BFGS-B on jax gradients
+    x = jnp.asarray(chains)
+    f = lambda b, a: jnp.log(sm.soft_matching(x, order=2, vocab=3, beta=b, alpha=a)).mean()
+    gb, ga = jax.grad(f, argnums=(0, 1))(1.0, 0.3)
+    e = 1e-2
+    assert abs(gb - (f(1 + e, 0.3) - f(1 - e, 0.3)) / (2 * e)) < 2e-3 * max(1, abs(gb))
+    assert abs(ga - (f(1.0, 0.3 + e) - f(1.0, 0.3 - e)) / (2 * e)) < 2e-3 * max(1, abs(ga))
+
+
 def _ref_jm_batch(x, lambdas):
     return np.stack([_ref_jm(list(r), 2, 3, lambdas) for r in x])
 
