@@ -123,6 +123,30 @@ def test_grpo_objective_hand_numbers():
     assert float(mets["loss_weight"]) == 4.0
 
 
+@pytest.mark.parametrize("averaging", rl.AVERAGING)
+def test_objective_combines_over_micro_batches_by_its_loss_weight(averaging):
+    # what grad_accum relies on (lcjax.train.make_train_step): the loss and metrics of the
+    # whole batch are the loss_weight-weighted means of those of its row halves (and so are
+    # the gradients, the weights not depending on the parameters)
+    rng = np.random.default_rng(5)
+    b, t = 6, 5
+    logp, old, ref = (jnp.asarray(rng.normal(-1.5, 0.4, (b, t)), jnp.float32)
+                      for _ in range(3))
+    adv = jnp.asarray(rng.standard_normal(b), jnp.float32)
+    mask = jnp.asarray(rng.random((b, t)) < 0.6)
+    kw = dict(clip_eps=0.2, kl_beta=0.1, averaging=averaging)
+    whole = rl.grpo_objective(logp, old, ref, adv, mask, **kw)
+    halves = [rl.grpo_objective(logp[s], old[s], ref[s], adv[s], mask[s], **kw)
+              for s in (slice(0, 3), slice(3, 6))]
+    w = [float(m["loss_weight"]) for _, m in halves]
+    np.testing.assert_allclose(float(whole[0]), sum(wi * float(l) for wi, (l, _) in
+                                                    zip(w, halves)) / sum(w), rtol=1e-6)
+    for name in ("kl", "clip_frac"):
+        v = [(float(m[name][0]), float(m[name][1])) for _, m in halves]
+        np.testing.assert_allclose(float(whole[1][name][0]),
+                                   sum(a * c for a, c in v) / sum(c for _, c in v), rtol=1e-6)
+
+
 def test_completion_batch_mask_and_alignment():
     # row 0: prompt [7, 8], completion [1, 2, 3]; row 1: prompt [7], completion [4], pad
     tokens = np.array([[7, 8, 1, 2, 3], [7, 4, 0, 0, 0]])
@@ -249,6 +273,7 @@ def dataclasses_replace(cfg, **kw):
     (dict(kl_beta=float("nan")), "kl_beta"), (dict(averaging="batch"), "averaging"),
     (dict(temperature=0.0), "temperature"), (dict(updates_per_batch=0), "updates_per_batch"),
     (dict(warmup_steps=5, steps=2), "warmup_steps"),
+    (dict(prompts_per_step=3, group_size=3, grad_accum=2), "grad_accum"),
 ])
 def test_config_errors(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -329,7 +354,7 @@ def test_cli_runs_grpo_from_a_run_folder(tmp_path, capsys):
     out = tmp_path / "grpo"
     argv = ["rl", "--init", str(init), "--items", str(items), "--out", str(out), "--steps",
             "2", "--group-size", "2", "--prompts-per-step", "2", "--max-new-tokens", "3",
-            "--no-progress"]
+            "--grad-accum", "2", "--no-progress"]
     assert main(argv) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert record["step"] == 2 and 1.0 <= record["completion_len"] <= 3.0

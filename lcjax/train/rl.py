@@ -12,9 +12,10 @@ TableLong trains with (exact-match reward on programmatically verified answers).
 
        A_i = (r_i - mean_g r) / (std_g r + eps)
 
-   with the *sample* standard deviation (ddof = 1, as ``torch.std`` in the reference
-   implementations) and ``eps = adv_eps`` (default 1e-4): a group whose rewards are all
-   equal (all right or all wrong) has A = 0 and teaches nothing;
+   with the *sample* standard deviation (ddof = 1, ``torch.std``'s default, which
+   PyTorch implementations such as TRL's use) and ``eps = adv_eps`` (default 1e-4): a
+   group whose rewards are all equal (all right or all wrong) has A = 0 and teaches
+   nothing;
 4. ``updates_per_batch = μ`` optimizer steps on the batch, each on::
 
        ρ_i,t = exp(log π_θ(o_i,t | ·) - log π_old(o_i,t | ·))
@@ -33,12 +34,15 @@ log π_old is the model's own log-softmax at temperature 1 (what :func:`generate
 ``old_logprobs="sampler"``) or the same teacher-forced pass before the first update
 (``"recompute"``); both equal the policy's at the first update, so ρ = 1 there up to
 float rounding. With temperature T != 1 the samples come from softmax(z / T) while ρ is
-taken against the T = 1 policy (as TRL does not; it is what π_θ is). The reference is
+taken against the T = 1 policy, which is what π_θ is (dividing the logits by T in the
+ratio instead would train the tempered policy). The reference is
 the policy at the start of the run (the model handed in), frozen.
 
 The update is :func:`lcjax.train.make_train_step` (one jitted AdamW step, the training
-loop's) with :func:`grpo_loss_fn` as its loss hook. A run with ``out_dir`` checkpoints
-parameters, optimizer state and the number of prompts consumed through
+loop's) with :func:`grpo_loss_fn` as its loss hook; with ``grad_accum = n`` it scans over n
+micro-batches of consecutive rows, combined by the objective's ``loss_weight`` (rows for
+"sequence", tokens for "token"), so the update is that of the whole batch. A run with
+``out_dir`` checkpoints parameters, optimizer state and the number of prompts consumed through
 :mod:`lcjax.train.checkpoint`; every random draw is a function of ``seed`` and the step,
 so a resumed run reproduces the uninterrupted one bit for bit. Metrics per step
 (``metrics.jsonl``): ``reward_mean``, ``reward_std``, ``kl`` (token mean of k3),
@@ -89,7 +93,9 @@ AVERAGING = ("sequence", "token")
 OLD_LOGPROBS = ("sampler", "recompute")
 _SAMPLE_RNG, _UPDATE_RNG = 0x7361, 0x7570  # fold_in salts of the two random streams
 # fields that only steer the run (not its result): not compared on resume
-_RUN_FIELDS = ("log_every", "ckpt_every", "keep_checkpoints", "out_dir", "resume", "progress")
+# (grad_accum too, as in lcjax.train.RESUME_FIELDS: it changes only the float rounding)
+_RUN_FIELDS = ("log_every", "ckpt_every", "keep_checkpoints", "out_dir", "resume", "progress",
+               "grad_accum")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +114,7 @@ class GRPOConfig:
     prompts_per_step: int = 4
     group_size: int = 8
     updates_per_batch: int = 1  # μ
+    grad_accum: int = 1  # micro-batches per update (rows split in order; the same update)
     clip_eps: float = 0.2  # ε
     kl_beta: float = 0.04  # β
     adv_eps: float = 1e-4
@@ -139,14 +146,18 @@ class GRPOConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "stop_tokens", tuple(int(t) for t in self.stop_tokens))
-        for name in ("steps", "prompts_per_step", "updates_per_batch", "max_new_tokens",
-                     "log_every", "keep_checkpoints"):
+        for name in ("steps", "prompts_per_step", "updates_per_batch", "grad_accum",
+                     "max_new_tokens", "log_every", "keep_checkpoints"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"GRPOConfig.{name} must be an int >= 1; got "
                                  f"{getattr(self, name)!r}")
         if not isinstance(self.group_size, int) or self.group_size < 2:
             raise ValueError("GRPOConfig.group_size must be an int >= 2 (the advantages "
                              f"compare samples within a group); got {self.group_size!r}")
+        if self.batch_rows % self.grad_accum:
+            raise ValueError(f"GRPOConfig: prompts_per_step * group_size = {self.batch_rows} "
+                             f"rows do not split into grad_accum={self.grad_accum} "
+                             "micro-batches")
         check_clip_eps(self.clip_eps)
         check_kl_beta(self.kl_beta)
         if not (math.isfinite(self.adv_eps) and self.adv_eps > 0):
@@ -428,8 +439,8 @@ def _logprob_step(graphdef: nnx.GraphDef) -> Callable:
 
 
 @functools.lru_cache(maxsize=16)
-def _update_step(graphdef: nnx.GraphDef, loss_fn: Callable) -> Callable:
-    return make_train_step(graphdef, loss_fn)
+def _update_step(graphdef: nnx.GraphDef, loss_fn: Callable, grad_accum: int) -> Callable:
+    return make_train_step(graphdef, loss_fn, grad_accum)
 
 
 def _rewards(tokens, prompt_lengths, lengths, rows_items, reward_fn, decode, stops):
@@ -539,7 +550,7 @@ def train_grpo(
     opt_state = make_optimizer(**hparams).init(params)
     sched = lr_schedule(tcfg)
     loss_fn = grpo_loss_fn(float(cfg.clip_eps), float(cfg.kl_beta), cfg.averaging)
-    update = _update_step(graphdef, loss_fn)
+    update = _update_step(graphdef, loss_fn, cfg.grad_accum)
     logprob_step = _logprob_step(graphdef)
     answers = json.dumps([str(it.get("answer")) for it in items])
     meta = json.loads(json.dumps({
