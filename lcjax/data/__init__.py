@@ -20,6 +20,11 @@ from lcjax.data.pipeline import (
 )
 from lcjax.data.synthetic import SyntheticSource
 from lcjax.data.tablelong import TableLongSource  # also registers the "tablelong" suite
+from lcjax.data.temporal_order import (  # also registers the "temporal_order" suite
+    TemporalOrderSource,
+    order_eval_items,
+    order_item,
+)
 from lcjax.data.tfds import FeatureSource, tfds_source
 from lcjax.data.tokenizer import BOS, EOS, PAD, VOCAB_SIZE, decode, decode_bytes, encode
 
@@ -34,6 +39,7 @@ __all__ = [
     "MarkovSource",
     "SyntheticSource",
     "TableLongSource",
+    "TemporalOrderSource",
     "decode",
     "decode_bytes",
     "encode",
@@ -43,6 +49,8 @@ __all__ = [
     "make_dataset",
     "make_iterator",
     "num_windows",
+    "order_eval_items",
+    "order_item",
     "pack_stream",
     "sample_chains",
     "shakespeare_dir",
