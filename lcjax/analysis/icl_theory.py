@@ -249,21 +249,25 @@ def _mc_samples(key, tasks, gamma, noise_var, w_norm2, rho, query, visible, owne
     ``visible`` are traced, and so is ``owner`` [N] (the task of each pair): one compilation
     per prompt shape (T, N, d)."""
     b, nq, t = num_prompts, num_queries, tasks.shape[0]
-    kw, kx, ke, kq, keq = jax.random.split(key, 5)
+    n = owner.shape[0]
+    # one Gaussian draw split into its parts (one threefry expansion: compiles ~3x faster)
+    sizes = {"w": (t + 1) * d, "x": n * d, "eps": n, "xq": nq * d, "eq": nq}
+    z = jax.random.normal(key, (b, sum(sizes.values())))
+    parts = dict(zip(sizes, jnp.split(z, np.cumsum(list(sizes.values()))[:-1], axis=1),
+                     strict=True))
     if random_tasks:  # w_τ = √ρ w0 + √(1-ρ) u_τ, w0, u ~ N(0, (s/d) I)
-        z = jax.random.normal(kw, (b, t + 1, d)) * jnp.sqrt(w_norm2 / d)
-        w = jnp.sqrt(rho) * z[:, :1] + jnp.sqrt(1 - rho) * z[:, 1:]        # [B, T, d]
+        zw = parts["w"].reshape(b, t + 1, d) * jnp.sqrt(w_norm2 / d)
+        w = jnp.sqrt(rho) * zw[:, :1] + jnp.sqrt(1 - rho) * zw[:, 1:]      # [B, T, d]
     else:
         w = jnp.broadcast_to(tasks, (b, t, d))
-    n = owner.shape[0]
-    x = jax.random.normal(kx, (b, n, d))
-    eps = jax.random.normal(ke, (b, n)) * jnp.sqrt(noise_var[owner])
+    x = parts["x"].reshape(b, n, d)
+    eps = parts["eps"] * jnp.sqrt(noise_var[owner])
     y = jnp.einsum("bnd,bnd->bn", x, w[:, owner]) + eps
     wq = w[:, query]                                                      # [B, d]
     # the same prompt, every pair of task q (the same op: exactly y when all tasks are w_q)
     y_same = jnp.einsum("bnd,bnd->bn", x, jnp.broadcast_to(wq[:, None], x.shape)) + eps
-    xq = jax.random.normal(kq, (b, nq, d))
-    eq = jax.random.normal(keq, (b, nq)) * jnp.sqrt(noise_var[query])
+    xq = parts["xq"].reshape(b, nq, d)
+    eq = parts["eq"] * jnp.sqrt(noise_var[query])
     yq = jnp.einsum("bqd,bd->bq", xq, wq) + eq
     signal_g = jnp.einsum("bqd,de,be->bq", xq, gamma, wq)                # x_qᵀ Γ w_q
     bias = jnp.mean((signal_g - jnp.einsum("bqd,bd->bq", xq, wq)) ** 2, -1)
