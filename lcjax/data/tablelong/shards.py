@@ -52,10 +52,18 @@ def _make_shard(job: tuple) -> dict:
             "lengths": lengths, "stats": stats, "cpu": time.process_time() - cpu0}
 
 
-def _context(workers: int):
-    # fork is fast, but not after JAX started its threads; spawn then
-    method = "spawn" if "jax" in sys.modules else "fork"
-    return multiprocessing.get_context(method)
+def _jax_started() -> bool:
+    """Whether JAX has started a backend (and its threads) in this process: importing jax
+    alone does not (``lcjax.data`` imports it). Unknown counts as started."""
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    if bridge is None:
+        return False
+    return bool(getattr(bridge, "_backends", True))
+
+
+def _context():
+    # fork is fast, but unsafe once JAX runs its threads: spawn then
+    return multiprocessing.get_context("spawn" if _jax_started() else "fork")
 
 
 def write_shards(out: str | os.PathLike, n: int, *, min_len: int, max_len: int, seed: int = 0,
@@ -90,7 +98,7 @@ def write_shards(out: str | os.PathLike, n: int, *, min_len: int, max_len: int, 
                 results.append(_make_shard(job))
                 bar.update(results[-1]["items"])
         else:
-            with _context(workers).Pool(workers) as pool:
+            with _context().Pool(workers) as pool:
                 for r in pool.imap_unordered(_make_shard, jobs):
                     results.append(r)
                     bar.update(r["items"])
