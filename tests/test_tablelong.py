@@ -268,3 +268,20 @@ def test_a_disagreement_is_counted_and_never_emitted(monkeypatch):
     monkeypatch.undo()
     assert stats["bugs"] == 2 and len(calls) == 3
     assert it["sql"] == calls[2] and it["answer"] != "not the answer" and verify_item(it)
+
+
+def test_sql_the_engine_rejects_counts_as_a_bug(monkeypatch):
+    from lcjax.data.tablelong import items as items_module
+
+    real, calls = items_module.sql_answer, []
+
+    def broken(tables, sql, con=None):
+        calls.append(sql)
+        return real(tables, "SELECT no_such_column FROM nowhere" if len(calls) == 1 else sql,
+                    con)
+
+    monkeypatch.setattr(items_module, "sql_answer", broken)
+    stats = collections.Counter()
+    it = generate_item(2, 4, min_len=500, max_len=900, stats=stats)
+    monkeypatch.undo()
+    assert stats["bugs"] == 1 and it["sql"] == calls[1] and verify_item(it)

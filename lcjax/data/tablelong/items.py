@@ -40,6 +40,7 @@ __all__ = ["answer_strings", "answers_agree", "generate_item", "item_prompt", "l
            "make_item", "sql_answer", "verify_item"]
 
 _MAX_ATTEMPTS = 30
+_REJECTED = object()
 
 
 # --- SQLite -------------------------------------------------------------------------------
@@ -218,8 +219,12 @@ def make_item(rng: np.random.Generator, *, min_len: int, max_len: int, tokenizer
                     stats["redraws"] += 1
                     continue
                 py = _python_answer(q)
-                got = sql_answer(db.tables, q.sql, con)
-                if not answers_agree(py, got, ordered=q.ordered, real=q.real):
+                try:
+                    got = sql_answer(db.tables, q.sql, con)
+                except sqlite3.Error:   # SQL the engine rejects is a bug like a wrong answer
+                    got = _REJECTED
+                if got is _REJECTED or not answers_agree(py, got, ordered=q.ordered,
+                                                         real=q.real):
                     stats["bugs"] += 1
                     continue
                 answer = round(py, q.decimals) if q.decimals is not None else py
