@@ -216,6 +216,8 @@ def test_eval_endpoint_client_gets_the_same_replies(model, served):
     want, _, _ = direct_text(model, tok.encode(prompt, bos=True))
     cfg = EndpointConfig(url, model="tiny", retries=0, timeout=60)
     assert complete(cfg, prompt, MAX_TOKENS) == want
+    # without a model id (EndpointConfig's default): the served model answers
+    assert complete(EndpointConfig(url, retries=0, timeout=60), prompt, MAX_TOKENS) == want
     chat = EndpointConfig(url, model="tiny", chat=True, retries=0, timeout=60)
     want_chat = client.chat.completions.create(model="tiny", messages=CHAT,
                                                max_tokens=MAX_TOKENS, temperature=0)
@@ -251,7 +253,10 @@ def test_bad_requests_get_openai_error_bodies(served):
     assert e.value.body["code"] == "context_length_exceeded"
 
     assert _error(url, "/v1/completions", {"model": "tiny"})["param"] == "prompt"
-    assert _error(url, "/v1/completions", {"prompt": "a"})["param"] == "model"
+    null = _error(url, "/v1/completions", {"model": "tiny", "prompt": long, "max_tokens": None})
+    assert "max_tokens is 16" in null["message"]  # null is OpenAI's default, 16
+    assert _error(url, "/v1/completions", {"model": "tiny", "prompt": 7})["param"] == "prompt"
+    assert _error(url, "/v1/completions", {"model": 3, "prompt": "a"})["param"] == "model"
     assert _error(url, "/v1/completions", {"model": "tiny", "prompt": "a",
                                            "temperature": -1})["param"] == "temperature"
     assert _error(url, "/v1/completions", {"model": "tiny", "prompt": "a", "n": 99}

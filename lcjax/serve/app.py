@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP API of ``lcjax serve`` (FastAPI).
 
-Routes::
+Routes (``model`` may be left out: the served model answers, as in vLLM)::
 
     GET  /v1/models             {"object": "list", "data": [{"id", "object": "model", ...}]}
     POST /v1/completions        {"model", "prompt": str | [str], "max_tokens" (16), ...}
@@ -75,7 +75,7 @@ def error_response(status: int, message: str, *, param: str | None = None,
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    model: str
+    model: str | None = None  # None: the served model (as vLLM; the eval client may omit it)
     temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
@@ -147,6 +147,22 @@ def _finish(served: ServedModel, gen: Generation, stops: list[str]) -> tuple[str
     return text, count, "stop" if (by_string or gen.stopped) else "length"
 
 
+_TYPE_NAMES = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _param(loc) -> str:
+    """The field path of a pydantic error location, e.g. ``messages.0.role``: the leading
+    ``body`` and union-branch labels (``str``, ``list[str]``, ...) left out."""
+    parts = []
+    for x in loc[1:] if loc and loc[0] == "body" else loc:
+        if isinstance(x, int) or (isinstance(x, str) and x.isidentifier()
+                                  and x not in _TYPE_NAMES):
+            parts.append(str(x))
+        else:
+            break
+    return ".".join(parts)
+
+
 def _check_context(served: ServedModel, prompt_tokens: int, max_tokens: int,
                    param: str) -> None:
     if prompt_tokens + max_tokens > served.max_len:
@@ -156,8 +172,8 @@ def _check_context(served: ServedModel, prompt_tokens: int, max_tokens: int,
                        "max_tokens.", param=param, code="context_length_exceeded")
 
 
-def _check_model(served: ServedModel, name: str) -> None:
-    if name != served.name:
+def _check_model(served: ServedModel, name: str | None) -> None:
+    if name is not None and name != served.name:
         raise APIError(404, f"The model {name!r} does not exist; this server serves "
                        f"{served.name!r}.", param="model", code="model_not_found")
 
@@ -228,10 +244,8 @@ def create_app(served: ServedModel, *, batch_window_ms: float = 10.0, max_batch:
     async def _invalid(request: Request, exc: RequestValidationError):
         errors = exc.errors()
         first = errors[0] if errors else {}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        param = ".".join(loc) or None
-        detail = "; ".join(f"{'.'.join(str(x) for x in e.get('loc', ()) if x != 'body')}: "
-                           f"{e.get('msg')}" for e in errors)
+        param = _param(first.get("loc", ())) or None
+        detail = "; ".join(f"{_param(e.get('loc', ()))}: {e.get('msg')}" for e in errors)
         return error_response(400, f"Invalid request: {detail}", param=param,
                               code=first.get("type"))
 
@@ -269,12 +283,13 @@ def create_app(served: ServedModel, *, batch_window_ms: float = 10.0, max_batch:
     async def completions(req: CompletionRequest):
         _check_model(served, req.model)
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+        max_tokens = 16 if req.max_tokens is None else req.max_tokens  # OpenAI's default
         ids = [served.tokenizer.encode(p) for p in prompts]
         for i, x in enumerate(ids):
             if len(x) == 0:
                 raise APIError(400, f"prompt {i} has no tokens", param="prompt")
-            _check_context(served, len(x), req.max_tokens, "max_tokens")
-        gens = await _generate_all(batcher, ids, [req.max_tokens] * len(ids), req)
+            _check_context(served, len(x), max_tokens, "max_tokens")
+        gens = await _generate_all(batcher, ids, [max_tokens] * len(ids), req)
         stops = _stops(req.stop)
         choices, completion = [], 0
         for i, row in enumerate(gens):
