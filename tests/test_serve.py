@@ -318,6 +318,15 @@ def test_cli_serves_a_run_folder_and_stops_on_sigterm(model, tmp_path):
     _write_run_dir(model, run)
     served = load_served(run)
     assert served.name == "run" and served.max_len == TINY.max_len
+    assert isinstance(served.tokenizer, ByteTokenizer)
+    for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)),
+                    jax.tree.leaves(nnx.state(served.model, nnx.Param)), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text(json.dumps({"model": {}}))
+    with pytest.raises(ValueError, match="no checkpoints"):
+        load_served(bare)
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "lcjax.cli", "serve", "--checkpoint", run,
                              "--port", str(port), "--log-level", "warning"],

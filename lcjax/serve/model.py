@@ -203,6 +203,9 @@ def load_served(path: str | os.PathLike, *, name: str | None = None,
         model = load_model(path)
         return ServedModel(model, ByteTokenizer(), name, max_len or model.config.max_len)
     hf = _read_json(os.path.join(path, "config.json"))
+    if "model" in hf:
+        raise ValueError(f"load_served: {path!r} looks like an `lcjax train` run folder but has "
+                         "no checkpoints/ folder")
     if not hf:
         raise ValueError(f"load_served: {path!r} has no config.json (expected an `lcjax train` "
                          "run folder or a Hugging Face checkpoint folder)")
