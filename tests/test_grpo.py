@@ -317,6 +317,15 @@ def test_verifiers():
     assert answer_reward("Oslo", {"answer": "oslo"}) == 1.0
     assert answer_reward("1000.1", {"answer": 1000}) == 0.0
     assert make_verifier(rel_tol=1e-3)("1000.1", {"answer": 1000}) == 1.0
+    # lists: in order, or in any order when the item says so; decimals widen abs_tol
+    assert answer_reward("3, Oslo", {"answer": [3, "Oslo"]}) == 1.0
+    assert answer_reward("Oslo, 3", {"answer": [3, "Oslo"]}) == 0.0
+    assert answer_reward("Oslo, 3", {"answer": [3, "Oslo"], "ordered": False}) == 1.0
+    assert answer_reward("Oslo, 3, 3", {"answer": [3, "Oslo"], "ordered": False}) == 0.0
+    assert answer_reward("3.0, 3", {"answer": [3, "Oslo"], "ordered": False}) == 0.0
+    assert answer_reward("12.354", {"answer": 12.35, "decimals": 2}) == 1.0
+    assert answer_reward("12.356", {"answer": 12.35, "decimals": 2}) == 0.0
+    assert answer_reward("12.354", {"answer": 12.35}) == 0.0
     with pytest.raises(ValueError, match="rel_tol"):
         numeric_match(rel_tol=-1.0)
     with pytest.raises(ValueError, match="answer"):
@@ -364,3 +373,19 @@ def test_cli_runs_grpo_from_a_run_folder(tmp_path, capsys):
     assert trained.config == cfg
     with pytest.raises(ValueError, match="has checkpoints"):
         main(argv)
+
+
+def test_tablelong_items_prompt_and_reward():
+    # generated TableLong items (lcjax.data.tablelong): the evaluator's prompt, and the
+    # evaluator's reference answers rewarded 1 by the default verifier, wrong ones 0
+    from lcjax.data.tablelong import answer_strings, generate_item, item_prompt
+
+    items = [generate_item(0, i, min_len=300, max_len=1000) for i in range(24)]
+    assert len({it["task"] for it in items}) >= 5
+    assert any(isinstance(it["answer"], list) for it in items)
+    assert any(it["decimals"] is not None for it in items)
+    for it in items:
+        assert rl.default_prompt(it) == item_prompt(it)
+        refs = answer_strings(it)
+        assert answer_reward(", ".join(refs), it) == 1.0, it["answer"]
+        assert answer_reward("9" + ", ".join(refs), it) == 0.0, it["answer"]

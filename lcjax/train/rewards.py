@@ -13,8 +13,11 @@ TableLong item); the prediction is the decoded completion (the stop token remove
   optional sign, digits with optional ``,`` thousands separators, a decimal point, an
   exponent, a trailing ``%`` kept as written) with
   ``|p - a| <= max(rel_tol * max(|p|, |a|), abs_tol)`` (``math.isclose``), else 0.
-- :func:`answer_reward`: :func:`numeric_match` when the reference parses as a number,
-  otherwise :func:`exact_match` — one verifier for mixed items.
+- :func:`answer_reward` (:func:`make_verifier` with the default tolerances): per answer
+  value :func:`numeric_match` when it parses as a number, otherwise :func:`exact_match`;
+  list answers part by part (in any order when the item says ``ordered: false``), and an
+  item's ``decimals`` widening the absolute tolerance to half a unit of the last place —
+  one verifier for mixed items, TableLong's included.
 """
 
 from __future__ import annotations
@@ -98,21 +101,44 @@ def numeric_match(rel_tol: float = 1e-6, abs_tol: float = 0.0) -> Callable[[str,
 
 def make_verifier(rel_tol: float = 1e-6, abs_tol: float = 0.0, *, casefold: bool = True
                   ) -> Callable[[str, Mapping], float]:
-    """``reward_fn(prediction, item)``: numeric match (with these tolerances) when
-    ``item["answer"]`` is a number, exact match otherwise.
+    """``reward_fn(prediction, item)`` in {0, 1} for an item with an ``answer``.
+
+    A scalar answer: numeric match (``rel_tol``, ``abs_tol``) when it parses as a number,
+    exact match otherwise. A list answer: the prediction split at commas must have as many
+    parts, each matching its element the same way, in order — or in any order (a
+    one-to-one assignment) when ``item["ordered"]`` is false. An item's ``decimals`` (the
+    answer was rounded to that many places, as TableLong items say) widens the absolute
+    tolerance to ``0.5 * 10**-decimals``.
 
     Raises:
-      ValueError: bad tolerances (see :func:`numeric_match`).
+      ValueError: bad tolerances (see :func:`numeric_match`); an item without ``answer``.
     """
-    numeric = numeric_match(rel_tol, abs_tol)
+    numeric_match(rel_tol, abs_tol)  # ValueError for bad tolerances
+
+    def one(prediction: str, answer: Any, tol: float) -> bool:
+        if parse_number(answer) is not None:
+            return numeric_match(rel_tol, tol)(prediction, answer) == 1.0
+        return exact_match(prediction, answer, casefold=casefold) == 1.0
 
     def reward_fn(prediction: str, item: Mapping) -> float:
         if "answer" not in item:
             raise ValueError(f"reward: the item has no 'answer' (keys {sorted(item)})")
-        answer = item["answer"]
-        if parse_number(answer) is not None:
-            return numeric(prediction, answer)
-        return exact_match(prediction, answer, casefold=casefold)
+        answer, decimals = item["answer"], item.get("decimals")
+        tol = abs_tol if decimals is None else max(abs_tol, 0.5 * 10.0 ** -decimals + 1e-12)
+        if not isinstance(answer, list | tuple):
+            return float(one(prediction, answer, tol))
+        parts = str(prediction).split(",")
+        if len(parts) != len(answer):
+            return 0.0
+        if item.get("ordered", True):
+            return float(all(one(p, a, tol) for p, a in zip(parts, answer)))
+        free = list(parts)  # unordered: a greedy one-to-one assignment
+        for a in answer:
+            hit = next((i for i, p in enumerate(free) if one(p, a, tol)), None)
+            if hit is None:
+                return 0.0
+            free.pop(hit)
+        return 1.0
 
     return reward_fn
 

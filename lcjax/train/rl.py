@@ -387,10 +387,17 @@ def align_logprobs(logprobs: Any, prompt_lengths: Any, mask: np.ndarray) -> np.n
 
 
 def default_prompt(item: Mapping) -> str | Sequence[int]:
-    """``item["prompt"]`` if present, else ``context + "\\n\\nQuestion: " + question +
-    "\\nAnswer: "`` (a TableLong-style item)."""
+    """``item["prompt"]`` if present; a TableLong item (``tables``, ``context``,
+    ``question``, ``language``): :func:`lcjax.data.tablelong.item_prompt` (instruction,
+    context, question and answer cue in the item's language, as the evaluator prompts);
+    other items with ``context`` and ``question``: ``context + "\\n\\nQuestion: " +
+    question + "\\nAnswer: "``."""
     if "prompt" in item:
         return item["prompt"]
+    if all(k in item for k in ("tables", "context", "question", "language")):
+        from lcjax.data.tablelong import item_prompt
+
+        return item_prompt(dict(item))
     if "context" in item and "question" in item:
         return f"{item['context']}\n\nQuestion: {item['question']}\nAnswer: "
     raise ValueError(f"an RL item needs 'prompt' or 'context' and 'question'; got keys "
