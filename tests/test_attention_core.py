@@ -209,7 +209,8 @@ def test_lse_gradient_flows_through_blockwise():
     f_dense = lambda q: jnp.sum(jnp.sin(dot_product_attention(q, k, v, return_lse=True)[1]))
     f_block = lambda q: jnp.sum(jnp.sin(
         blockwise_attention(q, k, v, block_q=8, block_kv=8, return_lse=True)[1]))
-    np.testing.assert_allclose(jax.grad(f_block)(q), jax.grad(f_dense)(q), atol=1e-5)
+    np.testing.assert_allclose(jax.jit(jax.grad(f_block))(q), jax.jit(jax.grad(f_dense))(q),
+                               atol=1e-5)
 
 
 def test_bf16_inputs_keep_f32_statistics():
