@@ -48,7 +48,9 @@ it. The read-out of step 4 is tested on an analytically built model (``beta = 2`
 Quick mode: k = 1, 2 at length 48, 300 steps x 32 chains each, 128 fit / 256 held-out
 chains. Measured 112 s wall on the 2-CPU machine at load average ~18 (train 35 + 25 s,
 fits 10 + 7 s); not yet measured quiet (the 40 s budget assumes the ~5x a quiet machine
-gives). Full mode: length 128, 4,000 steps x 64 chains, 1,024 / 2,048 chains.
+gives). Full mode: length 64, 3,000 steps x 32 chains, 256 fit / 1,024 held-out chains.
+In between, ``python -m experiments.induction_smoothing.experiment --quick --steps 1500
+--length 64 --out DIR`` (300 s wall at load ~15) is where k = 2 starts to beat JM.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ EVAL_CHUNK = 256  # held-out chains per model call
 ATTENTION_CHAINS = 256  # held-out chains whose matching-head weights are regressed
 SETTINGS = {
     True: dict(orders=(1, 2), length=48, steps=300, batch=32, n_fit=128, n_eval=256),
-    False: dict(orders=(1, 2), length=128, steps=4000, batch=64, n_fit=1024, n_eval=2048),
+    False: dict(orders=(1, 2), length=64, steps=3000, batch=32, n_fit=256, n_eval=1024),
 }
 
 
