@@ -38,7 +38,7 @@ from lcjax.serve import (
     next_power_of_two,
     render_byte_chat,
 )
-from lcjax.serve.app import _cut_at_stop
+from lcjax.serve.app import cut_at_stop
 
 TINY = DecoderConfig(vocab_size=tok.VOCAB_SIZE, d_model=32, num_layers=1, num_heads=2,
                      num_kv_heads=2, head_dim=16, mlp_hidden=64, max_len=64)
@@ -165,10 +165,10 @@ def test_concurrent_requests_batch_into_fewer_generate_calls(served):
 
 def test_stop_strings_cut_the_text_and_count_tokens():
     ids = tok.encode("hello world")
-    text, count, hit = _cut_at_stop(ByteTokenizer(), ids, ["o w", "zz"])
+    text, count, hit = cut_at_stop(ByteTokenizer(), ids, ["o w", "zz"])
     assert (text, count, hit) == ("hell", 7, True)  # "hello w" is the shortest prefix with it
-    assert _cut_at_stop(ByteTokenizer(), ids, ["q"]) == ("hello world", 11, False)
-    assert _cut_at_stop(ByteTokenizer(), ids, ["ld", "l"])[:2] == ("he", 3)
+    assert cut_at_stop(ByteTokenizer(), ids, ["q"]) == ("hello world", 11, False)
+    assert cut_at_stop(ByteTokenizer(), ids, ["ld", "l"])[:2] == ("he", 3)
 
 
 def test_stop_and_stream_over_http(model, served):

@@ -9,7 +9,7 @@ runs concurrent requests as one jitted :func:`lcjax.nn.generate` call. See
 ``docs/serve.md``.
 """
 
-from lcjax.serve.app import APIError, ChatRequest, CompletionRequest, create_app
+from lcjax.serve.app import APIError, ChatRequest, CompletionRequest, create_app, cut_at_stop
 from lcjax.serve.batcher import Batcher, BatchStats, Generation, group_jobs, next_power_of_two
 from lcjax.serve.model import (
     ByteTokenizer,
@@ -30,6 +30,7 @@ __all__ = [
     "HFTokenizer",
     "ServedModel",
     "create_app",
+    "cut_at_stop",
     "group_jobs",
     "load_served",
     "next_power_of_two",

@@ -44,7 +44,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from lcjax.serve.batcher import Batcher, Generation
 from lcjax.serve.model import ROLES, ServedModel
 
-__all__ = ["APIError", "ChatRequest", "CompletionRequest", "create_app"]
+__all__ = ["APIError", "ChatRequest", "CompletionRequest", "create_app", "cut_at_stop"]
 
 MAX_N = 8
 
@@ -125,7 +125,7 @@ def _stops(stop) -> list[str]:
     return [s for s in stops if s]
 
 
-def _cut_at_stop(tokenizer, tokens: np.ndarray, stops: list[str]) -> tuple[str, int, bool]:
+def cut_at_stop(tokenizer, tokens: np.ndarray, stops: list[str]) -> tuple[str, int, bool]:
     """(text, completion tokens, stopped by a string): the text before the first stop
     string, and the fewest tokens whose text contains it (a binary search: containing a
     stop string only grows with the prefix)."""
@@ -143,7 +143,7 @@ def _cut_at_stop(tokenizer, tokens: np.ndarray, stops: list[str]) -> tuple[str, 
 
 def _finish(served: ServedModel, gen: Generation, stops: list[str]) -> tuple[str, int, str]:
     """(text, completion tokens, finish_reason) of one generation."""
-    text, count, by_string = _cut_at_stop(served.tokenizer, gen.tokens, stops)
+    text, count, by_string = cut_at_stop(served.tokenizer, gen.tokens, stops)
     return text, count, "stop" if (by_string or gen.stopped) else "length"
 
 
