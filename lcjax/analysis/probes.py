@@ -169,8 +169,14 @@ def hidden_features(model, tokens, positions, layer: int) -> np.ndarray:
     n_layers = len(attention_layers(model))
     if not isinstance(layer, int | np.integer) or not 0 <= layer <= n_layers:
         raise ValueError(f"hidden_features: `layer` must be in [0, {n_layers}], got {layer!r}")
-    h = model.hidden_states(jnp.asarray(tokens, jnp.int32))[int(layer)]
+    h = _hidden_states(model, jnp.asarray(tokens, jnp.int32))[int(layer)]
     return np.asarray(jnp.take_along_axis(h, jnp.asarray(pos)[..., None], axis=1), np.float32)
+
+
+@nnx.jit
+def _hidden_states(model, tokens):
+    """``model.hidden_states(tokens)`` compiled (once per model structure and shape)."""
+    return model.hidden_states(tokens)
 
 
 # --- heads ------------------------------------------------------------------------------------
