@@ -35,7 +35,7 @@ from experiments.common import Claim, Experiment, Result, machine_info
 
 BOOK = dict(num_passages=6, passage_bytes=16, snippet_bytes=8)
 SETTINGS = {
-    True: dict(sources=("random",), steps=30, batch=16, n_eval=48),
+    True: dict(sources=("random",), steps=30, batch=16, n_eval=50),
     False: dict(sources=("random", "shakespeare"), steps=4000, batch=32, n_eval=600),
 }
 MODEL = dict(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
