@@ -56,6 +56,11 @@ def test_icl_predict_matches_numpy_masked_and_unmasked():
         np.testing.assert_allclose(got_mask[:, j], np.einsum("bd,de,be->b", xq[:, j], g, h),
                                    rtol=1e-5, atol=1e-6)
     assert (got_mask[:, 4] == 0).all()  # sees no pair
+    per_row = np.stack([vis, vis[::-1]])                       # visible [B, Q]
+    got_rows = np.asarray(icl_predict(xs, ys, xq, g, visible=per_row))
+    np.testing.assert_allclose(got_rows[0], got_mask[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_rows[1], np.asarray(icl_predict(
+        xs, ys, xq, g, visible=vis[::-1].copy()))[1], rtol=1e-5, atol=1e-6)
 
 
 def test_causal_linear_attention_is_the_masked_predictor_per_position():
