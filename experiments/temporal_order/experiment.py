@@ -203,7 +203,32 @@ def run(quick: bool, out_dir: Path) -> Result:
                       f"{[round(v, 3) for v in r['probe_r2_by_layer']]}, top head "
                       f"{r['top_head']} drop {r['ablation_drop_top']:+.3f}"
                       for r in runs)
-    return Result(claims=claims, numbers=numbers, notes=notes)
+    return Result(claims=claims, numbers=numbers, notes=notes,
+                  figures=[distance_figure(runs, out_dir / "temporal_order_distance.png")])
+
+
+def distance_figure(runs: list[dict], path: Path) -> Path:
+    """Accuracy against passage distance, one line per source (chance dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    for r in runs:
+        acc = r["accuracy_by_distance"]
+        ax.plot(list(acc), list(acc.values()), marker="o",
+                label=f"{r['source']} (slope {r['distance_slope']:+.3f})")
+    ax.axhline(0.5, color="gray", ls="--", lw=1)
+    ax.set_xlabel("distance j - i (passages)")
+    ax.set_ylabel("held-out accuracy")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 EXPERIMENT = Experiment(
