@@ -15,7 +15,8 @@ Requests (greedy by default)::
 
 answered by ``choices[0].text`` or ``choices[0].message.content``. The API key is read from
 the environment variable ``api_key_env`` (sent as ``Authorization: Bearer``); a local
-server needs none.
+server needs none. A :class:`TokenCounter` passed to :func:`complete` adds up the replies'
+``usage`` (``prompt_tokens``, ``completion_tokens``) and counts the calls.
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ import requests
 __all__ = [
     "EndpointConfig",
     "EndpointError",
+    "TokenCounter",
     "complete",
     "endpoint_runner",
     "endpoint_url",
     "parse_reply",
     "request_body",
+    "usage_of",
 ]
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504}) | frozenset(range(505, 600))
@@ -140,6 +143,49 @@ def parse_reply(cfg: EndpointConfig, data: Any) -> str:
     return text
 
 
+def usage_of(data: Any) -> tuple[int, int] | None:
+    """``(prompt_tokens, completion_tokens)`` of a reply's ``usage``; None when it has none
+    (some servers leave it out) or it is not a pair of non-negative ints."""
+    usage = data.get("usage") if isinstance(data, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    pair = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in pair):
+        return None
+    return pair
+
+
+class TokenCounter:
+    """Running totals over the answered calls (thread-safe): ``calls``, ``prompt_tokens``,
+    ``completion_tokens`` (sums of each reply's ``usage``), ``missing_usage`` (replies without
+    one) and ``peak_prompt_tokens`` (the largest single prompt)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.calls = self.prompt_tokens = self.completion_tokens = 0
+        self.missing_usage = self.peak_prompt_tokens = 0
+
+    def add(self, data: Any) -> None:
+        """Count one answered call whose decoded JSON reply is ``data``."""
+        usage = usage_of(data)
+        with self._lock:
+            self.calls += 1
+            if usage is None:
+                self.missing_usage += 1
+                return
+            self.prompt_tokens += usage[0]
+            self.completion_tokens += usage[1]
+            self.peak_prompt_tokens = max(self.peak_prompt_tokens, usage[0])
+
+    def as_dict(self) -> dict:
+        """The totals as a JSON-able dict."""
+        with self._lock:
+            return {"calls": self.calls, "prompt_tokens": self.prompt_tokens,
+                    "completion_tokens": self.completion_tokens,
+                    "missing_usage": self.missing_usage,
+                    "peak_prompt_tokens": self.peak_prompt_tokens}
+
+
 def _headers(cfg: EndpointConfig) -> dict:
     key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
     return {"Authorization": f"Bearer {key}"} if key else {}
@@ -158,8 +204,10 @@ def _wait(cfg: EndpointConfig, attempt: int, reply: requests.Response | None) ->
 
 def complete(cfg: EndpointConfig, prompt: str, max_tokens: int, *,
              session: requests.Session | None = None,
-             sleep: Callable[[float], None] = time.sleep) -> str:
-    """The endpoint's answer to one prompt, retrying transient failures.
+             sleep: Callable[[float], None] = time.sleep,
+             counter: TokenCounter | None = None) -> str:
+    """The endpoint's answer to one prompt, retrying transient failures; ``counter`` (if
+    given) counts the answered call and its ``usage``.
 
     Raises:
       EndpointError: the reply is malformed, an HTTP error that is not retried, or the
@@ -183,7 +231,10 @@ def complete(cfg: EndpointConfig, prompt: str, max_tokens: int, *,
                 except ValueError:
                     raise EndpointError(f"malformed reply (not JSON, HTTP {reply.status_code})"
                                         f": {reply.text[:200]!r}") from None
-                return parse_reply(cfg, data)
+                text = parse_reply(cfg, data)
+                if counter is not None:
+                    counter.add(data)
+                return text
             last = f"HTTP {reply.status_code}: {reply.text[:200]!r}"
             if reply.status_code not in RETRY_STATUS:
                 raise EndpointError(last)
