@@ -20,6 +20,7 @@ from lcjax.nn.lora import (
     LoRAConfig,
     LoRAModel,
     LoRAParam,
+    adapter_filter,
     apply_lora,
     load_adapter,
     load_peft,
@@ -145,6 +146,11 @@ def test_several_adapters_switch(base):
     h = model.hidden_states(x)
     np.testing.assert_allclose(np.asarray(model.logits(model.final_norm(h[-1]))), out_two,
                                rtol=1e-5, atol=1e-5)
+    # one adapter's parameters alone (what train(wrt=...) trains), though both have a/b
+    _, one, rest = nnx.split(model, adapter_filter("one"), ...)
+    assert set(nnx.to_pure_dict(one)["adapters"]) == {"one"}
+    assert len(jax.tree.leaves(one)) == 2 * 2  # A, B of q_proj in 2 layers
+    assert len(jax.tree.leaves(nnx.state(rest, LoRAParam))) == 2 * 2  # "two": w_up x 2 layers
     with pytest.raises(ValueError, match="no adapter 'three'"):
         model.set_adapter("three")
     with pytest.raises(ValueError, match="exists"):
@@ -222,6 +228,21 @@ def test_training_changes_only_the_adapters(base, tmp_path):
               if v["value_metadata"].get("write_shape")}
     assert len(arrays) == 16 and all("adapters" in k for k in arrays), sorted(arrays)
     assert sum(int(np.prod(s)) for s in arrays.values()) == 2 * n_adapter
+    # a second adapter trained alone (adapter_filter): the first one stays as it was (with
+    # wrt=LoRAParam its zero gradients would still move it, by AdamW's weight decay)
+    trained.add_adapter("other", LoRAConfig(rank=2, target_modules=("w_down",)),
+                        rngs=nnx.Rngs(12))
+    first = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(trained.adapters["default"],
+                                                                    LoRAParam)))
+    again = train(CFG, TrainConfig(steps=1, warmup_steps=0, lr=1e-2, progress=False,
+                                   eval_batches=0), dataset=data,
+                  model_fn=lambda *_: trained, wrt=adapter_filter("other")).model
+    jax.tree.map(np.testing.assert_array_equal,
+                 jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(again.adapters["default"],
+                                                                    LoRAParam))),
+                 first)
+    assert all(float(jnp.abs(lay.b[...]).max()) > 0
+               for lay in again.adapters["other"].layers.values())
 
 
 def test_orbax_round_trip(base, tmp_path):

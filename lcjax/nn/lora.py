@@ -50,6 +50,7 @@ import numpy as np
 from flax import nnx
 
 __all__ = ["LoRAConfig", "LoRAParam", "LoRALayer", "LoRAAdapter", "LoRAModel", "apply_lora",
+           "adapter_filter",
            "lora_targets", "kernel_in_axes", "save_adapter", "load_adapter", "save_peft",
            "load_peft", "lora_param_count", "path_name", "PEFT_WEIGHTS", "PEFT_CONFIG"]
 
@@ -320,6 +321,20 @@ class LoRAModel(nnx.Module):
                              f"{list(self.merged)})")
         self._fold(name, -1.0)
         self.merged = tuple(m for m in self.merged if m != name)
+
+
+def adapter_filter(name: str):
+    """An nnx filter of adapter ``name``'s parameters alone (its A and B matrices, wherever
+    the LoRAModel sits in the tree), e.g. ``train(..., wrt=adapter_filter("search_hotel"))``
+    trains one of several adapters and keeps the others out of the optimizer state."""
+
+    def select(path, value) -> bool:
+        if not isinstance(value, LoRAParam):
+            return False
+        keys = [str(k) for k in path]
+        return any(a == "adapters" and b == name for a, b in zip(keys, keys[1:]))
+
+    return select
 
 
 def apply_lora(model: nnx.Module, config: LoRAConfig, *, rngs: nnx.Rngs,
