@@ -192,6 +192,13 @@ def test_dropout_masks_input_features_in_training_only(base):
                          rngs=nnx.Rngs(6))
     nnx.update(no_drop.adapters["default"], nnx.state(adapter, LoRAParam))
     np.testing.assert_array_equal(np.asarray(model(x)), np.asarray(no_drop(x)))
+    # merging folds the dropout-free delta and leaves the mode as it was
+    model.train()
+    model.merge()
+    assert adapter.dropout.deterministic is False
+    merged_w = np.asarray(model.base.blocks[0].mlp.w_down[...])
+    np.testing.assert_allclose(merged_w - np.asarray(base.blocks[0].mlp.w_down[...]), full,
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_training_changes_only_the_adapters(base, tmp_path):

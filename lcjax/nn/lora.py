@@ -294,13 +294,14 @@ class LoRAModel(nnx.Module):
         if name not in self.adapters:
             raise ValueError(f"LoRAModel: no adapter {name!r}; adapters: {sorted(self.adapters)}")
         adapter = self.adapters[name]
+        mode = None if adapter.dropout is None else adapter.dropout.deterministic
         if adapter.dropout is not None:
             adapter.dropout.deterministic = True  # the merged weights carry no dropout
         try:
             deltas = adapter.deltas()
         finally:
             if adapter.dropout is not None:
-                adapter.dropout.deterministic = False
+                adapter.dropout.deterministic = mode
         for path, d in deltas.items():
             var = _base_var(self.base, path)
             w = var.get_value()
