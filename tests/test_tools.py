@@ -8,6 +8,7 @@ import json
 import jsonschema
 import pytest
 
+from lcjax.data import tokenizer
 from lcjax.tools import (
     CATEGORIES,
     ast_check,
@@ -18,7 +19,7 @@ from lcjax.tools import (
     openai_tools,
     parse_call,
 )
-from lcjax.tools.world import render_value
+from lcjax.tools.world import call_text, make_tool_batch, prompt_text, render_value
 
 SCHEMA = {
     "name": "book_flight",
@@ -260,3 +261,29 @@ def test_bad_generator_options():
         make_examples(make_tools(2), 2, split="test")
     with pytest.raises(ValueError, match="optional_prob"):
         make_examples(make_tools(2), 2, optional_prob=1.5)
+
+
+def test_training_rows_and_context_cost(world):
+    """Rows are prompt + call text with the loss on the call bytes and EOS; the call text
+    parses back to the gold call; the in-context docs baseline carries every candidate's
+    OpenAI schema, and context_tokens counts the prompt's tokens."""
+    tools, seen, _ = world
+    examples = seen[:6]
+    bare = make_tool_batch(examples)
+    docs = make_tool_batch(examples, tools=list(tools.values()))
+    for i, ex in enumerate(examples):
+        answer = bare["targets"][i][bare["loss_mask"][i]]
+        assert answer[-1] == tokenizer.EOS
+        text = tokenizer.decode(answer[:-1])
+        assert text == call_text(ex.call)
+        assert ast_check(text, ex.call, tools[ex.tool].schema) == (True, "ok")
+        prompt = tokenizer.decode(bare["inputs"][i][1:bare["answer_start"][i] + 1])
+        assert prompt == prompt_text(ex) and ex.query in prompt
+        assert bare["context_tokens"][i] == len(prompt.encode()) + 1  # + BOS
+        with_docs = prompt_text(ex, list(tools.values()))
+        for name in ex.candidates:
+            assert json.dumps(tools[name].openai(), separators=(",", ":")) in with_docs
+        assert docs["context_tokens"][i] == len(with_docs.encode()) + 1
+        assert docs["context_tokens"][i] > 5 * bare["context_tokens"][i]
+    with pytest.raises(ValueError, match="candidates"):
+        prompt_text(examples[0], [tools[examples[0].tool]])

@@ -34,7 +34,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["ArgSpec", "Tool", "ToolExample", "make_tools", "make_examples", "openai_tools",
-           "openai_call", "render_value", "OBJECTS", "ACTIONS", "max_tools"]
+           "openai_call", "render_value", "OBJECTS", "ACTIONS", "max_tools", "call_text",
+           "tool_docs", "prompt_text", "make_tool_batch", "PromptAnswer"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -366,3 +367,58 @@ def openai_call(call: dict, call_id: str = "call_0") -> dict:
     arguments JSON-encoded, as the API sends them)."""
     return {"id": call_id, "type": "function",
             "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}
+
+
+# ------------------------------------------------------------------ training text
+
+def call_text(call: dict) -> str:
+    """The canonical text of a call, what a model is trained to emit after the prompt:
+    compact JSON ``{"name": ..., "arguments": {...}}`` (``ast_check`` parses it back)."""
+    return json.dumps({"name": call["name"], "arguments": call["arguments"]},
+                      separators=(",", ":"), ensure_ascii=False)
+
+
+def tool_docs(tools: Sequence[Tool]) -> str:
+    """In-context tool documentation: one OpenAI tool JSON per line (the baseline that
+    ParaTool's parameterized tools remove from the context)."""
+    return "\n".join(json.dumps(t.openai(), separators=(",", ":"), ensure_ascii=False)
+                     for t in tools)
+
+
+def prompt_text(example: ToolExample, tools: Sequence[Tool] | None = None) -> str:
+    """The prompt before the call: ``"Query: <query>\nCall: "``, preceded by
+    ``"Tools:\n<tool_docs of the example's candidates>\n"`` when ``tools`` (the world's
+    tools, looked up by name) is given."""
+    head = ""
+    if tools is not None:
+        by_name = {t.name: t for t in tools}
+        missing = [n for n in example.candidates if n not in by_name]
+        if missing:
+            raise ValueError(f"prompt_text: candidates {missing} are not among the tools")
+        head = "Tools:\n" + tool_docs([by_name[n] for n in example.candidates]) + "\n"
+    return f"{head}Query: {example.query}\nCall: "
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptAnswer:
+    """A prompt and the answer a model should produce after it (bytes), the fields
+    :func:`lcjax.data.ruler.make_batch` reads."""
+
+    prompt: bytes
+    answer: bytes
+
+
+def make_tool_batch(examples: Sequence[ToolExample], seq_len: int | None = None, *,
+                    tools: Sequence[Tool] | None = None, eos: bool = True) -> dict:
+    """Byte-token training/eval arrays: row b is ``prompt_text + call_text`` (with the
+    candidates' docs in context when ``tools`` is given), ``loss_mask`` on the call bytes
+    (and EOS) — :func:`lcjax.data.ruler.make_batch`'s layout (``inputs``, ``targets``,
+    ``loss_mask``, ``answer_start``, ``answer_len``), plus ``context_tokens`` [B]: the
+    prompt's byte tokens (BOS included), the context cost a method pays per query."""
+    from lcjax.data.ruler import make_batch
+
+    samples = [PromptAnswer(prompt_text(e, tools).encode(), call_text(e.call).encode())
+               for e in examples]
+    batch = make_batch(samples, seq_len, bos=True, eos=eos)
+    batch["context_tokens"] = batch["answer_start"] + 1
+    return batch
