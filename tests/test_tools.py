@@ -176,6 +176,10 @@ def test_schema_forms_and_bad_gold():
         ast_check(GOLD, {"name": "other", "arguments": ARGS}, SCHEMA)
     with pytest.raises(ValueError, match="schema"):
         ast_check(GOLD, GOLD, {"name": "book_flight"})
+    untyped = {"name": "f", "parameters": {"type": "object", "properties": {"x": {}}}}
+    assert ast_check({"name": "f", "arguments": {"x": "3"}},
+                     {"name": "f", "arguments": {"x": 3}}, untyped)[1].startswith("wrong_type")
+    assert ast_check("f(x=3.0)", {"name": "f", "arguments": {"x": 3}}, untyped) == (True, "ok")
     assert parse_call(PY) == {"name": "book_flight", "arguments": {
         **edit(max_price=300)["arguments"]}}
 

@@ -228,6 +228,9 @@ def _equal(value: Any, gold: Any, schema: Mapping, path: str) -> None:
         if standardize_string(value) != standardize_string(gold):
             raise _Mismatch("wrong_value", f"{path} = {value!r}, gold {gold!r}")
     elif isinstance(gold, int | float) and not isinstance(gold, bool) and kind != "boolean":
+        if not isinstance(value, int | float) or isinstance(value, bool):  # untyped schema
+            raise _Mismatch("wrong_type", f"{path} should be a number, got "
+                                          f"{_type_name(value)} {value!r}")
         if not math.isclose(float(value), float(gold), rel_tol=1e-9, abs_tol=0.0):
             raise _Mismatch("wrong_value", f"{path} = {value!r}, gold {gold!r}")
     elif value != gold:
