@@ -340,7 +340,10 @@ def test_attention_fit_recovers_analytic_beta_and_alpha():
     fit = attention_fit(model, tokens, 2)
     assert abs(fit["beta_hat"] - 2.0) < 1e-5 and fit["r2_within_row"] > 1 - 1e-9
     assert abs(fit["alpha_hat"] - 0.5) < 1e-5
-    np.testing.assert_allclose(fit["prev_token_weight"], 1.0, atol=1e-6)
+    assert [h["top_offset"] for h in fit["prev_heads"]] == [1, 2]
+    np.testing.assert_allclose([h["share_at_top_offset"] for h in fit["prev_heads"]], 1.0,
+                               atol=1e-6)
+    np.testing.assert_allclose([h["bos_weight"] for h in fit["prev_heads"]], 0.0, atol=1e-6)
     assert fit["mass_on_non_observations"] < 1e-12
 
 

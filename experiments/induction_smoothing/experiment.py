@@ -183,14 +183,30 @@ def attention_fit(model, tokens: np.ndarray, order: int) -> dict:
     gaps = np.concatenate([logw[:, p, 0] - (lw.mean(1) - beta * o.mean(1)) - beta * order
                            for p, o, lw in rows])
     alpha_hat = float(math.exp(np.median(gaps)) / VOCAB)
-    prev_acc = [float(np.mean([prev[:, i, p, p - i - 1] for p in range(i + 2, t_len)]))
-                for i in range(order)]
+    heads = [_head_offsets(prev[:, i], order) for i in range(order)]
     invalid = float(np.mean([match[:, p, 1:order + 1].sum(-1) for p in range(order + 1, t_len)]))
     return {"beta_hat": float(beta), "r2_within_row": float(r2), "alpha_hat": alpha_hat,
-            "prev_token_weight": prev_acc, "mass_on_non_observations": invalid,
+            "prev_heads": heads, "mass_on_non_observations": invalid,
             "_scatter": (np.concatenate([o[:4].ravel() for _, o, _ in rows]),
                          np.concatenate([(lw - lw.mean(1, keepdims=True))[:4].ravel()
                                          for _, _, lw in rows]))}
+
+
+def _head_offsets(weights: np.ndarray, order: int) -> dict:
+    """A layer-1 head's pattern ``[n, T, T]``: its mean weight on BOS, and over the other
+    keys the offset ``p - j`` with the largest mean share and that share (rows
+    ``p > order + 1``, so every offset up to ``order + 1`` exists)."""
+    t_len = weights.shape[-1]
+    rows = range(order + 2, t_len)
+    bos = float(np.mean([weights[:, p, 0] for p in rows]))
+    share = np.zeros(order + 2)  # offsets 0..order+1
+    for p in rows:
+        rest = weights[:, p, 1:p + 1].sum(-1)
+        for d in range(order + 2):
+            share[d] += np.mean(weights[:, p, p - d] / np.maximum(rest, 1e-30))
+    share /= len(rows)
+    top = int(np.argmax(share))
+    return {"bos_weight": bos, "top_offset": top, "share_at_top_offset": float(share[top])}
 
 
 def _plot(path: Path, model, tokens: np.ndarray, order: int, fit: dict) -> None:
