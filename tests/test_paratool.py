@@ -9,16 +9,23 @@ import pytest
 from flax import nnx
 
 from lcjax.nn import DecoderConfig, DecoderLM
-from lcjax.nn.lora import LoRAConfig, LoRAModel
+from lcjax.nn.lora import LoRAConfig, LoRAModel, LoRAParam
+from lcjax.tools import make_examples, make_tools
 from lcjax.tools.paratool import (
+    ParaToolModel,
     ToolGate,
+    gate_filter,
+    joint_filter,
     load_balancing_loss,
     mixed_call,
+    paratool_loss,
     query_embedding,
     top_k_weights,
 )
+from lcjax.tools.world import make_tool_batch
+from lcjax.train import TrainConfig, train
 
-CFG = DecoderConfig(vocab_size=64, d_model=16, num_layers=1, num_heads=2, num_kv_heads=2,
+CFG = DecoderConfig(vocab_size=260, d_model=16, num_layers=1, num_heads=2, num_kv_heads=2,
                     head_dim=8, mlp_hidden=32, tie_embeddings=False)
 NAMES = ("book_hotel", "search_flight", "cancel_meeting")
 
@@ -123,3 +130,40 @@ def test_query_embedding_masks_and_errors(x):
         mixed_call(lora, NAMES, jnp.ones((2, 3)), x)
     with pytest.raises(ValueError, match="no adapters"):
         mixed_call(lora, ("nope",), jnp.ones(1), x)
+
+
+def test_stage_two_trains_the_gate_alone_through_train():
+    """ParaToolModel + paratool_loss through lcjax.train.train(wrt=gate_filter): the gate
+    moves, the tool adapters and the base stay bit-identical; the stage filters select
+    the gate (stage 2) and the gate plus every adapter (stage 3)."""
+    tools = make_tools(3, seed=0)
+    names = [t.name for t in tools]
+    lora = LoRAModel(DecoderLM(CFG, rngs=nnx.Rngs(0)))
+    rng = np.random.default_rng(6)
+    for i, name in enumerate(names):
+        lora.add_adapter(name, LoRAConfig(rank=2, target_modules=("lm_head",)),
+                         rngs=nnx.Rngs(i))
+        layer = lora.adapters[name].layers["lm_head"]
+        layer.b.set_value(jnp.asarray(rng.normal(0, 0.5, layer.b.shape), jnp.float32))
+    model = ParaToolModel(lora, names, rngs=nnx.Rngs(9), top_k=2)
+    gate_leaves = len(jax.tree.leaves(nnx.state(model.gate, nnx.Param)))
+    _, stage2, _ = nnx.split(model, gate_filter, ...)
+    _, stage3, _ = nnx.split(model, joint_filter, ...)
+    assert len(jax.tree.leaves(stage2)) == gate_leaves == 2  # kernel, bias
+    assert len(jax.tree.leaves(stage3)) == gate_leaves + 2 * len(names)
+    batch = make_tool_batch(make_examples(tools, 4, seed=0))
+    frozen = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model.lora, nnx.Param)))
+    gate = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model.gate)))
+    cfg = TrainConfig(steps=2, warmup_steps=1, lr=5e-2, progress=False, eval_batches=0)
+    result = train(CFG, cfg, dataset=[batch, batch], model_fn=lambda *_: model,
+                   loss_fn=paratool_loss(balance_weight=0.1), wrt=gate_filter)
+    trained = result.model
+    jax.tree.map(np.testing.assert_array_equal,
+                 jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(trained.lora, nnx.Param))),
+                 frozen)
+    moved = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - b).max()),
+                         nnx.to_pure_dict(nnx.state(trained.gate)), gate)
+    assert min(jax.tree.leaves(moved)) > 0
+    assert all(1.0 - 1e-6 <= r["balance"] <= 3.0 + 1e-6 for r in result.history)
+    assert all(np.isfinite(r["loss"]) for r in result.history)
+    assert len(jax.tree.leaves(nnx.state(trained, LoRAParam))) == 2 * len(names)

@@ -19,9 +19,13 @@ mean gate weight of k (1 when balanced, K when one tool takes every row).
     g = gate(query_embedding(base, prompts, prompt_mask))     # [B, K]
     logits = mixed_call(lora, tool_names, g, tokens)          # [B, T, V]
 
-What is here: the gate, the aggregation, the query embedding and the balance term.
-Stages 1 and 3 (training per-tool modules; joint fine-tuning) and the experiment are
-not built yet (``docs/tools.md``).
+What is here: the gate, the aggregation, the query embedding, the balance term, and
+:class:`ParaToolModel` with its loss hook and the trained-variable filters of the stages,
+all trained through ``lcjax.train.train``: stage 1 trains tool k's adapter alone
+(``wrt=lcjax.nn.lora.adapter_filter(k)``, adapter k active), stage 2 the gate
+(``wrt=gate_filter``), stage 3 gate and adapters together (``wrt=joint_filter``). The
+experiment (the stages run on a pre-trained base, against the in-context-docs baseline)
+is not built yet (``docs/tools.md``).
 """
 
 from __future__ import annotations
@@ -32,10 +36,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lcjax.nn.lora import LoRAModel
+from lcjax.nn.lora import LoRAModel, LoRAParam
+from lcjax.train.losses import answer_weights
+from lcjax.train.metrics import LOSS_WEIGHT, weighted_nll
 
 __all__ = ["ToolGate", "query_embedding", "mixed_deltas", "mixed_call", "load_balancing_loss",
-           "top_k_weights"]
+           "top_k_weights", "ParaToolModel", "paratool_loss", "gate_filter", "joint_filter"]
 
 
 def top_k_weights(logits: jax.Array, k: int | None) -> jax.Array:
@@ -147,3 +153,63 @@ def load_balancing_loss(weights: jax.Array) -> jax.Array:
     k = weights.shape[-1]
     f = jax.nn.one_hot(jnp.argmax(weights, -1), k).mean(0)
     return k * jnp.sum(jax.lax.stop_gradient(f) * weights.mean(0))
+
+
+class ParaToolModel(nnx.Module):
+    """Tool adapters (a :class:`LoRAModel` with one adapter per name in ``tools``) and a
+    :class:`ToolGate` over the base's query embedding: ``model(tokens, query_mask=m)`` runs
+    ``mixed_call`` with ``gate(query_embedding(base, tokens, m))`` — no tool documents in
+    the context."""
+
+    def __init__(self, lora: LoRAModel, tools: Sequence[str], *, rngs: nnx.Rngs,
+                 hidden: int | None = None, top_k: int | None = None):
+        missing = [t for t in tools if t not in lora.adapters]
+        if missing or not tools:
+            raise ValueError(f"ParaToolModel: tools {missing or '[]'} have no adapter; "
+                             f"adapters: {sorted(lora.adapters)}")
+        self.lora, self.tools = lora, tuple(tools)
+        self.gate = ToolGate(lora.base.config.d_model, len(tools), rngs=rngs, hidden=hidden,
+                             top_k=top_k)
+
+    def gate_weights(self, tokens: jax.Array, query_mask: jax.Array | None = None
+                     ) -> jax.Array:
+        """[B, K] gate weights from the query tokens (``query_mask`` True on them)."""
+        return self.gate(query_embedding(self.lora.base, tokens, query_mask))
+
+    def __call__(self, tokens: jax.Array, *, query_mask: jax.Array | None = None,
+                 gates: jax.Array | None = None, return_gates: bool = False):
+        """Logits [B, T, V] of the gated mixture (``gates`` [B, K] overrides the gate);
+        with ``return_gates``, ``(logits, gates)``."""
+        g = self.gate_weights(tokens, query_mask) if gates is None else gates
+        logits = mixed_call(self.lora, self.tools, g, tokens)
+        return (logits, g) if return_gates else logits
+
+
+def gate_filter(path, value) -> bool:
+    """nnx filter of a root :class:`ParaToolModel`'s gate parameters (stage 2)."""
+    return isinstance(value, nnx.Param) and len(path) > 0 and path[0] == "gate"
+
+
+def joint_filter(path, value) -> bool:
+    """nnx filter of the gate and every tool adapter (stage 3)."""
+    return gate_filter(path, value) or isinstance(value, LoRAParam)
+
+
+def paratool_loss(balance_weight: float = 0.01, other_weight: float = 0.0):
+    """Loss hook for ``lcjax.train.train`` on :func:`lcjax.tools.world.make_tool_batch`
+    batches: answer-weighted NLL of the call bytes (``other_weight`` on the prompt bytes)
+    plus ``balance_weight`` · :func:`load_balancing_loss`; the query is each row's BOS and
+    prompt (positions ``<= answer_start``). Metrics: ``balance``, ``loss_weight``."""
+    if balance_weight < 0:
+        raise ValueError(f"paratool_loss: balance_weight must be >= 0, got {balance_weight}")
+
+    def loss_fn(model, batch, rng):
+        del rng
+        t = batch["inputs"].shape[1]
+        query = jnp.arange(t)[None, :] <= batch["answer_start"][:, None]
+        logits, g = model(batch["inputs"], query_mask=query, return_gates=True)
+        nll, total = weighted_nll(logits, batch["targets"], answer_weights(batch, other_weight))
+        balance = load_balancing_loss(g)
+        return nll + balance_weight * balance, {LOSS_WEIGHT: total, "balance": balance}
+
+    return loss_fn
