@@ -22,6 +22,8 @@ from lcjax.agents import (
     AgentState,
     RecallTask,
     agent_prompt,
+    distil_compressor,
+    distillation_docs,
     make_tasks,
     optimise_guideline,
     parse_answer,
@@ -239,3 +241,33 @@ def test_runs_against_lcjax_serve():
     assert state.usage["agent"]["prompt_tokens"] == int((contexts + overhead).sum())
     assert m["peak_context_tokens"] == contexts.max() > 0
     assert 0 < state.usage["agent"]["completion_tokens"] <= 8 * task.num_steps
+
+
+def test_compressor_calls_are_recorded_and_distil_through_train(scripted):
+    from lcjax.data import tokenizer as tok
+    from lcjax.nn import DecoderConfig
+    from lcjax.serve import render_byte_chat
+    from lcjax.train import TrainConfig
+
+    url, server = scripted
+    reset(server)
+    agent = agent_for(url, t_obs=T_OBS, t_hist=T_HIST, guideline="Keep codes.")
+    states = [run_task(agent, t) for t in make_tasks(2, seed=20)]
+    docs = distillation_docs(states)
+    served = [(role, p) for role, p in server.prompts if role.startswith("compress")]
+    assert len(docs) == sum(s.metrics()["compressions"] for s in states) == len(served)
+    for doc, (_, prompt) in zip(docs, served):  # the teacher's prompt, then its reply
+        head = render_byte_chat([{"role": "user", "content": prompt}])
+        assert doc.startswith(head) and doc[len(head):] == scripted_reply(prompt)[1]
+    kept = [r for s in states for r in s.history if "summary" in r]
+    assert all(any(k["summary"] == c["output"] for s in states for c in s.compressions)
+               for k in kept)
+    with pytest.raises(ValueError, match="no compressor calls"):
+        distil_compressor([AgentState(task={})], None, None)
+    cfg = DecoderConfig(vocab_size=tok.VOCAB_SIZE, d_model=32, num_layers=1, num_heads=2,
+                        num_kv_heads=2, head_dim=16, mlp_hidden=64, max_len=128)
+    result = distil_compressor(states, cfg, TrainConfig(
+        steps=25, batch_size=4, seq_len=128, lr=1e-2, warmup_steps=2, progress=False,
+        log_every=1))
+    losses = np.array(result.losses)
+    assert np.isfinite(losses).all() and losses[-5:].mean() < losses[:2].mean() - 1.0

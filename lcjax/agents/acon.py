@@ -51,6 +51,8 @@ __all__ = [
     "advance",
     "agent_prompt",
     "byte_tokens",
+    "distil_compressor",
+    "distillation_docs",
     "optimise_guideline",
     "render_history",
     "run_task",
@@ -147,7 +149,8 @@ class AgentState:
     ``{"step", "observation", "action"}`` turns; ``pending`` is the current step's
     observation after its gate; ``phase`` the next call (``observe``, ``history``, ``act``);
     ``trace`` one record per step: raw and kept observation tokens, the history's tokens at
-    the gate, which gates fired, the context's tokens.
+    the gate, which gates fired, the context's tokens; ``compressions`` every compressor
+    call as ``{"kind": "observation" | "history", "prompt", "output"}`` (distillation data).
     """
 
     task: dict
@@ -160,6 +163,7 @@ class AgentState:
     last_context: str | None = None
     success: bool | None = None
     trace: list = dataclasses.field(default_factory=list)
+    compressions: list = dataclasses.field(default_factory=list)
     usage: dict = dataclasses.field(default_factory=lambda: {
         "agent": {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0},
         "compressor": {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}})
@@ -241,9 +245,10 @@ def advance(agent: AconAgent, task: RecallTask, state: AgentState,
         record = {"step": new.step, "obs_tokens": n(obs), "obs_compressed": False,
                   "history_tokens": None, "history_compressed": False, "context_tokens": None}
         if cfg.t_obs is not None and n(obs) > cfg.t_obs:
-            obs = _call(new, state, "compressor", compressor, COMPRESS_OBS_PROMPT.format(
-                guideline=cfg.guideline, observation=obs), cfg.compress_max_tokens, session,
-                "observation compression").strip()
+            prompt = COMPRESS_OBS_PROMPT.format(guideline=cfg.guideline, observation=obs)
+            obs = _call(new, state, "compressor", compressor, prompt, cfg.compress_max_tokens,
+                        session, "observation compression").strip()
+            new.compressions.append({"kind": "observation", "prompt": prompt, "output": obs})
             record["obs_compressed"] = True
         record["kept_obs_tokens"] = n(obs)
         new.trace.append(record)
@@ -253,9 +258,10 @@ def advance(agent: AconAgent, task: RecallTask, state: AgentState,
         text = render_history(new.history)
         record["history_tokens"] = n(text)
         if cfg.t_hist is not None and n(text) > cfg.t_hist:
-            summary = _call(new, state, "compressor", compressor, COMPRESS_HISTORY_PROMPT.format(
-                guideline=cfg.guideline, history=text), cfg.compress_max_tokens, session,
-                "history compression").strip()
+            prompt = COMPRESS_HISTORY_PROMPT.format(guideline=cfg.guideline, history=text)
+            summary = _call(new, state, "compressor", compressor, prompt,
+                            cfg.compress_max_tokens, session, "history compression").strip()
+            new.compressions.append({"kind": "history", "prompt": prompt, "output": summary})
             new.history = [{"summary": summary}]
             record["history_compressed"] = True
         new.phase = "act"
@@ -391,3 +397,29 @@ def _ask(cfg: EndpointConfig, prompt: str, max_tokens: int, session: requests.Se
         return complete(cfg, prompt, max_tokens, session=session).strip()
     except EndpointError as e:
         raise EndpointError(f"ACON guideline optimiser ({what}) failed: {e}") from e
+
+
+def distillation_docs(states: Sequence[AgentState]) -> list[str]:
+    """Training documents for a byte-level compressor: per recorded compressor call,
+    ``render_byte_chat([user: prompt]) + output`` — the exact prompt ``lcjax serve`` builds
+    for a byte model's chat request, followed by the teacher's reply (``lcjax.train``
+    packs each document as ``BOS doc EOS``, so the student learns to stop after it)."""
+    from lcjax.serve import render_byte_chat
+
+    return [render_byte_chat([{"role": "user", "content": c["prompt"]}]) + c["output"]
+            for s in states for c in s.compressions]
+
+
+def distil_compressor(states: Sequence[AgentState], model_cfg, train_cfg, **train_kw):
+    """Distil the compressor into a small lcjax model: next-token training on
+    :func:`distillation_docs` of the teacher's runs through :func:`lcjax.train.train`
+    (``train_kw``: its other arguments, e.g. ``eval_docs``). Returns its ``TrainResult``;
+    with ``train_cfg.out_dir`` set, ``lcjax serve --checkpoint out_dir`` serves the student
+    as the compressor endpoint."""
+    from lcjax.train import train
+
+    docs = distillation_docs(states)
+    if not docs:
+        raise ValueError("distil_compressor: the runs made no compressor calls to learn from")
+    train_kw.setdefault("eval_docs", [])
+    return train(model_cfg, train_cfg, train_docs=docs, **train_kw)
