@@ -166,10 +166,11 @@ def hidden_features(model, tokens, positions, layer: int) -> np.ndarray:
                          f"{tokens.shape[0]}, got {np.shape(positions)}")
     if pos.size and (pos.min() < 0 or pos.max() >= tokens.shape[1]):
         raise ValueError(f"hidden_features: positions must lie in [0, {tokens.shape[1]})")
-    n_layers = len(attention_layers(model))
-    if not isinstance(layer, int | np.integer) or not 0 <= layer <= n_layers:
-        raise ValueError(f"hidden_features: `layer` must be in [0, {n_layers}], got {layer!r}")
-    h = _hidden_states(model, jnp.asarray(tokens, jnp.int32))[int(layer)]
+    states = _hidden_states(model, jnp.asarray(tokens, jnp.int32))
+    if not isinstance(layer, int | np.integer) or not 0 <= layer < len(states):
+        raise ValueError(f"hidden_features: `layer` must be in [0, {len(states) - 1}], "
+                         f"got {layer!r}")
+    h = states[int(layer)]
     return np.asarray(jnp.take_along_axis(h, jnp.asarray(pos)[..., None], axis=1), np.float32)
 
 
