@@ -106,7 +106,7 @@ def test_sketch_is_unbiased_over_seeds():
             value = jnp.einsum("D,nv,nD->v", fq[0], jnp.asarray(val), fr[0]) / n
             return moments, value
 
-        est, est_v = jax.vmap(one)(jnp.arange(seeds))
+        est, est_v = jax.jit(jax.vmap(one))(jnp.arange(seeds))
         est, est_v = np.asarray(est), np.asarray(est_v)
         for j in range(3):
             se = est[:, j].std(ddof=1) / math.sqrt(seeds)
