@@ -21,6 +21,7 @@ from lcjax.selection import (
     demonstration_reward,
     gumbel_top_k,
     kl_target_weights,
+    make_lookup_episode,
     make_offset_episode,
     nearest_neighbour_selection,
     ordered_subsets,
@@ -218,3 +219,13 @@ def test_nearest_neighbour_and_episode():
                if ok}
     assert len(offsets) == 1 and int(ep.answer[0]) == (xq + offsets.pop()) % 10
     assert ep.features.shape == (8, 30) and ep.consistent.any()
+    lk = make_lookup_episode(np.random.default_rng(2), 12, distractor_fraction=0.4)
+    table = {}
+    for d, ok in zip(lk.demonstrations, lk.consistent):
+        if ok:
+            assert table.setdefault(d[2], d[6]) == d[6]     # one digit per key when consistent
+    assert lk.answer[0] == table[lk.query[2]]
+    assert all(d[6] != table.get(d[2]) for d, ok in zip(lk.demonstrations, lk.consistent)
+               if not ok)
+    np.testing.assert_array_equal(lk.features[:, :10].argmax(1),
+                                  [ord(d[2]) - ord("a") for d in lk.demonstrations])

@@ -11,6 +11,7 @@ from lcjax.selection.autoselect import (
     check_beta,
     demonstration_reward,
     kl_target_weights,
+    make_lookup_episode,
     make_offset_episode,
     nearest_neighbour_selection,
     policy_cross_entropy,
@@ -29,7 +30,7 @@ from lcjax.selection.plackett_luce import (
 
 __all__ = [
     "Episode", "SelectionPolicy", "answer_log_likelihood", "best_of_k_selection", "check_beta",
-    "demonstration_reward", "kl_target_weights", "make_offset_episode",
+    "demonstration_reward", "kl_target_weights", "make_lookup_episode", "make_offset_episode",
     "nearest_neighbour_selection", "policy_cross_entropy", "policy_log_prob", "policy_select",
     "random_selection", "MAX_ENUMERATION", "check_selection", "gumbel_top_k", "ordered_subsets",
     "pl_expectation", "pl_log_prob",

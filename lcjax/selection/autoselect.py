@@ -41,7 +41,7 @@ from lcjax.train.metrics import token_nll
 __all__ = ["SelectionPolicy", "policy_log_prob", "policy_select", "kl_target_weights",
            "policy_cross_entropy", "answer_log_likelihood", "demonstration_reward",
            "random_selection", "nearest_neighbour_selection", "best_of_k_selection",
-           "Episode", "make_offset_episode", "check_beta"]
+           "Episode", "make_offset_episode", "make_lookup_episode", "check_beta"]
 
 
 class SelectionPolicy(nnx.Module):
@@ -331,3 +331,37 @@ def make_offset_episode(rng: np.random.Generator, num_candidates: int, *,
         features=np.stack([_digit_features(int(x), int(y)) for x, y in zip(xs, ys)]),
         query=f"x:{xq} y:", query_features=_digit_features(xq, None),
         answer=f"{(xq + c) % 10}\n", consistent=consistent)
+
+
+def make_lookup_episode(rng: np.random.Generator, num_candidates: int, *,
+                        distractor_fraction: float = 0.3, num_keys: int = 6) -> Episode:
+    """In-context classification with a hidden per-episode lookup table: ``num_keys`` letters
+    ``a, b, …`` each mapped to a random digit, byte format ``"x:c y:4\n"`` (an LM answers by
+    finding the query's key among the demonstrations: induction). A ``distractor_fraction``
+    of the candidates carry a wrong digit; the query's key has at least one consistent
+    candidate. Features: one-hot key (10 slots) ⊕ one-hot digit ⊕ 10 zeros; the query's digit
+    part is zero."""
+    if not isinstance(num_candidates, int) or num_candidates < 2:
+        raise ValueError(f"num_candidates must be an int >= 2, got {num_candidates!r}")
+    if not 0.0 <= distractor_fraction < 1.0:
+        raise ValueError(f"distractor_fraction must lie in [0, 1), got {distractor_fraction}")
+    if not isinstance(num_keys, int) or not 1 <= num_keys <= 10:
+        raise ValueError(f"num_keys must be an int in [1, 10], got {num_keys!r}")
+    table = rng.integers(10, size=num_keys)
+    keys = rng.integers(num_keys, size=num_candidates)
+    consistent = rng.random(num_candidates) >= distractor_fraction
+    anchor = int(rng.integers(num_candidates))
+    consistent[anchor] = True
+    ys = np.where(consistent, table[keys], (table[keys] + 1 + rng.integers(9, size=num_candidates))
+                  % 10)
+    xq = int(keys[anchor])
+    feats = np.zeros((num_candidates, 30), np.float32)
+    feats[np.arange(num_candidates), keys] = 1.0
+    feats[np.arange(num_candidates), 10 + ys] = 1.0
+    query_features = np.zeros(30, np.float32)
+    query_features[xq] = 1.0
+    letter = lambda i: chr(ord("a") + int(i))
+    return Episode(
+        demonstrations=tuple(f"x:{letter(x)} y:{y}\n" for x, y in zip(keys, ys)),
+        features=feats, query=f"x:{letter(xq)} y:", query_features=query_features,
+        answer=f"{table[xq]}\n", consistent=consistent)
