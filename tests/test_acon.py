@@ -24,6 +24,7 @@ from lcjax.agents import (
     agent_prompt,
     distil_compressor,
     distillation_docs,
+    distillation_rows,
     make_tasks,
     optimise_guideline,
     parse_answer,
@@ -262,8 +263,19 @@ def test_compressor_calls_are_recorded_and_distil_through_train(scripted):
     kept = [r for s in states for r in s.history if "summary" in r]
     assert all(any(k["summary"] == c["output"] for s in states for c in s.compressions)
                for k in kept)
+    rows = distillation_rows(states, 128)
+    for i, doc in enumerate(docs):  # targets: the doc's last bytes, then EOS; mask: reply+EOS
+        reply = states[0].compressions + states[1].compressions
+        t, m = rows["targets"][i], rows["loss_mask"][i]
+        n = int((t != tok.PAD).sum())
+        assert t[n - 1] == tok.EOS and tok.decode(t[:n - 1]) == doc[-(n - 1):]
+        assert (rows["inputs"][i, 1:n] == t[:n - 1]).all()
+        assert tok.decode(t[m][:-1]) == reply[i]["output"] and m.sum() == len(
+            reply[i]["output"].encode()) + 1
     with pytest.raises(ValueError, match="no compressor calls"):
-        distil_compressor([AgentState(task={})], None, None)
+        distil_compressor([AgentState(task={})], None, TrainConfig(steps=2, warmup_steps=0))
+    with pytest.raises(ValueError, match="seq_len"):
+        distillation_rows(states, 1)
     cfg = DecoderConfig(vocab_size=tok.VOCAB_SIZE, d_model=32, num_layers=1, num_heads=2,
                         num_kv_heads=2, head_dim=16, mlp_hidden=64, max_len=128)
     result = distil_compressor(states, cfg, TrainConfig(

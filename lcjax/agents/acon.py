@@ -30,6 +30,7 @@ import json
 import os
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import requests
 
 from lcjax.agents.envs import RecallTask
@@ -52,7 +53,9 @@ __all__ = [
     "agent_prompt",
     "byte_tokens",
     "distil_compressor",
+    "distillation_batches",
     "distillation_docs",
+    "distillation_rows",
     "optimise_guideline",
     "render_history",
     "run_task",
@@ -410,16 +413,59 @@ def distillation_docs(states: Sequence[AgentState]) -> list[str]:
             for s in states for c in s.compressions]
 
 
-def distil_compressor(states: Sequence[AgentState], model_cfg, train_cfg, **train_kw):
-    """Distil the compressor into a small lcjax model: next-token training on
-    :func:`distillation_docs` of the teacher's runs through :func:`lcjax.train.train`
-    (``train_kw``: its other arguments, e.g. ``eval_docs``). Returns its ``TrainResult``;
+def distillation_rows(states: Sequence[AgentState], seq_len: int) -> dict:
+    """One training row per recorded compressor call: the tokens
+    ``BOS chat(prompt) reply EOS`` (left-truncated to ``seq_len + 1``, so the reply is
+    kept), PAD after.
+
+    Returns:
+      ``inputs``, ``targets`` int32 ``[N, seq_len]`` (``targets`` = ``inputs`` shifted by
+      one) and bool ``loss_mask`` ``[N, seq_len]``, True exactly on the targets that are
+      reply bytes or its EOS.
+    """
+    from lcjax.data import tokenizer as tok
+    from lcjax.serve import render_byte_chat
+
+    if not isinstance(seq_len, int) or seq_len < 2:
+        raise ValueError(f"distillation_rows: `seq_len` must be an int >= 2, got {seq_len!r}")
+    calls = [c for s in states for c in s.compressions]
+    inputs = np.full((len(calls), seq_len), tok.PAD, np.int32)
+    targets = np.full((len(calls), seq_len), tok.PAD, np.int32)
+    mask = np.zeros((len(calls), seq_len), bool)
+    for i, c in enumerate(calls):
+        head = tok.encode(render_byte_chat([{"role": "user", "content": c["prompt"]}]),
+                          bos=True)
+        reply = np.concatenate([tok.encode(c["output"]), [tok.EOS]]).astype(np.int32)
+        ids = np.concatenate([head, reply])[-(seq_len + 1):]
+        n = len(ids) - 1
+        inputs[i, :n], targets[i, :n] = ids[:-1], ids[1:]
+        mask[i, max(0, n - len(reply)):n] = True
+    return {"inputs": inputs, "targets": targets, "loss_mask": mask}
+
+
+def distillation_batches(states: Sequence[AgentState], *, steps: int, batch_size: int,
+                         seq_len: int, seed: int = 0) -> list[dict]:
+    """``steps`` batches of :func:`distillation_rows`, rows drawn uniformly (seeded)."""
+    rows = distillation_rows(states, seq_len)
+    if not len(rows["inputs"]):
+        raise ValueError("distillation: the runs made no compressor calls to learn from")
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(len(rows["inputs"]), size=(steps, batch_size))
+    return [{k: v[p] for k, v in rows.items()} for p in picks]
+
+
+def distil_compressor(states: Sequence[AgentState], model_cfg, train_cfg, *,
+                      other_weight: float = 0.1, **train_kw):
+    """Distil the compressor into a small lcjax byte model through
+    :func:`lcjax.train.train`: :func:`distillation_batches` of the teacher's calls, loss
+    :func:`lcjax.train.answer_weighted_loss` (reply bytes weigh 1, prompt bytes
+    ``other_weight``). ``train_kw``: train's other arguments. Returns its ``TrainResult``;
     with ``train_cfg.out_dir`` set, ``lcjax serve --checkpoint out_dir`` serves the student
     as the compressor endpoint."""
-    from lcjax.train import train
+    from lcjax.train import answer_weighted_loss, train
 
-    docs = distillation_docs(states)
-    if not docs:
-        raise ValueError("distil_compressor: the runs made no compressor calls to learn from")
-    train_kw.setdefault("eval_docs", [])
-    return train(model_cfg, train_cfg, train_docs=docs, **train_kw)
+    batches = distillation_batches(states, steps=train_cfg.steps,
+                                   batch_size=train_cfg.batch_size, seq_len=train_cfg.seq_len,
+                                   seed=train_cfg.data_seed)
+    return train(model_cfg, train_cfg, dataset=batches,
+                 loss_fn=answer_weighted_loss(other_weight), **train_kw)
