@@ -202,27 +202,12 @@ def eval_grids(records: Sequence[Mapping], metric: str = "string_match_all"
 
 def plot_grid(rows: Sequence[str], cols: Sequence[str], values, path: str, *,
               title: str = "", label: str = "string_match_all (%)") -> None:
-    """A rows x cols heat map (0-100) with the values printed in the cells."""
-    import matplotlib
+    """A rows x cols heat map (0-100; ``values[i][j]`` None is a blank cell) with the values
+    printed in the cells, drawn by :func:`lcjax.eval.report.heatmap`."""
+    from lcjax.eval.report import heatmap
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    grid = np.array([[np.nan if v is None else v for v in row] for row in values], float)
-    fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(cols), 1.2 + 0.45 * len(rows)))
-    im = ax.imshow(grid, vmin=0, vmax=100, cmap="RdYlGn", aspect="auto")
-    for i in range(len(rows)):
-        for j in range(len(cols)):
-            if not np.isnan(grid[i, j]):
-                ax.text(j, i, f"{grid[i, j]:.0f}", ha="center", va="center", fontsize=8)
-    ax.set_xticks(range(len(cols)), list(cols))
-    ax.set_yticks(range(len(rows)), list(rows))
-    ax.set_title(title, fontsize=9)
-    fig.colorbar(im, ax=ax, label=label)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    grid = [[float("nan") if v is None else v for v in row] for row in values]
+    heatmap(grid, rows, cols, path, title=title, label=label)
 
 
 def write_heatmaps(records: Sequence[Mapping], out_dir: str, *, title: str = "mgal",

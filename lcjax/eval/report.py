@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from lcjax.bench import report as bench_report
 from lcjax.eval.results import METRICS
 
-__all__ = ["format_markdown", "plot_heatmap", "write_report"]
+__all__ = ["format_markdown", "heatmap", "plot_heatmap", "write_report"]
 
 
 def _depth_label(d) -> str:
@@ -79,35 +79,47 @@ def format_markdown(result: Mapping) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_heatmap(task: Mapping, path: str, *, title: str = "") -> None:
-    """Depth (rows) x length (columns) heat map of a task's ``string_match_all``."""
+def heatmap(grid, rows: Sequence[str], cols: Sequence[str], path: str, *, title: str = "",
+            label: str = "string_match_all (%)", xlabel: str | None = None,
+            ylabel: str | None = None) -> None:
+    """Writes a PNG heat map of ``grid`` [len(rows), len(cols)] (percent, 0-100; NaN cells
+    left blank) with each value printed in its cell."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    lengths, depths, by = _grid(task["cells"], METRICS[0])
-    grid = np.full((len(depths), len(lengths)), np.nan)
-    for i, d in enumerate(depths):
-        for j, n in enumerate(lengths):
-            if (d, n) in by:
-                grid[i, j] = by[(d, n)]["string_match_all"]
-    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(lengths), 1.2 + 0.5 * len(depths)))
+    grid = np.asarray(grid, float)
+    if grid.shape != (len(rows), len(cols)):
+        raise ValueError(f"heatmap: grid shape {grid.shape} != ({len(rows)}, {len(cols)}) "
+                         "rows x cols")
+    fig, ax = plt.subplots(figsize=(1.6 + 1.0 * len(cols), 1.2 + 0.5 * len(rows)))
     im = ax.imshow(grid, vmin=0, vmax=100, cmap="RdYlGn", aspect="auto")
-    for i in range(len(depths)):
-        for j in range(len(lengths)):
+    for i in range(len(rows)):
+        for j in range(len(cols)):
             if not np.isnan(grid[i, j]):
                 ax.text(j, i, f"{grid[i, j]:.0f}", ha="center", va="center", fontsize=8)
-    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
-    ax.set_yticks(range(len(depths)), [_depth_label(d) for d in depths])
-    ax.set_xlabel("length (tokens)")
-    ax.set_ylabel("needle depth")
+    ax.set_xticks(range(len(cols)), [str(c) for c in cols])
+    ax.set_yticks(range(len(rows)), [str(r) for r in rows])
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    if ylabel:
+        ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
-    fig.colorbar(im, ax=ax, label="string_match_all (%)")
+    fig.colorbar(im, ax=ax, label=label)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_heatmap(task: Mapping, path: str, *, title: str = "") -> None:
+    """Depth (rows) x length (columns) heat map of a task's ``string_match_all``."""
+    lengths, depths, by = _grid(task["cells"], METRICS[0])
+    grid = [[by[(d, n)]["string_match_all"] if (d, n) in by else float("nan")
+             for n in lengths] for d in depths]
+    heatmap(grid, [_depth_label(d) for d in depths], lengths, path, title=title,
+            xlabel="length (tokens)", ylabel="needle depth")
 
 
 def _file_stem(task: str) -> str:
