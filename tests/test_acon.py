@@ -181,12 +181,12 @@ def test_optimised_guideline_fixes_the_contrasted_failures(scripted):
 def test_failures_leave_history_intact_and_resume(scripted, tmp_path, fault, message):
     url, server = scripted
     task = RecallTask(4)
-    agent = agent_for(url, timeout=0.3, t_obs=T_OBS, t_hist=T_HIST, guideline="Keep codes.")
+    agent = agent_for(url, timeout=2.0, t_obs=T_OBS, t_hist=T_HIST, guideline="Keep codes.")
     reset(server)
     clean = run_task(agent, task)
     clean_calls = server.requests
     reset(server)
-    server.delay_s = 1.0
+    server.delay_s = 3.0  # > the client's 2 s timeout
     server.faults[7] = fault  # mid-run (the 8th call)
     path = tmp_path / "state.json"
     with pytest.raises(AgentError, match=message) as err:

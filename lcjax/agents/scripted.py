@@ -14,10 +14,11 @@ prompts of :mod:`lcjax.agents.acon` by their first line and answers deterministi
 * rewrite: appends "Keep every code, number and identifier verbatim." to the guideline when
   the feedback says digits or a code were lost.
 
-``usage`` counts UTF-8 bytes (prompt, completion), ``app.state.calls`` counts requests per
-role, and ``app.state.faults`` (a list; the first entry is used by the next request) injects
-``"500"``, ``"timeout"`` (sleeps ``app.state.delay_s`` first), ``"malformed"`` (no choices)
-or ``"not_json"``. :class:`ThreadedServer` runs an app with uvicorn on 127.0.0.1.
+``usage`` counts UTF-8 bytes (prompt, completion), ``app.state.calls`` counts answered
+requests per role, and ``app.state.faults`` (``{n: kind}``: request ``n``, counted from 0 in
+``app.state.requests``, fails) injects ``"500"``, ``"timeout"`` (sleeps
+``app.state.delay_s``, then a 504 nobody reads), ``"malformed"`` (no choices) or
+``"not_json"``. :class:`ThreadedServer` runs an app with uvicorn on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -116,8 +117,10 @@ def create_scripted_app():
         if fault == "500":
             return JSONResponse({"error": {"message": "scripted failure", "type": "server",
                                            "param": None, "code": None}}, status_code=500)
-        if fault == "timeout":
+        if fault == "timeout":  # answer too late, and record nothing (the client has gone)
             time.sleep(app.state.delay_s)
+            return JSONResponse({"error": {"message": "too late", "type": "server",
+                                           "param": None, "code": None}}, status_code=504)
         if fault == "malformed":
             return JSONResponse({"object": "text_completion", "choices": []})
         if fault == "not_json":
