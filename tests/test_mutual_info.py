@@ -133,3 +133,37 @@ def test_bad_inputs_raise():
         fit_power_law([1, 2], [0.5, 0.2])
     with pytest.raises(ValueError, match="period"):
         periodic_peaks(b"abcdefgh", 2)
+
+
+def test_miller_madow_equals_corrected_entropies_by_hand():
+    # I_MM = H_MM(X) + H_MM(Y) - H_MM(X, Y), H_MM = H_plugin + (K - 1) / (2N) per entropy
+    # (K: observed symbols); plug-in entropies from scipy. Small N, so the correction term
+    # (~0.1 nats here) is far above the tolerance: a wrong sign or a dropped -1 fails.
+    from scipy.stats import entropy
+
+    rng = np.random.default_rng(7)
+    n = 60
+    x, y = rng.integers(0, 5, n), rng.integers(0, 7, n)
+    pairs = [a * 7 + b for a, b in zip(x, y, strict=True)]
+
+    def h_mm(codes):
+        counts = np.unique(codes, return_counts=True)[1]
+        return entropy(counts) + (len(counts) - 1) / (2 * n)
+
+    want = (h_mm(x) + h_mm(y) - h_mm(pairs)) / math.log(2)
+    assert mutual_information(x, y) == pytest.approx(want, abs=1e-12)
+    plug = (entropy(np.unique(x, return_counts=True)[1]) + entropy(np.unique(
+        y, return_counts=True)[1]) - entropy(np.unique(pairs, return_counts=True)[1]))
+    assert mutual_information(x, y, correction="none", base=math.e) == pytest.approx(plug)
+
+
+def test_bad_options_raise():
+    x = np.arange(10) % 3
+    with pytest.raises(ValueError, match="correction"):
+        mutual_information(x, x, correction="jackknife")
+    with pytest.raises(ValueError, match="n_shuffles"):
+        mutual_information(x, x, correction="shuffle", n_shuffles=0)
+    with pytest.raises(ValueError, match="base"):
+        mutual_information(x, x, base=1.0)
+    with pytest.raises(ValueError, match="negative"):
+        mutual_information(x - 1, x)

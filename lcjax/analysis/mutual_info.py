@@ -88,6 +88,13 @@ def mutual_information(x, y, *, correction: str = "miller_madow", base: float = 
     if correction not in CORRECTIONS:
         raise ValueError(f"mutual_information: unknown correction {correction!r}; "
                          f"known: {CORRECTIONS}")
+    if (x < 0).any() or (y < 0).any():
+        raise ValueError("mutual_information: symbols must be non-negative ints")
+    if not (base > 0 and base != 1):
+        raise ValueError(f"mutual_information: base must be > 0 and != 1, got {base!r}")
+    if correction == "shuffle" and not (isinstance(n_shuffles, int) and n_shuffles >= 1):
+        raise ValueError(f"mutual_information: n_shuffles must be an int >= 1, "
+                         f"got {n_shuffles!r}")
     mi, kx, ky, kxy = _plugin(x, y)
     if correction == "miller_madow":
         mi += (kx + ky - kxy - 1) / (2 * len(x))
