@@ -127,6 +127,9 @@ def test_hand_made_database_and_comparisons():
     assert answers_agree([2, 3], [3, 2]) and not answers_agree([2, 3], [3, 2], ordered=True)
     assert answers_agree(0.1 + 0.2, 0.3, real=True) and not answers_agree(0.1 + 0.2, 0.3)
     assert not answers_agree([1], 1) and not answers_agree("1", 1)
+    # unordered lists compare as multisets: repeated values count (a set would equate these)
+    assert answers_agree(["a", "b", "a"], ["a", "a", "b"])
+    assert not answers_agree(["a", "a", "b"], ["a", "b", "b"])
     for fmt in FORMATS:  # pipes, quotes, commas and HTML specials survive every format
         text = serialize(tables, fmt)
         assert parse_context(text, fmt, {"t": tables["t"]["types"]}) == tables
