@@ -58,3 +58,21 @@ class Experiment:
 def write_json(path: Path, payload) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, default=json_default))
+
+
+def main(experiment: Experiment, argv=None) -> Result:
+    """The command line of one experiment (``python -m experiments.<name>.experiment``):
+    ``--full`` (else quick) and ``--out DIR``; runs it, prints its notes and every claim
+    with its verdict, and returns the :class:`Result`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=experiment.summary)
+    parser.add_argument("--full", action="store_true", help="the full setting (else quick)")
+    parser.add_argument("--out", type=Path, default=Path(f"/tmp/{experiment.name}_experiment"))
+    args = parser.parse_args(argv)
+    res = experiment.run(not args.full, args.out)
+    print(res.notes)
+    for c in res.claims:
+        print(f"[{'HOLDS' if c.holds else 'FAILS'}] {c.claim}: ours {c.ours} "
+              f"(target {c.target})")
+    return res
