@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.common import Claim, Experiment, Result, machine_info
+from experiments.common import Claim, Experiment, Result, machine_info, main
 
 SEED = 0
 SETTINGS = {
@@ -354,14 +354,4 @@ EXPERIMENT = Experiment(
 
 
 if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(description=EXPERIMENT.summary)
-    parser.add_argument("--full", action="store_true", help="the full setting (else quick)")
-    parser.add_argument("--out", type=Path, default=Path("/tmp/continual_icl_experiment"))
-    args = parser.parse_args()
-    res = run(not args.full, args.out)
-    print(res.notes)
-    for c in res.claims:
-        print(f"[{'HOLDS' if c.holds else 'FAILS'}] {c.claim}: ours {c.ours} "
-              f"(target {c.target})")
+    main(EXPERIMENT)
