@@ -25,6 +25,7 @@ from lcjax.agents import (
     distil_compressor,
     distillation_docs,
     distillation_rows,
+    endpoint_from_env,
     make_tasks,
     optimise_guideline,
     parse_answer,
@@ -55,6 +56,8 @@ def scripted():
 def reset(state):
     state.calls.clear()
     state.prompts.clear()
+    state.headers.clear()
+    state.bodies.clear()
     state.faults.clear()
     state.requests = 0
 
@@ -112,6 +115,22 @@ def test_tasks_are_deterministic_and_need_the_early_fact():
         AconConfig(t_hist=-1)
     with pytest.raises(ValueError, match="guideline"):
         AconConfig(guideline=" ")
+
+
+def test_endpoint_from_env_sends_the_key(scripted, monkeypatch):
+    url, server = scripted
+    monkeypatch.delenv("ACONT_BASE_URL", raising=False)
+    with pytest.raises(ValueError, match="ACONT_BASE_URL"):
+        endpoint_from_env("ACONT")
+    monkeypatch.setenv("ACONT_BASE_URL", url)
+    monkeypatch.setenv("ACONT_MODEL", "m1")
+    monkeypatch.setenv("ACONT_API_KEY", "sk-test")
+    cfg = endpoint_from_env("ACONT", timeout=5.0)
+    assert (cfg.base_url, cfg.model, cfg.chat, cfg.timeout) == (url, "m1", True, 5.0)
+    reset(server)
+    state = run_task(AconAgent(cfg), RecallTask(1, num_steps=2))
+    assert state.success and server.headers[-1]["authorization"] == "Bearer sk-test"
+    assert server.bodies[-1]["model"] == "m1"
 
 
 def test_scripted_compressor_depends_on_the_guideline():

@@ -53,6 +53,7 @@ __all__ = [
     "agent_prompt",
     "byte_tokens",
     "distil_compressor",
+    "endpoint_from_env",
     "distillation_batches",
     "distillation_docs",
     "distillation_rows",
@@ -87,6 +88,19 @@ def byte_tokens(text: str) -> int:
     """Tokens of ``text`` for a byte-level model: its UTF-8 length (lcjax byte models add
     one BOS per prompt). Pass another counter (a tokenizer's) for other models."""
     return len(text.encode("utf-8"))
+
+
+def endpoint_from_env(prefix: str = "ACON", **fields) -> EndpointConfig:
+    """An :class:`EndpointConfig` from the environment: ``{prefix}_BASE_URL`` (required),
+    ``{prefix}_MODEL`` (optional) and the key in ``{prefix}_API_KEY`` (read at each
+    request, never stored); ``fields`` set the rest (``chat`` defaults to True)."""
+    base = os.environ.get(f"{prefix}_BASE_URL")
+    if not base:
+        raise ValueError(f"endpoint_from_env: set {prefix}_BASE_URL (e.g. "
+                         "http://127.0.0.1:8000) to the OpenAI-compatible server")
+    fields.setdefault("chat", True)
+    return EndpointConfig(base, model=os.environ.get(f"{prefix}_MODEL") or None,
+                          api_key_env=f"{prefix}_API_KEY", **fields)
 
 
 class AgentError(RuntimeError):

@@ -29,6 +29,8 @@ import socket
 import threading
 import time
 
+from fastapi import Request
+
 from lcjax.agents import acon
 from lcjax.agents.envs import FACTS
 
@@ -98,20 +100,24 @@ def scripted_reply(prompt: str) -> tuple[str, str]:
 
 def create_scripted_app():
     """The FastAPI app (state: ``calls`` Counter per answered role, ``prompts`` list of
-    (role, prompt), ``requests`` count, ``faults`` dict, ``delay_s``)."""
+    (role, prompt), ``headers`` and ``bodies`` of every request, ``requests`` count,
+    ``faults`` dict, ``delay_s``)."""
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse, PlainTextResponse
 
     app = FastAPI()
     app.state.calls = collections.Counter()
     app.state.prompts = []
+    app.state.headers, app.state.bodies = [], []  # of every request, for tests
     app.state.faults = {}
     app.state.requests = 0
     app.state.delay_s = 1.0
     lock = threading.Lock()
 
-    def answer(body: dict, chat: bool):
+    def answer(body: dict, chat: bool, headers: dict):
         with lock:
+            app.state.headers.append(headers)
+            app.state.bodies.append(body)
             fault = app.state.faults.get(app.state.requests)
             app.state.requests += 1
         if fault == "500":
@@ -145,12 +151,12 @@ def create_scripted_app():
                              "usage": usage})
 
     @app.post("/v1/completions")
-    def completions(body: dict):
-        return answer(body, chat=False)
+    def completions(body: dict, request: Request):
+        return answer(body, False, dict(request.headers))
 
     @app.post("/v1/chat/completions")
-    def chat_completions(body: dict):
-        return answer(body, chat=True)
+    def chat_completions(body: dict, request: Request):
+        return answer(body, True, dict(request.headers))
 
     return app
 
