@@ -25,6 +25,7 @@ import pytest
 import requests
 from flax import nnx
 
+from lcjax.agents.scripted import ThreadedServer
 from lcjax.data import tokenizer as tok
 from lcjax.eval.endpoint import EndpointConfig, complete
 from lcjax.nn import DecoderConfig, DecoderLM, generate
@@ -57,32 +58,6 @@ def direct_text(model, ids, max_tokens=MAX_TOKENS, **kw):
     return ByteTokenizer().decode(gen), len(gen), bool(gen.size) and gen[-1] == tok.EOS
 
 
-class Server:
-    """uvicorn serving ``app`` in a thread on a free 127.0.0.1 port."""
-
-    def __init__(self, app):
-        import uvicorn
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "server not up"
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(30)
-
-
 @pytest.fixture(scope="module")
 def model():
     return DecoderLM(TINY, rngs=nnx.Rngs(3))
@@ -92,7 +67,7 @@ def model():
 def served(model):
     app = create_app(ServedModel(model, ByteTokenizer(), "tiny", TINY.max_len),
                      batch_window_ms=300, max_batch=4, min_bucket=32)
-    with Server(app) as server:
+    with ThreadedServer(app) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
                                timeout=60)
         yield server.url, client, app.state.batcher
@@ -394,7 +369,7 @@ def test_hf_folder_tokenizer_and_chat_template(tmp_path):
     # checkpoint's stop ids (an 11-token bucket: the direct call shares the program)
     want = generate(served.model, ids[None], MAX_TOKENS, stop_tokens=(2, 4), pad_id=2)
     gen = np.asarray(want.tokens)[0, len(ids):int(want.lengths[0])]
-    with Server(create_app(served, min_bucket=len(ids), batch_window_ms=0)) as server:
+    with ThreadedServer(create_app(served, min_bucket=len(ids), batch_window_ms=0)) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
         reply = client.chat.completions.create(model="small", messages=messages,
                                                max_tokens=MAX_TOKENS, temperature=0)
