@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.common import Claim, Experiment, Result, machine_info
+from experiments.common import Claim, Experiment, Result, machine_info, main
 
 BOOK = dict(num_passages=6, passage_bytes=16, snippet_bytes=8)
 SETTINGS = {
@@ -238,3 +238,7 @@ EXPERIMENT = Experiment(
     run=run,
     quick_budget_s=40,  # 27 s CPU (user) under 7-helper load, 96 s wall there; not yet timed quiet
 )
+
+
+if __name__ == "__main__":
+    main(EXPERIMENT)
