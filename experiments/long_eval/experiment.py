@@ -52,7 +52,8 @@ tasks)`` (:func:`curriculum_dataset`, one grain ``MapDataset`` and one learning-
 schedule; the train loop compiles once per row width): single-needle retrieval at
 :data:`WARMUP_LEN` = 128 bytes, then the tasks at L.
 
-Quick mode (a 240 s budget on 2 CPUs, evaluation included) trains ``niah_single_1``
+Quick mode (a 160 s budget on 2 CPUs, evaluation included; 142 s quiet on 2026-12-01)
+trains ``niah_single_1``
 only — 200 steps × 32 rows at 128 bytes, then 60 steps × 32 rows at L — and evaluates
 it at 5 depths with 4 items per cell; the full mode warms up 400 steps at 128 bytes,
 trains 3,000 steps × 32 rows on all ten tasks at L and evaluates them at 5 depths with
@@ -365,7 +366,7 @@ EXPERIMENT = Experiment(
     summary="byte LM trained on RULER-style tasks at L = 256, evaluated at 1×–8× L over "
             "needle depths (depth × length heat maps)",
     run=run,
-    quick_budget_s=240,
+    quick_budget_s=160,  # 142 s quiet (2026-12-01): 200 steps at 128 bytes + 60 at 256, eval
 )
 
 
