@@ -402,6 +402,23 @@ def test_batcher_stop_ids_end_a_row_and_report_stop(model):
         batcher.submit(ids, 2)
 
 
+def test_reply_keeps_its_own_max_tokens_under_the_padded_decode(model):
+    # the batcher decodes next_power_of_two(3) = 4 steps; the reply must still be the
+    # 3 tokens generate gives with max_tokens=3 (the model emits no EOS this early)
+    ids = tok.encode(PROMPT, bos=True)
+    out = generate(model, ids[None], 3, stop_tokens=(tok.EOS,), pad_id=tok.PAD)
+    want = [int(t) for t in np.asarray(out.tokens)[0, len(ids):int(out.lengths[0])]]
+    assert len(want) == 3 and tok.EOS not in want
+    batcher = Batcher(model, stop_ids=(tok.EOS,), pad_id=tok.PAD, window_ms=0, min_bucket=32)
+    batcher.start()
+    try:
+        got = batcher.submit(ids, 3).result(60)
+    finally:
+        batcher.stop()
+    assert batcher.stats.shapes == [(1, 32, 4)]
+    assert list(got.tokens) == want and not got.stopped
+
+
 def test_generation_failure_is_a_500_and_the_server_goes_on(model, served, monkeypatch):
     url, client, _ = served
 
