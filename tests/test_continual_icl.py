@@ -76,6 +76,19 @@ def test_causal_linear_attention_is_the_masked_predictor_per_position():
                                atol=1e-4)
 
 
+def test_causal_scan_with_more_queries_than_keys():
+    """Top-left causal with T = 7 queries over S = 4 keys: query i sees keys j <= min(i, 3),
+    so rows i >= 3 divide by 4 keys, not by i + 1 (numpy reference; chunk 3 does not divide)."""
+    rng = np.random.default_rng(5)
+    q = rng.normal(size=(1, 7, 2, 3)).astype(np.float32)
+    k, v = (rng.normal(size=(1, 4, 2, 3)).astype(np.float32) for _ in range(2))
+    visible = np.arange(4)[None, :] <= np.arange(7)[:, None]             # [T, S]
+    scores = np.einsum("bthd,bshd->bhts", q, k) * visible
+    want = np.einsum("bhts,bshv->bthv", scores, v) / visible.sum(1)[None, :, None, None]
+    out = np.asarray(linear_attention(q, k, v, causal=True, scale=1.0, chunk=3))
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+
+
 def test_bad_arguments_raise_value_error():
     xs, ys, xq = np.ones((1, 4, 2)), np.ones((1, 4)), np.ones((1, 3, 2))
     with pytest.raises(ValueError, match="gamma"):
