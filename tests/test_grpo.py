@@ -208,7 +208,7 @@ def test_sampler_logprobs_equal_teacher_forced_ones():
     tokens, lengths, lp = jax.device_get((out.tokens, out.lengths, out.logprobs))
     batch = rl.completion_batch(tokens, plen, lengths)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    forced = np.asarray(rl._logprob_step(graphdef)(params, rest, batch["inputs"],
+    forced = np.asarray(rl.compiled_logprobs(graphdef)(params, rest, batch["inputs"],
                                                    batch["targets"]))
     aligned = rl.align_logprobs(lp, plen, batch["loss_mask"])
     assert batch["loss_mask"].sum() == (lengths - plen).sum()

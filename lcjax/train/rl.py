@@ -85,8 +85,8 @@ from lcjax.train.loop import (
 from lcjax.train.rewards import answer_reward
 
 __all__ = ["GRPOConfig", "GRPOResult", "align_logprobs", "clipped_surrogate",
-           "completion_batch", "default_prompt", "grpo_loss_fn", "grpo_objective",
-           "group_advantages", "k3_kl", "prompt_indices", "sample_group_batch",
+           "compiled_logprobs", "completion_batch", "default_prompt", "grpo_loss_fn",
+           "grpo_objective", "group_advantages", "k3_kl", "prompt_indices", "sample_group_batch",
            "token_logprobs", "train_grpo"]
 
 AVERAGING = ("sequence", "token")
@@ -435,8 +435,10 @@ def _fingerprint(*arrays: Any) -> str:
 
 
 @functools.lru_cache(maxsize=16)
-def _logprob_step(graphdef: nnx.GraphDef) -> Callable:
-    """Jitted ``(params, rest, inputs, targets) -> log-probs [B, T]`` of a model."""
+def compiled_logprobs(graphdef: nnx.GraphDef) -> Callable:
+    """Jitted ``(params, rest, inputs [B, T], targets [B, T]) -> log-probs [B, T]`` of the
+    model ``nnx.merge(graphdef, params, rest)`` (what the update recomputes for log π_old
+    and log π_ref); one compiled function per ``graphdef``."""
 
     def run(params, rest, inputs, targets):
         model = nnx.merge(graphdef, params, rest)
@@ -558,7 +560,7 @@ def train_grpo(
     sched = lr_schedule(tcfg)
     loss_fn = grpo_loss_fn(float(cfg.clip_eps), float(cfg.kl_beta), cfg.averaging)
     update = _update_step(graphdef, loss_fn, cfg.grad_accum)
-    logprob_step = _logprob_step(graphdef)
+    logprob_step = compiled_logprobs(graphdef)
     answers = json.dumps([str(it.get("answer")) for it in items])
     meta = json.loads(json.dumps({
         "grpo_config": config_dict(cfg),
