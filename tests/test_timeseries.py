@@ -146,3 +146,27 @@ def test_errors():
         ts.make_splits(s, 4, 2)  # the val segment (2 points) holds no window
     with pytest.raises(ValueError, match="ridge"):
         ts.fit_linear(np.ones((3, 2)), np.ones((3, 1)), ridge=-1.0)
+
+
+def test_forecast_batches_and_loss_ignore_padding_rows():
+    """The experiment's batch layout: targets in the first H columns, padded rows masked;
+    its loss equals the numpy MSE/MAE over the real windows only."""
+    from experiments.plash_forecast.experiment import as_batches, forecast_loss
+
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(5, 6)), rng.normal(size=(5, 2))
+    batches = as_batches(x, y, 4)
+    assert len(batches) == 2 and all(b["inputs"].shape == (4, 6) for b in batches)
+    last = batches[1]
+    np.testing.assert_array_equal(last["loss_mask"].sum(1), [2, 0, 0, 0])
+    np.testing.assert_allclose(last["targets"][0, :2], y[4], rtol=1e-6)
+    pred = lambda inp: np.asarray(inp)[:, :2] * 0.5  # a stand-in model: [B, L] -> [B, H]
+    total, count = 0.0, 0.0
+    for b in batches:
+        loss, mets = forecast_loss(pred, b, None)
+        total += float(loss) * float(mets["loss_weight"])
+        count += float(mets["loss_weight"])
+    assert count == 10
+    np.testing.assert_allclose(total / count, ts.mse(x[:, :2] * 0.5, y), rtol=1e-5)
+    loss, mets = forecast_loss(pred, batches[0], None)
+    np.testing.assert_allclose(float(mets["mae"]), ts.mae(x[:4, :2] * 0.5, y[:4]), rtol=1e-5)
