@@ -25,7 +25,7 @@ steps, seeds 0, 1, 2. Every series uses the same shapes, so each attention compi
 (``train``'s step cache) and not once per series; that compile (~12 CPU s per attention,
 whatever the model's size) is most of the quick run, hence two attentions there.
 Quick mode measured 68 s wall / 42 CPU s at a load average of 7–11 on the 2-core machine
-(2026-12-01); not timed quiet.
+(2026-12-01), 51 s through ``reproduce.py --quick``; not timed quiet (budget 35 s).
 """
 
 from __future__ import annotations
