@@ -215,12 +215,19 @@ def _extreme(rng):
     return desc, ("ext_desc" if desc else "ext_asc")
 
 
-def _argmax(rng, db: Database, lang):
+def _ranking(rng, db: Database):
+    """The draws an argmax / top-k question starts from, in this order: a table with a
+    numeric or date column, that column, the label column and the direction:
+    ``(spec, rows, col, target, desc, ext)``."""
     t = _table(rng, db, _NUMERIC + ("date",))
     spec, rows = db.specs[t], db.rows(t)
     col = _pick(rng, _cols(spec, _NUMERIC + ("date",)))
-    target = _label(spec)
     desc, ext = _extreme(rng)
+    return spec, rows, col, _label(spec), desc, ext
+
+
+def _argmax(rng, db: Database, lang):
+    spec, rows, col, target, desc, ext = _ranking(rng, db)
     text = vocab.template("argmax", lang).format(table=spec.name, target=spec.headers[target],
                                                  ext=vocab.word(ext, lang), col=spec.headers[col])
     agg = "MAX" if desc else "MIN"
@@ -247,11 +254,7 @@ def _order_sql(spec, col, desc, alias=""):
 
 
 def _topk(rng, db: Database, lang):
-    t = _table(rng, db, _NUMERIC + ("date",))
-    spec, rows = db.specs[t], db.rows(t)
-    col = _pick(rng, _cols(spec, _NUMERIC + ("date",)))
-    target = _label(spec)
-    desc, ext = _extreme(rng)
+    spec, rows, col, target, desc, ext = _ranking(rng, db)
     k = int(rng.integers(2, 6))
     text = vocab.template("topk", lang).format(table=spec.name, target=spec.headers[target],
                                                k=k, ext=vocab.word(ext, lang),
