@@ -68,6 +68,7 @@ __all__ = [
     "stat_dtype",
     "varying_axes",
     "match_varying",
+    "causal_linear_sums",
     "group_queries",
     "ungroup",
     "dot_product_attention",
@@ -332,6 +333,40 @@ def dot_product_attention(
 # ----------------------------------------------------------------------------
 # LSE merge
 # ----------------------------------------------------------------------------
+def causal_linear_sums(qf: jax.Array, kf: jax.Array, v: jax.Array, *, chunk: int
+                       ) -> jax.Array:
+    """Causal (top-left) linear-attention sums, the one chunked scan of the linear variants.
+
+    qf [B, H, T, m], kf [B, H, S, m] (queries and keys, or their feature maps), v [B, H, S, Dv]
+    -> [B, H, T, Dv] with row i = Σ_{j ≤ i, j < S} (qf_i · kf_j) v_j. A ``lax.scan`` over
+    chunks of ``chunk`` positions carries the state Σ kf_j v_jᵀ [B, H, m, Dv]; inside a chunk
+    the lower-triangular part is a dense [C, C] product. Keys beyond the last query are never
+    seen (cut); padded rows are zero. A normaliser Σ_{j ≤ i} qf_i · kf_j is the same sum with a
+    column of ones appended to v (FAVOR+ uses that).
+    """
+    b, h, t, m = qf.shape
+    nc = -(-t // chunk)
+    length = nc * chunk
+
+    def pad(x):
+        x = lax.slice_in_dim(x, 0, min(x.shape[2], length), axis=2)
+        return jnp.pad(x, [(0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)])
+
+    qp, kp, vp = (jnp.moveaxis(pad(x).reshape(b, h, nc, chunk, -1), 2, 0) for x in (qf, kf, v))
+    tri = jnp.tril(jnp.ones((chunk, chunk), qf.dtype))
+
+    def step(state, xs):
+        qc, kc, vc = xs
+        inner = jnp.einsum("bhtm,bhsm->bhts", qc, kc) * tri
+        out = (jnp.einsum("bhtm,bhmv->bhtv", qc, state)
+               + jnp.einsum("bhts,bhsv->bhtv", inner, vc))
+        return state + jnp.einsum("bhsm,bhsv->bhmv", kc, vc), out
+
+    init = match_varying(jnp.zeros((b, h, m, v.shape[-1]), qf.dtype), qf, kf, v)
+    _, outs = lax.scan(step, init, (qp, kp, vp))
+    return jnp.moveaxis(outs, 0, 2).reshape(b, h, length, -1)[:, :, :t]
+
+
 def merge_attention(out_a, lse_a, out_b, lse_b):
     """Merge two attentions of the same queries over disjoint key sets.
 

@@ -32,10 +32,14 @@ import numbers
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
-from lcjax.attention.blocks import match_varying
-from lcjax.attention.core import build_mask, default_scale, stat_dtype, validate_qkv
+from lcjax.attention.core import (
+    build_mask,
+    causal_linear_sums,
+    default_scale,
+    stat_dtype,
+    validate_qkv,
+)
 from lcjax.attention.registry import register
 from lcjax.attention.spec import AttentionSpec, Features, Implementation, with_empty_aux
 
@@ -79,31 +83,9 @@ def _dense(qh, kh, vh, visible, s, normalize):
 
 @functools.partial(jax.jit, static_argnames=("chunk",))
 def _causal_scan(qh, kh, vh, s, *, chunk):
-    """Causal (top-left: query i sees keys j ≤ i) unnormalised sums s Σ_{j≤i} (q_i·k_j) v_j,
-    by a scan over chunks of C queries/keys carrying the state Σ k_j v_jᵀ [B, H, D, Dv]."""
-    b, h, t, d = qh.shape
-    dv = vh.shape[-1]
-    nc = -(-t // chunk)
-    length = nc * chunk
-
-    def pad(x):  # keys beyond the last query are never seen: cut, then pad to nc * C
-        x = lax.slice_in_dim(x, 0, min(x.shape[2], length), axis=2)
-        return jnp.pad(x, [(0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)])
-
-    qp, kp, vp = (jnp.moveaxis(pad(x).reshape(b, h, nc, chunk, -1), 2, 0)
-                  for x in (qh, kh, vh))
-    tri = jnp.tril(jnp.ones((chunk, chunk), qh.dtype))
-
-    def step(state, xs):
-        qc, kc, vc = xs
-        inner = jnp.einsum("bhtd,bhsd->bhts", qc, kc) * tri
-        out = jnp.einsum("bhtd,bhdv->bhtv", qc, state) + jnp.einsum("bhts,bhsv->bhtv",
-                                                                     inner, vc)
-        return state + jnp.einsum("bhsd,bhsv->bhdv", kc, vc), out * s
-
-    init = match_varying(jnp.zeros((b, h, d, dv), qh.dtype), qh, kh, vh)
-    _, outs = lax.scan(step, init, (qp, kp, vp))
-    return jnp.moveaxis(outs, 0, 2).reshape(b, h, length, dv)[:, :, :t]
+    """Causal (top-left: query i sees keys j ≤ i) unnormalised sums s Σ_{j≤i} (q_i·k_j) v_j
+    (the shared chunked scan, :func:`lcjax.attention.core.causal_linear_sums`)."""
+    return causal_linear_sums(qh, kh, vh, chunk=chunk) * s
 
 
 def linear_attention(q, k, v, *, causal=False, mask=None, scale=None, q_segment_ids=None,

@@ -28,7 +28,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lcjax.attention.core import default_scale, match_varying, stat_dtype, validate_qkv
+from lcjax.attention.core import (
+    causal_linear_sums,
+    default_scale,
+    stat_dtype,
+    validate_qkv,
+)
 from lcjax.attention.registry import register
 from lcjax.attention.spec import AttentionSpec, Features, Implementation, with_empty_aux
 
@@ -91,33 +96,12 @@ def _favor(fq, fk, vh, *, causal, chunk):
         num = jnp.einsum("bhtm,bhmv->bhtv", fq, kv)
         den = jnp.einsum("bhtm,bhm->bht", fq, jnp.sum(fk, 2))
         return num / den[..., None]
-    b, h, t, m = fq.shape
-    dv = vh.shape[-1]
-    nc = -(-t // chunk)
-    length = nc * chunk
-
-    def pad(x):
-        x = lax.slice_in_dim(x, 0, min(x.shape[2], length), axis=2)
-        return jnp.pad(x, [(0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)])
-
-    fqp, fkp, vp = (jnp.moveaxis(pad(x).reshape(b, h, nc, chunk, -1), 2, 0)
-                    for x in (fq, fk, vh))
-    tri = jnp.tril(jnp.ones((chunk, chunk), fq.dtype))
-
-    def step(carry, xs):
-        kv, ks = carry
-        fqc, fkc, vc = xs
-        a = jnp.einsum("bhtm,bhsm->bhts", fqc, fkc) * tri
-        num = jnp.einsum("bhtm,bhmv->bhtv", fqc, kv) + jnp.einsum("bhts,bhsv->bhtv", a, vc)
-        den = jnp.einsum("bhtm,bhm->bht", fqc, ks) + jnp.sum(a, -1)
-        kv = kv + jnp.einsum("bhsm,bhsv->bhmv", fkc, vc)
-        # padded query rows (zero features) have den = 0: keep them finite for the gradient
-        return (kv, ks + jnp.sum(fkc, 2)), num / jnp.where(den > 0, den, 1.0)[..., None]
-
-    init = match_varying((jnp.zeros((b, h, m, dv), fq.dtype), jnp.zeros((b, h, m), fq.dtype)),
-                         fq, fk, vh)
-    _, outs = lax.scan(step, init, (fqp, fkp, vp))
-    return jnp.moveaxis(outs, 0, 2).reshape(b, h, length, dv)[:, :, :t]
+    # numerator and normaliser from one scan: a column of ones appended to V gives Σ φq·φk
+    ones = jnp.ones(vh.shape[:-1] + (1,), vh.dtype)
+    sums = causal_linear_sums(fq, fk, jnp.concatenate([vh, ones], -1), chunk=chunk)
+    num, den = sums[..., :-1], sums[..., -1]
+    # padded query rows (zero features) have den = 0: keep them finite for the gradient
+    return num / jnp.where(den > 0, den, 1.0)[..., None]
 
 
 def performer_attention(q, k, v, *, causal=False, scale=None, num_features=64, key=None,
