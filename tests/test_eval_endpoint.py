@@ -62,16 +62,25 @@ class ScriptedServer:
                     server.max_inflight = max(server.max_inflight, server.inflight)
                     plan = server.plans.get(prompt, [])
                     action = plan[k] if k < len(plan) else server.default
+                self.counted = True
                 try:
                     time.sleep(server.delay)
                     self.act(action, prompt, chat)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client timed out and left
                 finally:
+                    self.leave()
+
+            def leave(self):
+                # in flight until the reply starts: once the client has it, its thread may
+                # send the next request before this handler thread gets to run again
+                if getattr(self, "counted", False):
+                    self.counted = False
                     with server.lock:
                         server.inflight -= 1
 
             def send(self, code: int, payload: bytes, length: int | None = None):
+                self.leave()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload) if length is None
