@@ -174,6 +174,26 @@ def test_gates_fire_exactly_when_the_thresholds_say(scripted, chat):
     assert full.metrics()["peak_context_tokens"] > 1.5 * m["peak_context_tokens"]
 
 
+def test_a_gate_at_exactly_its_threshold_does_not_fire(scripted):
+    """The gates compress when the size *exceeds* T (not when it equals it): thresholds set
+    to sizes measured in an uncompressed run leave those decisions uncompressed."""
+    url, server = scripted
+    task = RecallTask(3)
+    agent = agent_for(url, guideline="Keep codes and numbers.")
+    reset(server)
+    plain = run_task(agent, task).trace  # no thresholds: every size as it comes
+    obs0, hist1 = plain[0]["obs_tokens"], plain[1]["history_tokens"]
+    assert hist1 > 0
+    at_obs = run_task(agent.replace(t_obs=obs0), task).trace
+    assert at_obs[0]["obs_tokens"] == obs0 and not at_obs[0]["obs_compressed"]
+    assert at_obs[0]["obs_compressed"] == (at_obs[0]["obs_tokens"] > obs0)
+    at_hist = run_task(agent.replace(t_hist=hist1), task).trace
+    assert at_hist[1]["history_tokens"] == hist1 and not at_hist[1]["history_compressed"]
+    assert any(r["history_compressed"] for r in at_hist[2:])  # it does fire once exceeded
+    below = run_task(agent.replace(t_hist=hist1 - 1), task).trace
+    assert below[1]["history_compressed"]
+
+
 def test_optimised_guideline_fixes_the_contrasted_failures(scripted):
     url, server = scripted
     reset(server)
