@@ -1,4 +1,4 @@
-"""ACON (PAPERS.md §16, arXiv 2510.00615): peak context and success with threshold-gated
+"""ACON (the ICML 2026 ACON paper, arXiv 2510.00615): peak context and success with threshold-gated
 compression, the contrastive guideline optimiser, the loop against ``lcjax serve``, and a
 compressor distilled into a small lcjax byte model.
 
@@ -174,7 +174,7 @@ def run(quick: bool, out_dir: Path) -> Result:
 
 EXPERIMENT = Experiment(
     name="acon",
-    paper="ACON: Optimizing Context Compression for Long-horizon LLM Agents (PAPERS.md §16)",
+    paper="ACON: Optimizing Context Compression for Long-horizon LLM Agents (ICML 2026)",
     summary="peak context and success under T_obs/T_hist gates; guideline optimiser; "
             "lcjax serve; distilled compressor",
     run=run,

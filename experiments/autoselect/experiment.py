@@ -1,4 +1,4 @@
-"""AutoSelect (PAPERS.md §15) at small scale: a byte-level LM trained (``lcjax.train.train``)
+"""AutoSelect (ICML 2026) at small scale: a byte-level LM trained (``lcjax.train.train``)
 to do in-context classification with a hidden per-episode lookup table (key letter -> digit);
 episodes whose candidate pool holds distractors (wrong digits); accuracy of the LM's
 answer vs the number k of demonstrations for four selectors: random, nearest-neighbour

@@ -1,4 +1,4 @@
-"""Temporal-order memory (issue 18, item 3; PAPERS.md §12): a small byte LM trained to say
+"""Temporal-order memory (issue 18, item 3; ICML 2026): a small byte LM trained to say
 which of two quoted passages came first in a book held in its context.
 
 Data: ``lcjax.data.temporal_order`` (books of ``NUM_PASSAGES`` passages; the synthetic
@@ -233,7 +233,7 @@ def distance_figure(runs: list[dict], path: Path) -> Path:
 
 EXPERIMENT = Experiment(
     name="temporal_order",
-    paper="Temporal order memory (episodic) in long-context models (PAPERS.md §12)",
+    paper="Temporal order memory (episodic) in long-context models (ICML 2026)",
     summary="which-passage-came-first: distance effect, passage-index probe, head ablation",
     run=run,
     quick_budget_s=40,  # 27 s CPU (user) under 7-helper load, 96 s wall there; not yet timed quiet

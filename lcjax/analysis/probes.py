@@ -1,10 +1,10 @@
 """Generic interpretability tools for lcjax models: linear probes, head ablation, attribution.
 
-Made for the temporal-order study (PAPERS.md §12: a linear probe of passage index from the
-hidden states — the 1-D temporal code —; the attention mass from the question to the
-original passages per head; ablating the top head against random heads), and usable on any
-model whose attention layers are :class:`lcjax.nn.Attention` (``lcjax.nn.DecoderLM`` and the
-models built from it).
+Made for the temporal-order study (the ICML 2026 temporal-order memory paper: a linear probe
+of passage index from the hidden states — the 1-D temporal code —; the attention mass from the
+question to the original passages per head; ablating the top head against random heads), and
+usable on any model whose attention layers are :class:`lcjax.nn.Attention`
+(``lcjax.nn.DecoderLM`` and the models built from it).
 
 Linear probe (closed-form ridge with an unpenalised intercept, fitted on a training split,
 scored on held-out rows)::

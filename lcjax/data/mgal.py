@@ -1,6 +1,6 @@
 """MGAL-style items: multilingual, granularity- and position-aware long-document tasks.
 
-Our own generator after the task design of MGAL (PAPERS.md §17: long documents in several
+Our own generator after the task design of MGAL (the ICML 2026 MGAL paper: long documents in several
 languages, tasks at word / sentence / paragraph / document granularity, each item tagged
 with its position at document and at paragraph level; "local semantic crowding" and
 fluency-versus-consistency findings). MGAL's data is not public, so items are built from any

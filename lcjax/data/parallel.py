@@ -1,7 +1,7 @@
 """Document-aligned parallel corpora: one long document per language, aligned by structure.
 
 Built for MGAL-style benchmarks (multilingual, granularity- and position-aware long-document
-tasks; PAPERS.md §17), whose data is not public: any corpus that gives one structured
+tasks; the ICML 2026 MGAL paper), whose data is not public: any corpus that gives one structured
 document per language works. The real one shipped here is Debian Reference (Osamu Aoki,
 GPL-2+), packaged per language as ``debian-reference-<lang>`` and installed by
 ``make corpora``; each package holds the guide as plain text (``debian-reference.<lang>.txt.gz``,

@@ -1,8 +1,9 @@
 """Temporal-order memory items: "which of these two passages came first?" with the book in context.
 
-The episodic-memory probe of long-context models (PAPERS.md §12: a book in context; a model
-is asked which of two quoted passages came first; accuracy grows with the distance between
-them — the distance effect —, the passage index is linearly decodable from hidden states,
+The episodic-memory probe of long-context models (the ICML 2026 temporal-order memory
+paper: a book in context; a model is asked which of two quoted passages came first; accuracy
+grows with the distance between them — the distance effect —, the passage index is linearly
+decodable from hidden states,
 and one "time-reinstatement" head carries the answer). We build the items here.
 
 A *book* is ``num_passages`` distinct passages of ``passage_bytes`` bytes each, one per line:

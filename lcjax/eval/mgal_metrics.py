@@ -1,4 +1,4 @@
-"""Metrics for MGAL-style items (:mod:`lcjax.data.mgal`; PAPERS.md §17).
+"""Metrics for MGAL-style items (:mod:`lcjax.data.mgal`; the ICML 2026 MGAL paper).
 
 MGAL reports that long-context models often answer *fluently but inconsistently* with the
 source: the reply reads well in the right language but drifts from what the document says.

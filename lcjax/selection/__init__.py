@@ -1,4 +1,4 @@
-"""AutoSelect demonstration selection (PAPERS.md §15): Plackett–Luce utilities
+"""AutoSelect demonstration selection (the ICML 2026 AutoSelect paper): Plackett–Luce utilities
 (:mod:`lcjax.selection.plackett_luce`) and the policy, KL-regularised target, LM reward,
 baselines and hidden-rule ICL task (:mod:`lcjax.selection.autoselect`). See docs/autoselect.md.
 """

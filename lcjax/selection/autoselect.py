@@ -1,4 +1,4 @@
-"""AutoSelect: choosing in-context demonstrations as a sequential decision (PAPERS.md §15).
+"""AutoSelect (ICML 2026): choosing in-context demonstrations as a sequential decision.
 
 A policy ``π`` picks the next demonstration given the query and the demonstrations chosen so
 far, until ``k`` are chosen: ``π(σ | x) = Π_i π(σ_i | x, σ_{<i})``. Its target is the optimum

@@ -1,4 +1,4 @@
-"""Plackett–Luce distributions over ordered selections (AutoSelect, PAPERS.md §15).
+"""Plackett–Luce distributions over ordered selections (AutoSelect, the ICML 2026 AutoSelect paper).
 
 AutoSelect (demonstration selection as a sequential decision) shows that the optimum of its
 KL-regularised objective is a Plackett–Luce ranking over demonstration sequences. For scores
