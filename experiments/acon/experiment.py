@@ -178,5 +178,5 @@ EXPERIMENT = Experiment(
     summary="peak context and success under T_obs/T_hist gates; guideline optimiser; "
             "lcjax serve; distilled compressor",
     run=run,
-    quick_budget_s=40,  # 22.6 CPU s under 7-helper load (79-114 s wall there); not timed quiet
+    quick_budget_s=40,  # 14 s quiet (2026-12-02, the make reproduce run)
 )

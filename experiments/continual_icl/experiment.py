@@ -348,8 +348,7 @@ EXPERIMENT = Experiment(
     summary="linear-attention ICL on multi-task prompts: closed forms vs Monte Carlo, task "
             "order (masked vs unmasked), a trained linear-attention layer vs the theory",
     run=run,
-    quick_budget_s=40,  # 26 CPU s, 110 s wall on the loaded 2-core machine (2026-12-01); not
-    # measured quiet
+    quick_budget_s=40,  # 11 s quiet (2026-12-02, the make reproduce run)
 )
 
 

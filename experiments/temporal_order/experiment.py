@@ -236,7 +236,7 @@ EXPERIMENT = Experiment(
     paper="Temporal order memory (episodic) in long-context models (ICML 2026)",
     summary="which-passage-came-first: distance effect, passage-index probe, head ablation",
     run=run,
-    quick_budget_s=40,  # 27 s CPU (user) under 7-helper load, 96 s wall there; not yet timed quiet
+    quick_budget_s=40,  # 12 s quiet (2026-12-02, the make reproduce run)
 )
 
 
