@@ -24,8 +24,7 @@ Full mode (not run yet): all four attentions, three layers, patch 2 (32 tokens),
 steps, seeds 0, 1, 2. Every series uses the same shapes, so each attention compiles once
 (``train``'s step cache) and not once per series; that compile (~12 CPU s per attention,
 whatever the model's size) is most of the quick run, hence two attentions there.
-Quick mode measured 68 s wall / 42 CPU s at a load average of 7–11 on the 2-core machine
-(2026-12-01), 51 s through ``reproduce.py --quick``; not timed quiet (budget 35 s).
+Quick mode took 21 s on a quiet 2-core machine (2026-12-02, ``make reproduce``; budget 35 s).
 """
 
 from __future__ import annotations
