@@ -17,7 +17,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from experiments.common import Claim, Experiment, Result, machine_info
+from experiments.common import Claim, Experiment, Result, machine_info, main
+from lcjax.data import tokenizer
 from lcjax.data.tokenizer import BOS, encode
 from lcjax.nn import DecoderConfig
 from lcjax.selection import (
@@ -54,7 +55,8 @@ def icl_documents(rng: np.random.Generator, count: int) -> list[str]:
 
 
 def train_lm(s, rng):
-    cfg = DecoderConfig(vocab_size=259, d_model=s["d_model"], num_layers=s["layers"],
+    cfg = DecoderConfig(vocab_size=tokenizer.VOCAB_SIZE, d_model=s["d_model"],
+                        num_layers=s["layers"],
                         num_heads=4, num_kv_heads=4, head_dim=s["d_model"] // 4,
                         mlp_hidden=4 * s["d_model"], max_len=128)
     tc = TrainConfig(steps=s["lm_steps"], batch_size=16, seq_len=s["seq_len"], lr=3e-3,
@@ -171,14 +173,4 @@ EXPERIMENT = Experiment(
 
 
 if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(description=EXPERIMENT.summary)
-    parser.add_argument("--full", action="store_true", help="the full setting (else quick)")
-    parser.add_argument("--out", type=Path, default=Path("/tmp/autoselect_experiment"))
-    args = parser.parse_args()
-    res = run(not args.full, args.out)
-    print(res.notes)
-    for c in res.claims:
-        print(f"[{'HOLDS' if c.holds else 'FAILS'}] {c.claim}: ours {c.ours} "
-              f"(target {c.target})")
+    main(EXPERIMENT)

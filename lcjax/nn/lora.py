@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import json
 import math
 import os
@@ -324,6 +325,7 @@ class LoRAModel(nnx.Module):
         self.merged = tuple(m for m in self.merged if m != name)
 
 
+@functools.cache  # one filter per name: train-step caches hit
 def adapter_filter(name: str):
     """An nnx filter of adapter ``name``'s parameters alone (its A and B matrices, wherever
     the LoRAModel sits in the tree), e.g. ``train(..., wrt=adapter_filter("search_hotel"))``

@@ -353,8 +353,8 @@ def make_eval_step(graphdef: nnx.GraphDef, eval_fn: LossFn | None = None,
 
 
 @functools.lru_cache(maxsize=16)
-def _train_step(graphdef: nnx.GraphDef, loss_fn: LossFn | None, grad_accum: int,
-                mesh: Mesh | None = None, wrt: Any = nnx.Param) -> Callable:
+def cached_train_step(graphdef: nnx.GraphDef, loss_fn: LossFn | None, grad_accum: int,
+                      mesh: Mesh | None = None, wrt: Any = nnx.Param) -> Callable:
     """One compiled train step per (model, loss hook, grad_accum, mesh, wrt): each shape
     compiles once."""
     return make_train_step(graphdef, loss_fn, grad_accum, mesh, wrt=wrt)
@@ -663,7 +663,7 @@ def train(
 
     model = (model_fn or _default_model_fn)(model_cfg, nnx.Rngs(cfg.seed))
     graphdef, params, rest = nnx.split(model, wrt, ...)
-    train_step = _train_step(graphdef, loss_fn, cfg.grad_accum, mesh, wrt)
+    train_step = cached_train_step(graphdef, loss_fn, cfg.grad_accum, mesh, wrt)
     eval_step = _eval_step(graphdef, eval_fn, mesh)
     hparams = optimizer_hparams(cfg)
     opt_state = make_optimizer(**hparams).init(params)

@@ -76,10 +76,10 @@ from lcjax.train import checkpoint, metrics
 from lcjax.train.loop import (
     OPT_FIELDS,
     TrainConfig,
+    cached_train_step,
     config_dict,
     lr_schedule,
     make_optimizer,
-    make_train_step,
     optimizer_hparams,
 )
 from lcjax.train.rewards import answer_reward
@@ -442,14 +442,9 @@ def compiled_logprobs(graphdef: nnx.GraphDef) -> Callable:
 
     def run(params, rest, inputs, targets):
         model = nnx.merge(graphdef, params, rest)
-        return token_logprobs(model(inputs), targets)
+        return token_logprobs(metrics.model_logits(model, {"inputs": inputs}), targets)
 
     return jax.jit(run)
-
-
-@functools.lru_cache(maxsize=16)
-def _update_step(graphdef: nnx.GraphDef, loss_fn: Callable, grad_accum: int) -> Callable:
-    return make_train_step(graphdef, loss_fn, grad_accum)
 
 
 def _rewards(tokens, prompt_lengths, lengths, rows_items, reward_fn, decode, stops):
@@ -559,7 +554,7 @@ def train_grpo(
     opt_state = make_optimizer(**hparams).init(params)
     sched = lr_schedule(tcfg)
     loss_fn = grpo_loss_fn(float(cfg.clip_eps), float(cfg.kl_beta), cfg.averaging)
-    update = _update_step(graphdef, loss_fn, cfg.grad_accum)
+    update = cached_train_step(graphdef, loss_fn, cfg.grad_accum)
     logprob_step = compiled_logprobs(graphdef)
     answers = json.dumps([str(it.get("answer")) for it in items])
     meta = json.loads(json.dumps({
