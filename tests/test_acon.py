@@ -186,7 +186,6 @@ def test_a_gate_at_exactly_its_threshold_does_not_fire(scripted):
     assert hist1 > 0
     at_obs = run_task(agent.replace(t_obs=obs0), task).trace
     assert at_obs[0]["obs_tokens"] == obs0 and not at_obs[0]["obs_compressed"]
-    assert at_obs[0]["obs_compressed"] == (at_obs[0]["obs_tokens"] > obs0)
     at_hist = run_task(agent.replace(t_hist=hist1), task).trace
     assert at_hist[1]["history_tokens"] == hist1 and not at_hist[1]["history_compressed"]
     assert any(r["history_compressed"] for r in at_hist[2:])  # it does fire once exceeded
