@@ -51,7 +51,7 @@ import numpy as np
 from flax import nnx
 
 __all__ = ["LoRAConfig", "LoRAParam", "LoRALayer", "LoRAAdapter", "LoRAModel", "apply_lora",
-           "adapter_filter",
+           "adapter_filter", "with_deltas",
            "lora_targets", "kernel_in_axes", "save_adapter", "load_adapter", "save_peft",
            "load_peft", "lora_param_count", "path_name", "PEFT_WEIGHTS", "PEFT_CONFIG"]
 
@@ -212,16 +212,17 @@ class LoRAAdapter(nnx.Module):
         return out
 
 
-def _with_deltas(model: nnx.Module, deltas: Mapping[tuple, jax.Array], sign: float = 1.0):
-    """A functional copy of ``model`` whose parameters at the given paths are W + sign·ΔW
-    (in W's dtype); ``model`` itself is untouched."""
+def with_deltas(model: nnx.Module, deltas: Mapping[tuple, jax.Array]) -> nnx.Module:
+    """A functional copy of ``model`` whose parameters at the given paths are W + ΔW (added in
+    float32, stored in W's dtype); ``model`` itself is untouched. ``deltas``: {parameter path
+    (tuple): ΔW shaped like W}."""
     graphdef, state = nnx.split(model)
     flat = []
     for path, var in nnx.to_flat_state(state):
         d = deltas.get(tuple(path))
         if d is not None:
             w = var.get_value()
-            var = var.replace((w.astype(jnp.float32) + sign * d).astype(w.dtype))
+            var = var.replace((w.astype(jnp.float32) + d).astype(w.dtype))
         flat.append((path, var))
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
@@ -274,7 +275,7 @@ class LoRAModel(nnx.Module):
         when none is active or it is merged). What every call runs."""
         if self.active is None or self.active in self.merged:
             return self.base
-        return _with_deltas(self.base, self.adapters[self.active].deltas())
+        return with_deltas(self.base, self.adapters[self.active].deltas())
 
     def __call__(self, *args, **kwargs):
         """The base's call with the active adapter applied (same arguments and results)."""

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lcjax.nn.lora import LoRAModel, LoRAParam
+from lcjax.nn.lora import LoRAModel, LoRAParam, with_deltas
 from lcjax.train.losses import answer_weights
 from lcjax.train.metrics import LOSS_WEIGHT, weighted_nll
 
@@ -124,19 +124,9 @@ def mixed_call(lora: LoRAModel, names: Sequence[str], gates: jax.Array, tokens: 
             gates.ndim == 2 and gates.shape[0] != tokens.shape[0]):
         raise ValueError(f"mixed_call: gates must be [{k}] or [batch={tokens.shape[0]}, {k}], "
                          f"got {gates.shape}")
-    graphdef, state = nnx.split(lora.base)
-    flat = list(nnx.to_flat_state(state))
-
     def run(g, x):
-        new = []
-        for path, var in flat:
-            d = stacked.get(tuple(path))
-            if d is not None:
-                w = var.get_value()
-                delta = jnp.tensordot(g.astype(jnp.float32), d, axes=1)
-                var = var.replace((w.astype(jnp.float32) + delta).astype(w.dtype))
-            new.append((path, var))
-        return nnx.merge(graphdef, nnx.from_flat_state(new))(x, **kwargs)
+        deltas = {p: jnp.tensordot(g.astype(jnp.float32), d, axes=1) for p, d in stacked.items()}
+        return with_deltas(lora.base, deltas)(x, **kwargs)
 
     if gates.ndim == 1:
         return run(gates, tokens)
