@@ -139,5 +139,5 @@ EXPERIMENT = Experiment(
     paper="ContextLM: next-context prediction (LUMIA-Group)",
     summary="byte LMs on Shakespeare at 3 sizes, with/without next-context prediction",
     run=run,
-    quick_budget_s=75,  # 65 s and 57 s quiet (2026-12-01, 30 steps x 6 models)
+    quick_budget_s=60,  # 32 s quiet (2026-12-02); 65 s on the 2026-12-01 machine
 )

@@ -134,7 +134,7 @@ EXPERIMENT = Experiment(
     summary="per-device compiled memory of one layer's fwd+bwd, UPipe vs Ulysses, H=32, C=8, "
             "GQA and MHA: reduction, largest-T gain, step-time ratio",
     run=run,
-    quick_budget_s=130,  # 113 s quiet (2026-12-01, with the d_model split)
+    quick_budget_s=110,  # 61 s quiet (2026-12-02); 113 s on the 2026-12-01 machine
 )
 
 
