@@ -55,7 +55,6 @@ __all__ = [
     "distil_compressor",
     "endpoint_from_env",
     "distillation_batches",
-    "distillation_docs",
     "distillation_rows",
     "optimise_guideline",
     "render_history",
@@ -416,21 +415,12 @@ def _ask(cfg: EndpointConfig, prompt: str, max_tokens: int, session: requests.Se
         raise EndpointError(f"ACON guideline optimiser ({what}) failed: {e}") from e
 
 
-def distillation_docs(states: Sequence[AgentState]) -> list[str]:
-    """Training documents for a byte-level compressor: per recorded compressor call,
-    ``render_byte_chat([user: prompt]) + output`` — the exact prompt ``lcjax serve`` builds
-    for a byte model's chat request, followed by the teacher's reply (``lcjax.train``
-    packs each document as ``BOS doc EOS``, so the student learns to stop after it)."""
-    from lcjax.serve import render_byte_chat
-
-    return [render_byte_chat([{"role": "user", "content": c["prompt"]}]) + c["output"]
-            for s in states for c in s.compressions]
-
-
 def distillation_rows(states: Sequence[AgentState], seq_len: int) -> dict:
     """One training row per recorded compressor call: the tokens
-    ``BOS chat(prompt) reply EOS`` (left-truncated to ``seq_len + 1``, so the reply is
-    kept), PAD after.
+    ``BOS chat(prompt) reply EOS``, where ``chat(prompt)`` is
+    ``render_byte_chat([user: prompt])`` — exactly the prompt ``lcjax serve`` builds for a byte
+    model's chat request — left-truncated to ``seq_len + 1`` tokens (so the reply is kept),
+    PAD after (:func:`lcjax.data.ruler.answer_rows`).
 
     Returns:
       ``inputs``, ``targets`` int32 ``[N, seq_len]`` (``targets`` = ``inputs`` shifted by
@@ -438,23 +428,25 @@ def distillation_rows(states: Sequence[AgentState], seq_len: int) -> dict:
       reply bytes or its EOS.
     """
     from lcjax.data import tokenizer as tok
+    from lcjax.data.ruler import answer_rows
     from lcjax.serve import render_byte_chat
 
     if not isinstance(seq_len, int) or seq_len < 2:
         raise ValueError(f"distillation_rows: `seq_len` must be an int >= 2, got {seq_len!r}")
-    calls = [c for s in states for c in s.compressions]
-    inputs = np.full((len(calls), seq_len), tok.PAD, np.int32)
-    targets = np.full((len(calls), seq_len), tok.PAD, np.int32)
-    mask = np.zeros((len(calls), seq_len), bool)
-    for i, c in enumerate(calls):
+    prompts, replies = [], []
+    for c in (c for s in states for c in s.compressions):
         head = tok.encode(render_byte_chat([{"role": "user", "content": c["prompt"]}]),
                           bos=True)
-        reply = np.concatenate([tok.encode(c["output"]), [tok.EOS]]).astype(np.int32)
+        reply = tok.encode(c["output"], eos=True)
         ids = np.concatenate([head, reply])[-(seq_len + 1):]
-        n = len(ids) - 1
-        inputs[i, :n], targets[i, :n] = ids[:-1], ids[1:]
-        mask[i, max(0, n - len(reply)):n] = True
-    return {"inputs": inputs, "targets": targets, "loss_mask": mask}
+        split = max(1, len(ids) - len(reply))   # a reply longer than the row keeps its tail
+        prompts.append(ids[:split])
+        replies.append(ids[split:])
+    if not prompts:
+        empty = np.zeros((0, seq_len), np.int32)
+        return {"inputs": empty, "targets": empty.copy(), "loss_mask": empty.astype(bool)}
+    rows = answer_rows(prompts, replies, seq_len)
+    return {k: rows[k] for k in ("inputs", "targets", "loss_mask")}
 
 
 def distillation_batches(states: Sequence[AgentState], *, steps: int, batch_size: int,

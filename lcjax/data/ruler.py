@@ -89,6 +89,7 @@ __all__ = [
     "Pool",
     "Sample",
     "answer_accuracy",
+    "answer_rows",
     "common_words",
     "find_values",
     "fit_length",
@@ -971,12 +972,53 @@ def suite() -> Suite:
 # --- batches and metrics --------------------------------------------------------------------
 
 
+def answer_rows(prompts: Sequence[Sequence[int]], answers: Sequence[Sequence[int]],
+                seq_len: int | None = None) -> dict[str, np.ndarray]:
+    """Teacher-forcing rows of token sequences: row b is ``prompts[b] + answers[b]`` (token
+    ids, specials included as given) split into ``inputs = seq[:-1]``, ``targets = seq[1:]``,
+    right-padded with PAD to ``seq_len`` (default: the longest row).
+
+    Returns:
+      ``inputs``, ``targets``: int32 ``[B, T]``; ``loss_mask``: bool ``[B, T]``, True exactly
+      where the target is an answer token (positions ``len(prompt) - 1`` to
+      ``len(prompt) + len(answer) - 2``; none for an empty answer); ``answer_start``: int32
+      ``[B]``, the first such position; ``answer_len``: int32 ``[B]``, their number.
+    """
+    if not len(prompts) or len(prompts) != len(answers):
+        raise ValueError(f"answer_rows: need as many prompts as answers (>= 1), got "
+                         f"{len(prompts)} and {len(answers)}")
+    rows = [(np.asarray(p, np.int32).reshape(-1), np.asarray(a, np.int32).reshape(-1))
+            for p, a in zip(prompts, answers)]
+    if any(len(p) == 0 for p, _ in rows):
+        raise ValueError("answer_rows: every prompt needs at least one token (the first "
+                         "target is predicted from it)")
+    longest = max(len(p) + len(a) - 1 for p, a in rows)
+    t = longest if seq_len is None else seq_len
+    if t < longest:
+        raise ValueError(f"answer_rows: a row needs {longest} positions, seq_len is {seq_len}")
+    b = len(rows)
+    inputs = np.full((b, t), PAD, np.int32)
+    targets = np.full((b, t), PAD, np.int32)
+    mask = np.zeros((b, t), bool)
+    start = np.zeros(b, np.int32)
+    count = np.zeros(b, np.int32)
+    for i, (p, a) in enumerate(rows):
+        seq = np.concatenate([p, a])
+        inputs[i, :len(seq) - 1] = seq[:-1]
+        targets[i, :len(seq) - 1] = seq[1:]
+        mask[i, len(p) - 1:len(seq) - 1] = True
+        start[i], count[i] = len(p) - 1, len(a)
+    return {"inputs": inputs, "targets": targets, "loss_mask": mask, "answer_start": start,
+            "answer_len": count}
+
+
 def make_batch(samples: Sequence[Sample], seq_len: int | None = None, *, bos: bool = True,
                eos: bool = False) -> dict[str, np.ndarray]:
     """Byte-token arrays for next-token training/evaluation on ``samples``.
 
     Row b is ``[BOS]? + prompt + answer + [EOS]?`` split into ``inputs = seq[:-1]``,
-    ``targets = seq[1:]``, right-padded with PAD to ``seq_len`` (default: the longest row).
+    ``targets = seq[1:]``, right-padded with PAD to ``seq_len`` (default: the longest row):
+    :func:`answer_rows` of the byte tokens.
 
     Returns:
       ``inputs``, ``targets``: int32 ``[B, T]``; ``loss_mask``: bool ``[B, T]``, True where
@@ -985,28 +1027,13 @@ def make_batch(samples: Sequence[Sample], seq_len: int | None = None, *, bos: bo
     """
     if not samples:
         raise ValueError("make_batch: `samples` is empty")
-    rows = []
-    for s in samples:
-        ids = np.frombuffer(s.prompt + s.answer, np.uint8).astype(np.int32)
-        seq = np.concatenate([[BOS]] * bos + [ids] + [[EOS]] * eos).astype(np.int32)
-        rows.append((seq, len(s.prompt) + bos - 1, len(s.answer) + eos))
-    longest = max(len(seq) - 1 for seq, _, _ in rows)
-    t = longest if seq_len is None else seq_len
-    if t < longest:
-        raise ValueError(f"make_batch: a sample needs {longest} positions, seq_len is {seq_len}")
-    b = len(rows)
-    inputs = np.full((b, t), PAD, np.int32)
-    targets = np.full((b, t), PAD, np.int32)
-    mask = np.zeros((b, t), bool)
-    start = np.zeros(b, np.int32)
-    count = np.zeros(b, np.int32)
-    for i, (seq, a0, na) in enumerate(rows):
-        inputs[i, :len(seq) - 1] = seq[:-1]
-        targets[i, :len(seq) - 1] = seq[1:]
-        mask[i, a0:a0 + na] = True
-        start[i], count[i] = a0, na
-    return {"inputs": inputs, "targets": targets, "loss_mask": mask, "answer_start": start,
-            "answer_len": count}
+    byte_ids = lambda b: np.frombuffer(b, np.uint8).astype(np.int32)
+    prompts = [np.concatenate([[BOS]] * bos + [byte_ids(s.prompt)]) for s in samples]
+    answers = [np.concatenate([byte_ids(s.answer)] + [[EOS]] * eos) for s in samples]
+    try:
+        return answer_rows(prompts, answers, seq_len)
+    except ValueError as e:
+        raise ValueError(f"make_batch: {str(e).removeprefix('answer_rows: ')}") from None
 
 
 def answer_accuracy(predictions, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -34,7 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from lcjax.data.tokenizer import BOS, PAD, encode
+from lcjax.data.ruler import answer_rows
+from lcjax.data.tokenizer import BOS, encode
 from lcjax.selection.plackett_luce import check_selection
 from lcjax.train.metrics import token_nll
 
@@ -186,26 +187,6 @@ def policy_cross_entropy(policy: SelectionPolicy, query: jax.Array, candidates: 
 
 # ---------------------------------------------------------------- reward: the LM's likelihood
 
-def _lm_rows(prompts: Sequence[np.ndarray], answers: Sequence[np.ndarray]):
-    """Teacher-forcing rows: inputs/targets int ``[M, T]`` (right-padded with PAD) and the
-    bool answer mask over targets."""
-    if len(prompts) != len(answers) or not prompts:
-        raise ValueError(f"need as many prompts as answers (>= 1), got {len(prompts)} and "
-                         f"{len(answers)}")
-    rows = [np.concatenate([np.asarray(p, np.int32), np.asarray(a, np.int32)])
-            for p, a in zip(prompts, answers)]
-    if any(len(a) == 0 for a in answers) or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt and answer needs at least one token")
-    t = max(len(r) for r in rows) - 1
-    inputs = np.full((len(rows), t), PAD, np.int32)
-    targets = np.full((len(rows), t), PAD, np.int32)
-    mask = np.zeros((len(rows), t), bool)
-    for i, (r, p) in enumerate(zip(rows, prompts)):
-        inputs[i, :len(r) - 1], targets[i, :len(r) - 1] = r[:-1], r[1:]
-        mask[i, len(p) - 1:len(r) - 1] = True
-    return inputs, targets, mask
-
-
 @nnx.jit
 def _masked_loglik(model, inputs, targets, mask):
     nll, _ = token_nll(model(inputs), targets)
@@ -215,7 +196,8 @@ def _masked_loglik(model, inputs, targets, mask):
 def answer_log_likelihood(model: Callable, prompts: Sequence[np.ndarray],
                           answers: Sequence[np.ndarray]) -> jax.Array:
     """``log p_LM(answer | prompt) = Σ_t log softmax(model(row))[t, answer_t]`` per row,
-    teacher forced in one batched forward pass (rows right-padded; the LM is causal).
+    teacher forced in one batched forward pass (rows of
+    :func:`lcjax.data.ruler.answer_rows`: right-padded with PAD; the LM is causal).
 
     Args:
       model: an lcjax LM (nnx module, ``model(tokens [B, T]) -> logits [B, T, V]``).
@@ -224,8 +206,11 @@ def answer_log_likelihood(model: Callable, prompts: Sequence[np.ndarray],
     Returns:
       float32 ``[M]``.
     """
-    inputs, targets, mask = _lm_rows(prompts, answers)
-    return _masked_loglik(model, jnp.asarray(inputs), jnp.asarray(targets), jnp.asarray(mask))
+    if any(len(a) == 0 for a in answers):
+        raise ValueError("answer_log_likelihood: every answer needs at least one token")
+    rows = answer_rows(prompts, answers)
+    return _masked_loglik(model, *(jnp.asarray(rows[k])
+                                   for k in ("inputs", "targets", "loss_mask")))
 
 
 def demonstration_reward(model: Callable, demonstrations: Sequence[str], query: str,
