@@ -11,17 +11,27 @@ A :class:`Suite` is what ``lcjax.eval.evaluate`` consumes::
 ``generate(task, seed, length, *, tokenizer=None, **overrides)`` is the generator module's
 own (``lcjax.data.ruler.generate``, ``lcjax.data.nolima.generate``): ``length`` counts
 tokens of ``tokenizer`` (bytes when None) and the result is a ``lcjax.data.ruler.Sample``.
+
+**Per-suite hooks.** A suite may carry its own metrics and report, and declare options:
+
+* ``Suite.score(sample, prediction) -> dict``: extra per-item scores; the evaluator stores
+  them in each record as ``record["suite_metrics"]`` (an error scores the empty reply);
+* ``Suite.report(records, out_dir) -> dict``: writes the suite's own tables / plots from
+  the evaluator's records and returns a JSON-able summary (``lcjax eval`` prints it);
+* ``register_suite(name, factory, options=(SuiteOption("--langs", ...),))``: keyword
+  options of the factory, ``get_suite(name, langs=...)``; ``lcjax eval`` adds them as
+  flags (:func:`suite_options`) and passes the given ones to the factory.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["BYTES", "Suite", "SuiteTask", "TokenCounter", "as_tokenizer", "get_suite",
-           "register_suite", "suites"]
+__all__ = ["BYTES", "Suite", "SuiteOption", "SuiteTask", "TokenCounter", "as_tokenizer",
+           "get_suite", "register_suite", "suite_options", "suites"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,11 +50,15 @@ class SuiteTask:
 
 @dataclasses.dataclass(frozen=True)
 class Suite:
-    """A named list of :class:`SuiteTask` over one ``generate`` function."""
+    """A named list of :class:`SuiteTask` over one ``generate`` function, with optional
+    hooks ``score(sample, prediction) -> dict`` (extra per-record metrics) and
+    ``report(records, out_dir) -> dict`` (the suite's own report; module docstring)."""
 
     name: str
     generate: Callable[..., Any]
     tasks: tuple[SuiteTask, ...]
+    score: Callable[[Any, str], Mapping[str, Any]] | None = None
+    report: Callable[[Any, str], Mapping[str, Any]] | None = None
 
     def task(self, name: str) -> SuiteTask:
         for t in self.tasks:
@@ -54,27 +68,77 @@ class Suite:
                          f"known: {[t.name for t in self.tasks]}")
 
 
-_SUITES: dict[str, Callable[[], Suite]] = {}
+@dataclasses.dataclass(frozen=True)
+class SuiteOption:
+    """A keyword option of a suite factory, offered by ``lcjax eval`` as ``flag``
+    (``"--langs"`` -> keyword ``langs``); ``type`` parses the flag's text."""
+
+    flag: str
+    help: str
+    type: Callable[[str], Any] = str
+
+    def __post_init__(self):
+        if not self.flag.startswith("--") or len(self.flag) < 3:
+            raise ValueError(f"SuiteOption: flag must look like '--name', got {self.flag!r}")
+
+    @property
+    def dest(self) -> str:
+        """The factory keyword (and argparse ``dest``) of the flag."""
+        return self.flag[2:].replace("-", "_")
 
 
-def register_suite(name: str, factory: Callable[[], Suite]) -> None:
-    """Register a suite factory (called lazily by :func:`get_suite`)."""
-    _SUITES[name] = factory
+_SUITES: dict[str, tuple[Callable[..., Suite], tuple[SuiteOption, ...]]] = {}
 
 
-def get_suite(name: str) -> Suite:
-    """The suite registered as ``name`` ("ruler", "nolima", ...)."""
-    if name not in _SUITES:
-        import lcjax.data.ruler  # noqa: F401  (modules register their suites at import)
-        try:
-            import lcjax.data.nolima  # noqa: F401
-        except ImportError:
-            pass
-        import lcjax.data.mgal  # noqa: F401  (suite "mgal": Debian Reference, loaded lazily)
+def register_suite(name: str, factory: Callable[..., Suite],
+                   options: Sequence[SuiteOption] = ()) -> None:
+    """Register a suite factory (called lazily by :func:`get_suite`) and the keyword
+    ``options`` it accepts."""
+    _SUITES[name] = (factory, tuple(options))
+
+
+def _import_builtin(name: str | None) -> None:
+    if name is not None and name in _SUITES:
+        return
+    import lcjax.data.ruler  # noqa: F401  (modules register their suites at import)
     try:
-        return _SUITES[name]()
+        import lcjax.data.nolima  # noqa: F401
+    except ImportError:
+        pass
+    import lcjax.data.mgal  # noqa: F401  (suite "mgal": Debian Reference, loaded lazily)
+
+
+def _entry(name: str):
+    _import_builtin(name)
+    try:
+        return _SUITES[name]
     except KeyError:
         raise ValueError(f"unknown suite {name!r}; registered: {sorted(_SUITES)}") from None
+
+
+def get_suite(name: str, **options: Any) -> Suite:
+    """The suite registered as ``name`` ("ruler", "nolima", ...), its factory called with
+    ``options`` (each one of its :func:`suite_options`)."""
+    factory, declared = _entry(name)
+    known = {o.dest for o in declared}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"suite {name!r} takes no option {unknown}; it takes "
+                         f"{sorted(known) or 'none'}")
+    return factory(**options)
+
+
+def suite_options(name: str | None = None) -> tuple[SuiteOption, ...]:
+    """The options suite ``name`` declares; with None, every registered suite's (after
+    importing the built-in suites), each flag once."""
+    if name is not None:
+        return _entry(name)[1]
+    _import_builtin(None)
+    seen: dict[str, SuiteOption] = {}
+    for _, opts in _SUITES.values():
+        for o in opts:
+            seen.setdefault(o.flag, o)
+    return tuple(seen.values())
 
 
 def suites() -> list[str]:

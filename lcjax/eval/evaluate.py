@@ -86,6 +86,13 @@ def make_runner(target: Any, *, max_new_tokens: int, batch_size: int = 8,
                      "model, a run folder, an EndpointConfig or a callable")
 
 
+def _with_suite_metrics(suite: Suite, item: EvalItem, record: dict) -> dict:
+    """``record`` with ``suite_metrics`` from the suite's ``score`` hook (if it has one)."""
+    if suite.score is not None:
+        record["suite_metrics"] = dict(suite.score(item.sample, record["prediction"] or ""))
+    return record
+
+
 def _check_header(path: str, saved: dict | None, header: dict) -> None:
     if saved is None:
         return
@@ -136,7 +143,10 @@ def evaluate(
     Returns:
       :class:`EvalResults`, records in item order. A failed item (an exception in the
       callable, a failed or malformed endpoint reply) is a record with ``error`` set and
-      scores 0; nothing about one item stops the run.
+      scores 0; nothing about one item stops the run. When the suite has a ``score`` hook
+      (:class:`~lcjax.data.suites.Suite`), every record also holds
+      ``suite_metrics = suite.score(item.sample, prediction)`` (the empty reply for an
+      error; resumed records without it are scored again from their prediction).
     """
     suite = resolve_suite(suite)
     items = build_items(suite, lengths, depths, n_per_cell, seed, tasks=tasks,
@@ -164,7 +174,7 @@ def evaluate(
     errors = sum(r.get("error") is not None for r in done.values())
     try:
         for i, text, error in runner([it.prompt for it in todo]):
-            record = make_record(todo[i], text, error)
+            record = _with_suite_metrics(suite, todo[i], make_record(todo[i], text, error))
             done[todo[i].key] = record
             if out is not None:
                 out.append(record)
@@ -175,6 +185,9 @@ def evaluate(
         bar.close()
         if out is not None:
             out.close()
+    for it in items:
+        if it.key in done and suite.score is not None and "suite_metrics" not in done[it.key]:
+            done[it.key] = _with_suite_metrics(suite, it, dict(done[it.key]))
     config = {**header, "tasks": list(dict.fromkeys(it.task for it in items)),
               "lengths": [int(n) for n in lengths], "depths": [float(d) for d in depths],
               "n_per_cell": int(n_per_cell), "items": len(items),
