@@ -10,6 +10,7 @@ import pytest
 from mgal_synthetic import LANGS, Synthetic
 
 from lcjax.data import mgal
+from lcjax.data.suites import as_tokenizer
 from lcjax.eval import mgal_metrics as mm
 
 LENGTHS = (6000, 12000)
@@ -311,13 +312,77 @@ def test_suite_through_the_evaluator_and_heatmaps(corpus, tmp_path):
     assert all(open(p, "rb").read(8).startswith(b"\x89PNG") for p in paths.values())
 
 
-def test_cli_langs_flag_selects_tasks():
-    import argparse
+def test_context_trim_recounts_once_per_overshoot(corpus):
+    # a tokenizer whose piecewise counts undercount: "\n\n## " (a section boundary, split
+    # across two pieces) is one extra token, so the assembled context must be trimmed
+    calls = []
 
-    from lcjax.eval.cli import add_arguments
+    def encode(text):
+        calls.append(len(text))
+        return [0] * (len(text) + 40 * text.count("\n\n## "))
 
-    p = argparse.ArgumentParser()
-    add_arguments(p)
-    args = p.parse_args(["--suite", "mgal", "--endpoint", "http://x", "--langs", "en,ja",
-                         "--lengths", "8k,16k", "--out", "o"])
-    assert args.langs == ("en", "ja") and args.lengths == (8192, 16384)
+    counter = as_tokenizer(encode)
+    for budget in (3000, 6000):
+        calls.clear()
+        ctx = mgal.build_context(corpus, "en", budget, 0, counter)
+        full = [n for n in calls if n >= len(ctx.text)]  # counts of the whole context
+        assert counter.count(ctx.text) <= budget < len(ctx.text) + 40 * ctx.text.count(
+            "\n\n## ") + 600  # fits, and not over-trimmed (a paragraph is < 600 bytes)
+        assert ctx.text.count("\n\n## ") >= 3 and len(full) <= 3
+
+
+# --- through lcjax eval: per-suite options and report -----------------------------------------
+
+
+def test_cli_suite_options_and_mgal_report(corpus, tmp_path, capsys):
+    import json
+
+    from test_eval_endpoint import ScriptedServer
+
+    from lcjax.cli import main
+    from lcjax.data.suites import SuiteOption, register_suite
+    from lcjax.eval.items import build_items
+
+    def factory(langs=None):
+        return mgal.make_suite(corpus, langs=langs, name="mgal_syn")
+
+    register_suite("mgal_syn", factory, options=(
+        SuiteOption("--langs", "languages", lambda t: tuple(t.split(","))),))
+    items = build_items(factory(("en", "ja")), (6000,), (0.0, 0.5, 1.0), 1, 0)
+    en = {it.prompt.decode(): it.answer.decode() for it in items if it.task.startswith("en/")}
+    answers = {it.prompt.decode(): en.get(it.prompt.decode(), "nothing") for it in items}
+    argv = ["eval", "--suite", "mgal_syn", "--langs", "en,ja", "--lengths", "6000",
+            "--depths", "0,0.5,1", "--n-per-cell", "1", "--out", str(tmp_path),
+            "--no-progress", "--retries", "0", "--timeout", "5"]
+    with ScriptedServer(answers) as server:
+        assert main([*argv, "--endpoint", server.url + "/v1"]) == 0
+        asked = set(server.counts)
+    assert asked == set(answers)
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    grid = printed["mgal_syn"]["grid"]
+    assert json.loads((tmp_path / "mgal_metrics.json").read_text())["grid"] == grid
+    # the same grid from the items themselves (mgal_metrics.score_items, no evaluator)
+    own = mm.summarize(mm.score_items([it.sample.info["item"] for it in items],
+                                      [answers[it.prompt.decode()] for it in items]),
+                       by=mm.GRID_BY)
+    assert len(grid) == len(own) == 4 * 3 * 2
+    for row in grid:
+        key = (row["granularity"], row["position_doc"], row["language"])
+        assert {k: row[k] for k in own[key]} == own[key]
+        assert row["accuracy"] == (1.0 if row["language"] == "en" else 0.0)
+    for name in ("mgal_metrics.md", "mgal_accuracy_language_x_granularity.png",
+                 "mgal_accuracy_position_x_granularity.png",
+                 "mgal_language_x_granularity.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    records = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()[1:]]
+    assert all(r["suite_metrics"]["language"] == r["task"][:2] for r in records)
+    with pytest.raises(SystemExit, match="takes no --langs"):  # not a ruler option
+        main(["eval", "--suite", "ruler", "--langs", "en", "--endpoint", "http://x",
+              "--lengths", "1k", "--out", str(tmp_path / "r")])
+    with pytest.raises(SystemExit, match="subset"):
+        main([*argv[:4], "fr", *argv[5:], "--endpoint", "http://x"])
+
+
+def test_mgal_report_needs_suite_metrics(tmp_path):
+    with pytest.raises(ValueError, match="suite_metrics"):
+        mm.write_report([{"task": "en/word", "depth": 0.0}], str(tmp_path))

@@ -67,7 +67,14 @@ import numpy as np
 
 from lcjax.data import parallel
 from lcjax.data.parallel import ParallelCorpus
-from lcjax.data.suites import Suite, SuiteTask, TokenCounter, as_tokenizer, register_suite
+from lcjax.data.suites import (
+    Suite,
+    SuiteOption,
+    SuiteTask,
+    TokenCounter,
+    as_tokenizer,
+    register_suite,
+)
 
 __all__ = [
     "CJK_LANGS",
@@ -84,7 +91,9 @@ __all__ = [
     "generate",
     "make_suite",
     "position_of",
+    "report_records",
     "sample",
+    "score_sample",
 ]
 
 GRANULARITIES = ("word", "sentence", "paragraph", "document")
@@ -306,21 +315,30 @@ def build_context(corpus: ParallelCorpus, lang: str, budget: int, start_section:
         if not rec.complete:
             break
     text = "".join(pieces)
-    while out_secs and counter.count(text) > budget:  # piecewise counts can undercount
-        text, paras, out_secs = _drop_last_para(text, paras, out_secs)
+    total = counter.count(text)
+    while out_secs and total > budget:  # piecewise counts can undercount (merges across pieces)
+        text, paras, out_secs = _trim(text, paras, out_secs, total - budget, counter)
+        total = counter.count(text)
     return _Context(text, paras, out_secs, lang)
 
 
-def _drop_last_para(text, paras, secs):
-    if secs[-1].paras:
-        last = paras.pop()
-        secs[-1].paras.pop()
-        secs[-1].complete = False
-        cut = last.start - 2
-    else:
-        cut = max(secs[-1].start - 5, 0)
-        secs.pop()
-    return text[:cut], paras, secs
+def _trim(text, paras, secs, excess, counter):
+    """Drops trailing paragraphs (and then empty trailing sections) until their own token
+    counts add up to at least ``excess``: one re-count of the context per call instead of
+    one per dropped paragraph."""
+    dropped = 0
+    while secs and dropped < excess:
+        if secs[-1].paras:
+            last = paras.pop()
+            secs[-1].paras.pop()
+            secs[-1].complete = False
+            cut = last.start - 2
+        else:
+            cut = max(secs[-1].start - 5, 0)
+            secs.pop()
+        dropped += max(counter.count(text[cut:]), 1)
+        text = text[:cut]
+    return text, paras, secs
 
 
 # --- tasks -----------------------------------------------------------------------------------
@@ -729,11 +747,32 @@ def sample(corpus: ParallelCorpus, task: str, seed, length: int, *, depth: float
                   tokenizer=counter.name, question=item.question.encode())
 
 
+def score_sample(sample, prediction: str) -> dict:
+    """The suite's ``score`` hook: :func:`lcjax.eval.mgal_metrics.score_item` of the sample's
+    :class:`MgalItem` (``sample.info["item"]``) and the reply."""
+    from lcjax.eval.mgal_metrics import score_item
+
+    return score_item(sample.info["item"], prediction)
+
+
+def report_records(records, out_dir: str) -> dict:
+    """The suite's ``report`` hook: :func:`lcjax.eval.mgal_metrics.write_report`."""
+    from lcjax.eval.mgal_metrics import write_report
+
+    return write_report(records, out_dir)
+
+
 def make_suite(corpus: ParallelCorpus, *, langs: Sequence[str] | None = None,
                name: str = "mgal") -> Suite:
     """An evaluator :class:`~lcjax.data.suites.Suite` over ``corpus``: one task
-    ``"<lang>/<granularity>"`` per language and granularity, depth = position."""
+    ``"<lang>/<granularity>"`` per language of ``langs`` (default: all of the corpus) and
+    granularity, depth = position; its ``score`` / ``report`` hooks are MGAL's metrics
+    (:func:`score_sample`, :func:`report_records`)."""
     langs = tuple(corpus.langs if langs is None else langs)
+    bad = [lang for lang in langs if lang not in corpus.langs]
+    if bad or not langs:
+        raise ValueError(f"mgal suite: langs {list(langs)} must be a non-empty subset of the "
+                         f"corpus languages {list(corpus.langs)}")
     cache: dict = {}
 
     def generate_sample(task, seed, length, *, depth=0.5, tokenizer=None):
@@ -741,7 +780,7 @@ def make_suite(corpus: ParallelCorpus, *, langs: Sequence[str] | None = None,
 
     tasks = tuple(SuiteTask(f"{lang}/{g}", f"{lang}/{g}") for lang in langs
                   for g in GRANULARITIES)
-    return Suite(name, generate_sample, tasks)
+    return Suite(name, generate_sample, tasks, score=score_sample, report=report_records)
 
 
 @functools.lru_cache(maxsize=1)
@@ -749,10 +788,16 @@ def _debian_corpus() -> ParallelCorpus:
     return parallel.load_debian_reference(parallel.DEBIAN_LANGS)
 
 
-def _debian_suite() -> Suite:
+def _debian_suite(langs: Sequence[str] | None = None) -> Suite:
     """Suite ``"mgal"``: Debian Reference, all 11 languages aligned together (so an item does
-    not depend on which languages a run asks for)."""
-    return make_suite(_debian_corpus())
+    not depend on which languages a run asks for); ``langs`` keeps those languages' tasks."""
+    return make_suite(_debian_corpus(), langs=langs)
 
 
-register_suite("mgal", _debian_suite)
+def _lang_list(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+register_suite("mgal", _debian_suite, options=(
+    SuiteOption("--langs", "mgal: comma list of languages (Debian codes; default all 11)",
+                _lang_list),))

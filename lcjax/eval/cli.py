@@ -9,6 +9,12 @@
 Writes ``OUT/results.jsonl`` (one record per finished item; ``--resume`` skips those),
 ``OUT/results.json``, ``OUT/results.md`` and ``OUT/<task>_heatmap.png``, and prints the
 overall scores as JSON.
+
+Suites plug in without special cases here (``lcjax.data.suites``): the flags a suite
+declares (``register_suite(..., options=...)``, e.g. mgal's ``--langs``) are added to the
+parser and passed to its factory, and a suite with a ``report`` hook writes its own files
+into ``OUT`` (mgal: the granularity × position × language grid of MGAL's metrics); its
+summary is printed under the suite's name.
 """
 
 from __future__ import annotations
@@ -39,8 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-per-cell", type=int, default=4, help="items per task, length, depth")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tasks", type=_names, default=None, help="comma list (default: all)")
-    parser.add_argument("--langs", type=_names, default=None,
-                        help="suites with tasks named <lang>/<...> (mgal): keep these languages")
+    from lcjax.data.suites import suite_options
+
+    extra = parser.add_argument_group("suite options (passed to the suite's factory)")
+    for opt in suite_options():
+        extra.add_argument(opt.flag, dest=opt.dest, type=opt.type, default=None, help=opt.help)
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--resume", action="store_true",
                         help="skip the items already in OUT/results.jsonl")
@@ -79,19 +88,10 @@ def run(args: argparse.Namespace) -> int:
                                 concurrency=args.concurrency)
     else:
         target = args.model
-    tasks = args.tasks
-    if getattr(args, "langs", None):
-        from lcjax.data.suites import get_suite
-
-        names = [t.name for t in get_suite(args.suite).tasks
-                 if t.name.split("/")[0] in args.langs]
-        tasks = [n for n in names if args.tasks is None or n in args.tasks]
-        if not tasks:
-            raise SystemExit(f"lcjax eval: no task of suite {args.suite!r} for --langs "
-                             f"{','.join(args.langs)}")
+    suite, options = suite_from_args(args)
     results = evaluate(
-        target, args.suite, args.lengths, args.depths, args.n_per_cell, args.seed,
-        tasks=tasks, results_file=os.path.join(args.out, "results.jsonl"),
+        target, suite, args.lengths, args.depths, args.n_per_cell, args.seed,
+        tasks=args.tasks, results_file=os.path.join(args.out, "results.jsonl"),
         resume=args.resume, retry_errors=args.retry_errors, batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens, attention=args.attention, progress=args.progress)
     command = command_line(["lcjax", "eval"], [
@@ -99,15 +99,31 @@ def run(args: argparse.Namespace) -> int:
         ("--api-model", args.api_model), ("--chat", args.chat or None),
         ("--lengths", args.lengths), ("--depths", args.depths),
         ("--n-per-cell", args.n_per_cell), ("--seed", args.seed), ("--tasks", args.tasks),
-        ("--langs", getattr(args, "langs", None)),
-        ("--attention", args.attention), ("--out", args.out)])
+        *options, ("--attention", args.attention), ("--out", args.out)])
     write_report(results, args.out, command=command, machine=machine_info())
-    if args.suite == "mgal":  # language x granularity, position x granularity
-        from lcjax.eval.mgal_metrics import write_heatmaps
-
-        write_heatmaps(results.records, args.out)
-    print(json.dumps({"overall": results.summary["overall"], "out": args.out}))
+    printed = {"overall": results.summary["overall"], "out": args.out}
+    if suite.report is not None:
+        printed[suite.name] = suite.report(results.records, args.out)
+    print(json.dumps(printed))
     return 0
+
+
+def suite_from_args(args: argparse.Namespace):
+    """``(suite, [(flag, value)])``: the suite ``args.suite`` built with the suite flags
+    given; a flag another suite declares is an error."""
+    from lcjax.data.suites import get_suite, suite_options
+
+    own = {o.dest: o for o in suite_options(args.suite)}
+    given = {o.dest: o for o in suite_options() if getattr(args, o.dest, None) is not None}
+    foreign = sorted(o.flag for d, o in given.items() if d not in own)
+    if foreign:
+        raise SystemExit(f"lcjax eval: suite {args.suite!r} takes no {', '.join(foreign)}")
+    kwargs = {d: getattr(args, d) for d in given}
+    try:
+        suite = get_suite(args.suite, **kwargs)
+    except ValueError as e:
+        raise SystemExit(f"lcjax eval: {e}") from None
+    return suite, [(own[d].flag, v) for d, v in kwargs.items()]
 
 
 if __name__ == "__main__":  # python -m lcjax.eval.cli ...

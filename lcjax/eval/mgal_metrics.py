@@ -19,6 +19,12 @@ The metrics keep the two apart:
   item language's script (:func:`script_share`) and its token count is within a factor 2 of
   the gold answer's. ``drifting`` = fluent and ``consistency < 0.5``: the failure MGAL
   describes, reported next to (not inside) the consistency score.
+
+``accuracy`` (:func:`summarize`) is the headline per cell: the mean over a cell's items of
+``correct`` (multiple choice) or ``exact`` (open answers). Through the evaluator
+(``lcjax eval --suite mgal``) the suite's ``score`` hook stores :func:`score_item` in each
+record's ``suite_metrics`` and :func:`write_report` writes the granularity × position ×
+language grid (``mgal_metrics.json`` / ``.md``) and its heat maps.
 """
 
 from __future__ import annotations
@@ -30,11 +36,13 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from lcjax.data.mgal import CJK_LANGS, MgalItem
 
-__all__ = ["DRIFT_THRESHOLD", "exact_match", "normalize", "parse_choice", "score_item",
-           "eval_grids", "plot_grid", "score_items", "script_share", "source_text",
-           "write_heatmaps", "summarize", "token_f1", "tokens"]
+__all__ = ["DRIFT_THRESHOLD", "GRID_BY", "exact_match", "normalize", "parse_choice",
+           "score_item", "eval_grids", "grid_markdown", "metric_grids", "plot_grid", "score_items",
+           "script_share", "source_text", "write_heatmaps", "write_report", "summarize",
+           "token_f1", "tokens"]
 
 DRIFT_THRESHOLD = 0.5
+GRID_BY = ("granularity", "position_doc", "language")
 _CJK_CHAR = re.compile(r"[\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\u9fff"
                        r"\uac00-\ud7af\uf900-\ufaff]")
 _TOKEN = re.compile(r"[\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\u9fff"
@@ -153,8 +161,9 @@ def _mean(values: Iterable) -> float | None:
 
 def summarize(records: Sequence[Mapping], by: Sequence[str] = ("language", "granularity")
               ) -> dict[tuple, dict]:
-    """Per group (``by`` tags): ``n``, ``mc_accuracy``, ``exact_match``, ``consistency_f1``,
-    ``fluent`` and ``fluent_but_drifting`` rates (None where a group has no such record)."""
+    """Per group (``by`` tags): ``n``, ``accuracy`` (mean of ``correct`` / ``exact`` over
+    all items), ``mc_accuracy``, ``exact_match``, ``consistency_f1``, ``fluent`` and
+    ``fluent_but_drifting`` rates (None where a group has no such record)."""
     groups: dict[tuple, list[Mapping]] = {}
     for r in records:
         groups.setdefault(tuple(r[k] for k in by), []).append(r)
@@ -164,6 +173,8 @@ def summarize(records: Sequence[Mapping], by: Sequence[str] = ("language", "gran
         mc = [r for r in rs if r["kind"] == "mc"]
         op = [r for r in rs if r["kind"] == "open"]
         out[key] = {"n": len(rs), "n_mc": len(mc), "n_open": len(op),
+                    "accuracy": _mean(r["correct"] if r["kind"] == "mc" else r["exact"]
+                                      for r in rs),
                     "mc_accuracy": _mean(r["correct"] for r in mc),
                     "exact_match": _mean(r["exact"] for r in op),
                     "consistency_f1": _mean(r["consistency"] for r in op),
@@ -224,3 +235,95 @@ def write_heatmaps(records: Sequence[Mapping], out_dir: str, *, title: str = "mg
                   label=f"{metric} (%)")
         paths[name] = path
     return paths
+
+
+# --- MGAL's own metrics through the evaluator (the suite's ``report`` hook) -----------------
+
+
+def _suite_metrics(records: Sequence[Mapping]) -> list[Mapping]:
+    missing = sum("suite_metrics" not in r for r in records)
+    if missing:
+        raise ValueError(f"mgal report: {missing} of {len(records)} records have no "
+                         "suite_metrics (evaluate with an mgal suite, whose score hook adds them)")
+    return [r["suite_metrics"] for r in records]
+
+
+def metric_grids(scores: Sequence[Mapping], metric: str = "accuracy"
+                 ) -> dict[str, tuple[list[str], list[str], list[list[float | None]]]]:
+    """``metric`` of :func:`summarize` in percent on the grids ``"language_x_granularity"``
+    and ``"position_x_granularity"`` of :func:`score_item` records, each ``(row labels,
+    column labels, values)``; None for an empty cell or a cell without such items."""
+    from lcjax.data.mgal import GRANULARITIES, POSITIONS
+
+    grans = [g for g in GRANULARITIES if any(r["granularity"] == g for r in scores)]
+    langs = list(dict.fromkeys(r["language"] for r in scores))
+    poss = [p for p in POSITIONS if any(r["position_doc"] == p for r in scores)]
+    out = {}
+    for name, tag, labels in (("language_x_granularity", "language", langs),
+                              ("position_x_granularity", "position_doc", poss)):
+        table = summarize(scores, by=(tag, "granularity"))
+        values = [[None if (lab, g) not in table or table[(lab, g)][metric] is None
+                   else 100.0 * table[(lab, g)][metric] for g in grans] for lab in labels]
+        out[name] = (labels, grans, values)
+    return out
+
+
+def _fmt(x) -> str:
+    return "–" if x is None else f"{100 * x:.0f}"
+
+
+def grid_markdown(rows: Sequence[Mapping]) -> str:
+    """The grid rows of :func:`write_report` as a Markdown table (rates in percent)."""
+    cols = ("accuracy", "mc_accuracy", "exact_match", "consistency_f1", "fluent",
+            "fluent_but_drifting")
+    lines = ["| granularity | position | language | n (mc/open) | " + " | ".join(cols) + " |",
+             "|---|---|---|---|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append(f"| {r['granularity']} | {r['position_doc']} | {r['language']} | "
+                     f"{r['n']} ({r['n_mc']}/{r['n_open']}) | "
+                     + " | ".join(_fmt(r[c]) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def write_report(records: Sequence[Mapping], out_dir: str, *, title: str = "mgal",
+                 metrics: Sequence[str] = ("accuracy",)) -> dict:
+    """MGAL's metrics of evaluator records (each with ``suite_metrics``, :func:`score_item`):
+    writes ``mgal_metrics.json`` (``overall``, the ``grid`` granularity × position_doc ×
+    language, and both marginal grids), ``mgal_metrics.md``, heat maps of ``metrics``
+    (``mgal_<metric>_<grid>.png``, grids of :func:`metric_grids`) and the string-match ones
+    (:func:`write_heatmaps`); returns ``{"overall", "grid", "files"}``."""
+    import json
+    import os
+
+    scores = _suite_metrics(records)
+    os.makedirs(out_dir, exist_ok=True)
+
+    def rows(by):
+        return [{**dict(zip(by, key)), **stats} for key, stats in summarize(scores, by).items()]
+
+    from lcjax.data.mgal import GRANULARITIES, POSITIONS
+
+    order = {**{g: i for i, g in enumerate(GRANULARITIES)},
+             **{p: i for i, p in enumerate(POSITIONS)}}
+    langs = {lang: i for i, lang in enumerate(dict.fromkeys(r["language"] for r in scores))}
+    grid = sorted(rows(GRID_BY), key=lambda r: (order[r["granularity"]],
+                                                 order[r["position_doc"]], langs[r["language"]]))
+    overall = summarize(scores, by=())[()] if scores else {}
+    payload = {"overall": overall, "grid": grid,
+               "language_x_granularity": rows(("language", "granularity")),
+               "position_x_granularity": rows(("position_doc", "granularity"))}
+    files = [os.path.join(out_dir, "mgal_metrics.json"), os.path.join(out_dir, "mgal_metrics.md")]
+    with open(files[0], "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=2)
+    with open(files[1], "w", encoding="utf-8") as f:
+        f.write(f"# {title}: MGAL metrics (granularity x position x language)\n\n"
+                + grid_markdown(grid) + "\n")
+    for metric in metrics:
+        for name, (rlabels, clabels, values) in metric_grids(scores, metric).items():
+            path = os.path.join(out_dir, f"mgal_{metric}_{name}.png")
+            plot_grid(rlabels, clabels, values, path,
+                      title=f"{title}: {metric}, {name.replace('_x_', ' x ')}",
+                      label=f"{metric} (%)")
+            files.append(path)
+    files += list(write_heatmaps(records, out_dir, title=title).values())
+    return {"overall": overall, "grid": grid, "files": files}
