@@ -23,7 +23,6 @@ from lcjax.agents import (
     RecallTask,
     agent_prompt,
     distil_compressor,
-    distillation_docs,
     distillation_rows,
     endpoint_from_env,
     make_tasks,
@@ -292,7 +291,9 @@ def test_compressor_calls_are_recorded_and_distil_through_train(scripted):
     reset(server)
     agent = agent_for(url, t_obs=T_OBS, t_hist=T_HIST, guideline="Keep codes.")
     states = [run_task(agent, t) for t in make_tasks(2, seed=20)]
-    docs = distillation_docs(states)
+    calls = [c for s in states for c in s.compressions]   # the serve chat prompt, then reply
+    docs = [render_byte_chat([{"role": "user", "content": c["prompt"]}]) + c["output"]
+            for c in calls]
     served = [(role, p) for role, p in server.prompts if role.startswith("compress")]
     assert len(docs) == sum(s.metrics()["compressions"] for s in states) == len(served)
     for doc, (_, prompt) in zip(docs, served):  # the teacher's prompt, then its reply
@@ -303,7 +304,7 @@ def test_compressor_calls_are_recorded_and_distil_through_train(scripted):
                for k in kept)
     rows = distillation_rows(states, 128)
     for i, doc in enumerate(docs):  # targets: the doc's last bytes, then EOS; mask: reply+EOS
-        reply = states[0].compressions + states[1].compressions
+        reply = calls
         t, m = rows["targets"][i], rows["loss_mask"][i]
         n = int((t != tok.PAD).sum())
         assert t[n - 1] == tok.EOS and tok.decode(t[:n - 1]) == doc[-(n - 1):]

@@ -17,6 +17,7 @@ from lcjax.data.tokenizer import BOS, encode
 from lcjax.nn import DecoderConfig, DecoderLM
 from lcjax.selection import (
     SelectionPolicy,
+    answer_log_likelihood,
     best_of_k_selection,
     demonstration_reward,
     gumbel_top_k,
@@ -205,6 +206,30 @@ def test_reward_equals_hand_computed_log_likelihood(tiny_lm):
         reward(np.arange(6)[None])
     order, value = best_of_k_selection(reward, jax.random.key(1), 5, 3, 3)  # same [3, T] shape
     assert value == pytest.approx(float(reward(order)), rel=1e-5)
+
+
+def test_answer_log_likelihood_padded_rows_equal_unpadded_forward_passes(tiny_lm):
+    """Prompts and answers of different lengths share one right-padded batch; each row's
+    value equals the same sum from that row's own forward pass, without any padding."""
+    rng = np.random.default_rng(11)
+    lengths = [(1, 1), (9, 2), (4, 6)]           # (prompt, answer) tokens
+    prompts = [np.concatenate([[BOS], rng.integers(256, size=p - 1)]).astype(np.int32)
+               for p, _ in lengths]
+    answers = [rng.integers(258, size=a).astype(np.int32) for _, a in lengths]  # EOS too
+    got = np.asarray(answer_log_likelihood(tiny_lm, prompts, answers))
+    forward = nnx.jit(lambda m, t: jax.nn.log_softmax(m(t), axis=-1))
+    for value, p, a in zip(got, prompts, answers):
+        row = np.concatenate([p, a])
+        lp = np.asarray(forward(tiny_lm, jnp.asarray(row[None, :-1])))[0]
+        hand = sum(float(lp[len(p) - 1 + i, tok]) for i, tok in enumerate(a))
+        np.testing.assert_allclose(value, hand, rtol=1e-5, atol=1e-5)
+    assert len(set(np.round(got, 4))) == len(lengths)
+    with pytest.raises(ValueError, match="prompt"):
+        answer_log_likelihood(tiny_lm, [np.zeros(0, np.int32)], [np.ones(2, np.int32)])
+    with pytest.raises(ValueError, match="answer"):
+        answer_log_likelihood(tiny_lm, [np.ones(2, np.int32)], [np.zeros(0, np.int32)])
+    with pytest.raises(ValueError, match="as many prompts"):
+        answer_log_likelihood(tiny_lm, prompts, answers[:2])
 
 
 def test_nearest_neighbour_and_episode():

@@ -102,14 +102,13 @@ def distil_part(teacher_states, guideline: str, tasks, *, quick: bool) -> dict:
         AconAgent,
         AconConfig,
         distil_compressor,
-        distillation_docs,
         run_task,
     )
     from lcjax.agents.scripted import ThreadedServer, create_scripted_app
     from lcjax.serve import ByteTokenizer, ServedModel, create_app
     from lcjax.train import TrainConfig
 
-    docs = distillation_docs(teacher_states)
+    docs = sum(len(s.compressions) for s in teacher_states)   # one training row per call
     max_len = 1024
     cfg = _byte_cfg(32 if quick else 128, 1 if quick else 2, max_len)
     steps = 20 if quick else 1500
@@ -124,7 +123,7 @@ def distil_part(teacher_states, guideline: str, tasks, *, quick: bool) -> dict:
                                      compress_max_tokens=48),
                           compressor=_endpoint(served.url, "student"))
         states = [run_task(agent, t) for t in tasks]
-    return {**_summary(states), "docs": len(docs), "train_steps": steps,
+    return {**_summary(states), "docs": docs, "train_steps": steps,
             "first_loss": float(result.losses[0]), "last_loss": float(result.losses[-1])}
 
 
