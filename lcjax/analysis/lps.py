@@ -30,8 +30,13 @@ head's rows, R the block rotation [d, d]):
 
 ranking score = LPS − 0.5 · sym. The distance n defaults to −32768, as the paper's
 notebooks pass (the public functions default to −65536: a parameter here); angles are
-float64; the Gram matrices are accumulated in ``gram_dtype`` (float32 default, float64 for
-exactness). Frequencies come from ``lcjax.rope.scaled_inv_freq`` (RoPE scaling included).
+float64. The only heavy work is the three Gram products G_q, G_k, C per layer (contractions
+over D_model, ~3·H·d²·D_model multiply-adds), done by one jitted XLA function over all heads
+of a layer in the weights' own [D_model, heads, d] layout, in ``gram_dtype`` (float32
+default; float64 under ``jax.enable_x64`` for exactness); everything after them is O(H·d²)
+float64 numpy (rotations applied pairwise, never as d × d matmuls). Layers stream one at a
+time, so a list of lazily read per-layer arrays keeps memory at one layer. Frequencies come
+from ``lcjax.rope.scaled_inv_freq`` (RoPE scaling included).
 
 Enhancement (:func:`enhance_heads`): scale both W_Q rows of pair m by mult[m] for the
 selected heads (W_K untouched), so e_m -> mult[m]² e_m exactly. Presets (64 pairs, as the
@@ -49,6 +54,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from lcjax.rope import scaled_inv_freq
@@ -106,15 +113,20 @@ def rotation_matrix(frequencies: np.ndarray, distance: float, *, layout: str = "
     return r
 
 
-def _head_rows(w: np.ndarray, name: str) -> np.ndarray:
-    """[L, D_model, heads, d] (our layout) -> [L, heads, d, D_model]."""
-    w = np.asarray(w)
-    if w.ndim == 3:
-        w = w[None]
-    if w.ndim != 4:
-        raise ValueError(f"lps: `{name}` must be [layers, d_model, heads, head_dim] or "
-                         f"[d_model, heads, head_dim], got shape {w.shape}")
-    return np.moveaxis(w, 1, 3)
+def _layers(w, name: str) -> list[np.ndarray]:
+    """Per-layer [D_model, heads, d] arrays (views, no copies) from [L, D_model, heads, d],
+    [D_model, heads, d] or a sequence of per-layer arrays."""
+    if isinstance(w, (list, tuple)):
+        layers = [np.asarray(x) for x in w]
+    else:
+        w = np.asarray(w)
+        layers = [w] if w.ndim == 3 else list(w) if w.ndim == 4 else [w]
+    for x in layers:
+        if x.ndim != 3:
+            raise ValueError(f"lps: `{name}` must be [layers, d_model, heads, head_dim], "
+                             f"[d_model, heads, head_dim] or a list of the latter, got a "
+                             f"layer of shape {x.shape}")
+    return layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,26 +208,60 @@ def scores_from_energies(energies: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
     return s_dist, s_erank, s_dist ** 0.4 * s_erank ** 0.6
 
 
-def _layer_terms(wq, wk, r, pairs, gram_dtype):
-    """One layer: wq [H, d, Dm], wk [Hkv, d, Dm] -> (energies [H, d/2], sym [H])."""
+@jax.jit
+def _gram_products(wq, wk):
+    """One layer's Gram products, all heads at once, contracting over D_model in the
+    weights' own layout (no transposed copies): wq [Dm, H, d], wk [Dm, Hkv, d] ->
+    G_q [H, d, d] = W_q W_qᵀ, G_k [Hkv, d, d] = W_k W_kᵀ, C [H, d, d] = W_k W_qᵀ (key head
+    h // (H/Hkv)). One step per key head: its 2-D products ('md,me->de')
+    G_q of its query heads and [W_k | W_q of its group] against W_k in one matmul."""
+    dm, heads, d = wq.shape
+    kv_heads = wk.shape[1]
+    rep = heads // kv_heads
+
+    def group(g):
+        kg = jax.lax.dynamic_index_in_dim(wk, g, 1, keepdims=False)     # [Dm, d]
+        qg = jax.lax.dynamic_slice_in_dim(wq, g * rep, rep, 1)          # [Dm, rep, d]
+        gq = jnp.stack([qg[:, r].T @ qg[:, r] for r in range(rep)])     # [rep, d, d]
+        z = kg.T @ jnp.concatenate([kg, qg.reshape(dm, rep * d)], 1)    # [d, (1+rep) d]
+        return gq, z[:, :d], z[:, d:].reshape(d, rep, d).transpose(1, 0, 2)
+
+    gq, gk, cross = jax.lax.map(group, jnp.arange(kv_heads))
+    return gq.reshape(heads, d, d), gk, cross.reshape(heads, d, d)
+
+
+def _rotate_rows(x, c, s, pairs):
+    """R x along axis −2 for the block rotation R = [[c, −s], [s, c]] on each pair (a_m, b_m)
+    (pass −s for Rᵀ x); O(d²) per matrix instead of a d × d matmul."""
     a, b = pairs
-    heads, kv_heads = wq.shape[0], wk.shape[0]
-    group = np.arange(heads) // (heads // kv_heads)
-    q = np.ascontiguousarray(wq, dtype=gram_dtype)  # contiguous: BLAS matmuls
-    k = np.ascontiguousarray(wk, dtype=gram_dtype)
-    gq = np.matmul(q, np.swapaxes(q, -1, -2)).astype(np.float64)        # [H, d, d]
-    gk = np.matmul(k, np.swapaxes(k, -1, -2)).astype(np.float64)[group]  # [H, d, d]
-    cross = np.matmul(k[group], np.swapaxes(q, -1, -2)).astype(np.float64)  # C = W_k W_qᵀ
+    xa, xb = x[..., a, :], x[..., b, :]
+    y = np.empty_like(x)
+    y[..., a, :] = c[:, None] * xa - s[:, None] * xb
+    y[..., b, :] = s[:, None] * xa + c[:, None] * xb
+    return y
+
+
+def _layer_terms(wq, wk, c, s, pairs, gram_dtype):
+    """One layer: wq [Dm, H, d], wk [Dm, Hkv, d] -> (energies [H, d/2], sym [H]); the Gram
+    products in ``gram_dtype`` (jitted), the rest in float64 from d × d matrices."""
+    heads, kv_heads = wq.shape[1], wk.shape[1]
+    x64 = np.dtype(gram_dtype) == np.float64
+    with jax.enable_x64(x64):
+        gq, gk, cross = _gram_products(np.asarray(wq, gram_dtype), np.asarray(wk, gram_dtype))
+        gq, gk, cross = (np.asarray(x, np.float64) for x in jax.device_get((gq, gk, cross)))
+    gk = gk[np.arange(heads) // (heads // kv_heads)]                      # [H, d, d]
+    a, b = pairs
     # 2×2 blocks of the pairs: G[m] = [[G_aa, G_ab], [G_ba, G_bb]]
     idx = np.stack([a, b], -1)                                            # [P, 2]
     bq = gq[:, idx[:, :, None], idx[:, None, :]]                          # [H, P, 2, 2]
     bk = gk[:, idx[:, :, None], idx[:, None, :]]
-    rm = r[idx[:, :, None], idx[:, None, :]]                              # [P, 2, 2]
+    rm = np.stack([np.stack([c, -s], -1), np.stack([s, c], -1)], -2)      # [P, 2, 2]
     energies = np.einsum("pji,hpjk,pkl,hpli->hp", rm, bq, rm, bk)
-    rgr = r.T @ gq @ r                                                    # Rᵀ G_q R
-    norm2 = np.einsum("hij,hji->h", rgr, gk)                              # ‖M‖_F²
-    rc = r @ cross
-    trace_m2 = np.einsum("hij,hji->h", rc, rc)                            # tr(M²)
+    # ‖M‖_F² = tr(Rᵀ G_q R G_k); G R = (Rᵀ G)ᵀ for symmetric G
+    rgr = _rotate_rows(np.swapaxes(_rotate_rows(gq, c, -s, pairs), -1, -2), c, -s, pairs)
+    norm2 = np.einsum("hij,hji->h", rgr, gk)
+    rc = _rotate_rows(cross, c, s, pairs)
+    trace_m2 = np.einsum("hij,hji->h", rc, rc)                            # tr((R C)²)
     sym = np.abs(trace_m2) / (2 * np.where(norm2 > 0, norm2, 1.0))
     return energies, np.where(norm2 > 0, sym, 0.0)
 
@@ -235,25 +281,23 @@ def kernel_energies(wq, wk, frequencies, *, distance: float = DEFAULT_DISTANCE,
       gram_dtype: dtype of the Gram products (float64 for exact comparisons).
     """
     theta = np.asarray(frequencies, np.float64)
-    layers_q = list(wq) if isinstance(wq, (list, tuple)) else _head_rows(wq, "wq")
-    layers_k = list(wk) if isinstance(wk, (list, tuple)) else _head_rows(wk, "wk")
+    layers_q, layers_k = _layers(wq, "wq"), _layers(wk, "wk")
     if len(layers_q) != len(layers_k):
         raise ValueError(f"lps: wq has {len(layers_q)} layers, wk {len(layers_k)}")
+    ang = float(distance) * theta                      # float64 angles
+    c, s = attention_scaling * np.cos(ang), attention_scaling * np.sin(ang)
     energies, syms = [], []
     for lq, lk in zip(layers_q, layers_k):
-        if isinstance(wq, (list, tuple)):
-            lq, lk = _head_rows(lq, "wq")[0], _head_rows(lk, "wk")[0]
-        heads, d, dm = lq.shape
-        if lk.shape[1:] != (d, dm) or heads % lk.shape[0]:
-            raise ValueError(f"lps: W_K heads [{lk.shape[0]}, {lk.shape[1]}, {lk.shape[2]}] "
-                             f"do not fit W_Q heads [{heads}, {d}, {dm}] (H % H_kv == 0, same "
-                             f"head_dim and d_model)")
+        dm, heads, d = lq.shape
+        if lk.shape[0] != dm or lk.shape[2] != d or heads % lk.shape[1]:
+            raise ValueError(f"lps: W_K heads {lk.shape} ([D_model, H_kv, d]) do not fit W_Q "
+                             f"heads {lq.shape} ([D_model, H, d]; H % H_kv == 0, same d_model "
+                             f"and head_dim)")
         if theta.shape != (d // 2,):
             raise ValueError(f"lps: frequencies must have shape ({d // 2},), got {theta.shape}")
-        r = rotation_matrix(theta, distance, layout=layout, attention_scaling=attention_scaling)
-        e, s = _layer_terms(lq, lk, r, pair_indices(d, layout), gram_dtype)
+        e, sym = _layer_terms(lq, lk, c, s, pair_indices(d, layout), gram_dtype)
         energies.append(e)
-        syms.append(s)
+        syms.append(sym)
     return np.stack(energies), np.stack(syms)
 
 
