@@ -60,8 +60,10 @@ def _is_model(target) -> bool:
 
 
 def make_runner(target: Any, *, max_new_tokens: int, batch_size: int = 8,
-                attention: str | None = None) -> tuple[Runner, str]:
-    """``(runner, backend description)`` for a model, run folder, endpoint or callable."""
+                attention: str | None = None, min_bucket: int = 64) -> tuple[Runner, str]:
+    """``(runner, backend description)`` for a model, run folder, endpoint or callable
+    (``min_bucket``: the models' smallest padded-length step, see
+    :func:`lcjax.eval.runners.bucket_length`)."""
     if isinstance(target, str | os.PathLike) and not isinstance(target, EndpointConfig):
         if not os.path.isdir(target):
             raise ValueError(f"evaluate: `target` {os.fspath(target)!r} is not a directory "
@@ -69,11 +71,13 @@ def make_runner(target: Any, *, max_new_tokens: int, batch_size: int = 8,
         from lcjax.train.checkpoint import load_model
 
         model = load_model(target, attention=attention)
-        return (model_runner(model, max_new_tokens=max_new_tokens, batch_size=batch_size),
+        return (model_runner(model, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                             min_bucket=min_bucket),
                 f"model {os.path.abspath(target)} attention={model.config.attention}")
     if _is_model(target):
         model = target if attention is None else with_attention(target, attention)
-        return (model_runner(model, max_new_tokens=max_new_tokens, batch_size=batch_size),
+        return (model_runner(model, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                             min_bucket=min_bucket),
                 f"model {type(model).__name__} attention={model.config.attention}")
     if attention is not None:
         raise ValueError("evaluate: `attention` applies to lcjax models only")
@@ -120,6 +124,7 @@ def evaluate(
     max_new_tokens: int | None = None,
     attention: str | None = None,
     progress: bool = True,
+    min_bucket: int = 64,
 ) -> EvalResults:
     """Evaluate ``target`` on every item of ``suite`` (:func:`lcjax.eval.items.build_items`).
 
@@ -139,6 +144,9 @@ def evaluate(
       max_new_tokens: answer budget; default :func:`max_answer_tokens`.
       attention: for a model or run folder, the attention variant to decode with.
       progress: show a tqdm progress bar.
+      min_bucket: for a model, prompts are padded to a multiple of at least this many
+        tokens (:func:`lcjax.eval.runners.bucket_length`); one large value puts every
+        prompt in one bucket (one compile of the decoder).
 
     Returns:
       :class:`EvalResults`, records in item order. A failed item (an exception in the
@@ -154,7 +162,8 @@ def evaluate(
     if max_new_tokens is None:
         max_new_tokens = max_answer_tokens(items)
     runner, backend = make_runner(target, max_new_tokens=max_new_tokens,
-                                  batch_size=batch_size, attention=attention)
+                                  batch_size=batch_size, attention=attention,
+                                  min_bucket=min_bucket)
     header = {"suite": suite.name, "seed": int(seed), "backend": backend,
               "max_new_tokens": int(max_new_tokens)}
     done: dict[tuple, dict] = {}
