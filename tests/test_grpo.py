@@ -20,6 +20,7 @@ from lcjax.train.rewards import (
     make_verifier,
     numeric_match,
     parse_number,
+    prefix_credit,
 )
 
 V = 6
@@ -332,7 +333,53 @@ def test_verifiers():
         answer_reward("x", {"question": "?"})
 
 
+def test_prefix_credit_hand_numbers():
+    r = prefix_credit(weight=0.5)
+    assert r("Cl", {"answer": "Clerk"}) == pytest.approx(0.5 * 2 / 5)
+    assert r(" clERK ", {"answer": "Clerk"}) == 1.0  # verified: full reward
+    assert r("Clerks", {"answer": "Clerk"}) == pytest.approx(0.5)  # whole prefix, not verified
+    assert r("29", {"answer": 29.0}) == 1.0  # numeric match
+    assert r("2", {"answer": 29.0}) == pytest.approx(0.5 * 1 / 4)  # reference "29.0"
+    assert r("a, c", {"answer": ["a", "b"]}) == pytest.approx(0.5 * 3 / 4)  # "a, b"
+    assert r("x", {"answer": 5}) == 0.0 and r("", {"answer": 5}) == 0.0
+    assert prefix_credit(weight=0.2)("Cl", {"answer": "Clerk"}) == pytest.approx(0.08)
+    with pytest.raises(ValueError, match="weight"):
+        prefix_credit(weight=1.0)
+
+
 # ------------------------------------------------------------------------------- CLI
+
+
+def test_cli_config_file_flags_and_item_shards(tmp_path):
+    import argparse
+    import json
+
+    from lcjax.train import rl_cli
+
+    parser = argparse.ArgumentParser()
+    rl_cli.add_arguments(parser)
+    spec = tmp_path / "grpo.json"
+    spec.write_text(json.dumps({"grpo": {"top_k": 5, "steps": 7, "clip_eps": 0.3}}))
+    args = parser.parse_args(["--init", "i", "--items", "x", "--config", str(spec), "--steps",
+                              "9", "--no-progress"])
+    cfg = rl_cli.config_from_args(args)  # the file, then the flags over it
+    assert (cfg.top_k, cfg.steps, cfg.clip_eps, cfg.progress) == (5, 9, 0.3, False)
+    spec.write_text(json.dumps({"grpo": {}, "model": {}}))
+    with pytest.raises(ValueError, match="unknown sections"):
+        rl_cli.config_from_args(args)
+    spec.write_text(json.dumps({"grpo": {"nope": 1}}))
+    with pytest.raises(ValueError, match="unknown grpo fields"):
+        rl_cli.config_from_args(args)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for k in (1, 0):  # read in sorted order, whatever the creation order
+        (shards / f"shard-{k}.jsonl").write_text(
+            "".join(json.dumps({"prompt": f"{k}{j}", "answer": j}) + "\n" for j in range(2)))
+    assert [it["prompt"] for it in rl_cli.read_items(str(shards))] == ["00", "01", "10", "11"]
+    assert [it["prompt"] for it in rl_cli.read_items(str(shards), limit=3)] == ["00", "01", "10"]
+    with pytest.raises(ValueError, match="no such file"):
+        rl_cli.read_items(str(tmp_path / "missing"))
+
 
 
 def test_cli_runs_grpo_from_a_run_folder(tmp_path, capsys):

@@ -50,14 +50,63 @@ DEFAULT_MODEL = {
 }
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds the ``lcjax train`` flags to ``parser``."""
-    parser.add_argument("--config", help="JSON file: {'model': {...}, 'train': {...}}")
+def add_run_arguments(parser: argparse.ArgumentParser, config_help: str) -> None:
+    """The flags every run command shares: ``--config`` (help ``config_help``), ``--out``
+    (dest ``out_dir``), ``--resume`` and ``--no-progress`` (dest ``progress``), each None
+    when not given so that a config file's value stands."""
+    parser.add_argument("--config", help=config_help)
     parser.add_argument("--out", dest="out_dir", help="run folder (checkpoints, metrics.jsonl)")
     parser.add_argument("--resume", action="store_true", default=None,
                         help="continue from the latest checkpoint in --out")
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
                         help="no progress bar")
+
+
+def add_field_flags(parser, fields: dict[str, type], defaults, *,
+                    notes: dict[str, str] | None = None) -> None:
+    """One ``--field-name TYPE`` flag (dest ``field_name``, default None) per entry of
+    ``fields`` (field -> int / float / str), its help the value on ``defaults``."""
+    notes = notes or {}
+    for name, typ in fields.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=typ, dest=name,
+                            metavar=typ.__name__.upper(),
+                            help=f"default {getattr(defaults, name)}" + notes.get(name, ""))
+
+
+def read_config(path: str | None, sections: tuple[str, ...]) -> dict:
+    """The JSON object of a ``--config`` file (``{}`` for None).
+
+    Raises:
+      ValueError: a top-level key outside ``sections``.
+    """
+    if not path:
+        return {}
+    with open(path, encoding="utf-8") as f:
+        spec = json.load(f)
+    unknown = set(spec) - set(sections)
+    if unknown:
+        raise ValueError(f"{path}: unknown sections {sorted(unknown)}")
+    return spec
+
+
+def merge_flags(fields: dict, args: argparse.Namespace, names, cls, what: str) -> dict:
+    """``fields`` (a config file's section) updated with the flags ``names`` of ``args``
+    that were given (not None).
+
+    Raises:
+      ValueError: a resulting key that is not a field of the dataclass ``cls``.
+    """
+    out = dict(fields)
+    out.update({k: v for k in names if (v := getattr(args, k, None)) is not None})
+    unknown = set(out) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise ValueError(f"unknown {what} fields {sorted(unknown)}")
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the ``lcjax train`` flags to ``parser``."""
+    add_run_arguments(parser, "JSON file: {'model': {...}, 'train': {...}}")
     parser.add_argument("--document-mask", dest="document_mask", action="store_true",
                         default=None, help="attention stays inside each packed document")
     parser.add_argument("--mesh", help="device mesh, e.g. data=2,context=4: batch sharded on "
@@ -70,12 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="this process, 0 .. N-1 (env LCJAX_PROCESS_ID)")
     dist.add_argument("--distributed", action="store_true",
                       help="let JAX detect the cluster (TPU pod slice, SLURM, ...)")
-    defaults = TrainConfig()
-    for name, typ in _TRAIN_FLAGS.items():
-        parser.add_argument("--" + name.replace("_", "-"), type=typ, dest=name,
-                            metavar=typ.__name__.upper(),
-                            help=f"default {getattr(defaults, name)}"
-                            + (" (-1: all)" if name == "eval_batches" else ""))
+    add_field_flags(parser, _TRAIN_FLAGS, TrainConfig(), notes={"eval_batches": " (-1: all)"})
     model = parser.add_argument_group("model (lcjax.nn.DecoderConfig)")
     for name, typ in _MODEL_FLAGS.items():
         model.add_argument("--" + name.replace("_", "-"), type=typ, dest="model_" + name,
@@ -97,23 +141,13 @@ def _model_config(fields: dict):
 
 def configs_from_args(args: argparse.Namespace) -> tuple[dict, TrainConfig]:
     """(model config fields, TrainConfig) from ``--config`` then the flags."""
-    spec = {}
-    if args.config:
-        with open(args.config, encoding="utf-8") as f:
-            spec = json.load(f)
-        unknown = set(spec) - {"model", "train"}
-        if unknown:
-            raise ValueError(f"{args.config}: unknown sections {sorted(unknown)}")
+    spec = read_config(args.config, ("model", "train"))
     model = {**DEFAULT_MODEL, **spec.get("model", {})}
     model.update({k: v for k in _MODEL_FLAGS if (v := getattr(args, "model_" + k)) is not None})
-    train_fields = dict(spec.get("train", {}))
     flags = [*_TRAIN_FLAGS, "out_dir", "resume", "progress", "document_mask", "mesh"]
-    train_fields.update({k: v for k in flags if (v := getattr(args, k)) is not None})
+    train_fields = merge_flags(spec.get("train", {}), args, flags, TrainConfig, "train")
     if (train_fields.get("eval_batches") or 0) < 0:
         train_fields["eval_batches"] = None
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    if set(train_fields) - known:
-        raise ValueError(f"unknown train fields {sorted(set(train_fields) - known)}")
     return model, TrainConfig(**train_fields)
 
 

@@ -18,6 +18,9 @@ TableLong item); the prediction is the decoded completion (the stop token remove
   list answers part by part (in any order when the item says ``ordered: false``), and an
   item's ``decimals`` widening the absolute tolerance to half a unit of the last place —
   one verifier for mixed items, TableLong's included.
+- :func:`prefix_credit`: a shaped reward for policies that are still far from the answer:
+  1 when the verifier accepts, otherwise ``weight`` times the fraction of the normalised
+  reference that the normalised prediction starts with (``"Cl"`` for ``"Clerk"``: 2/5).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = ["answer_reward", "exact_match", "make_verifier", "normalize_answer",
-           "numeric_match", "parse_number"]
+           "numeric_match", "parse_number", "prefix_credit", "reference_text"]
 
 _NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][+-]?\d+)?%?")
 _QUOTES = ("\"\"", "''", "``", "\u201c\u201d", "\u2018\u2019")
@@ -146,3 +149,44 @@ def make_verifier(rel_tol: float = 1e-6, abs_tol: float = 0.0, *, casefold: bool
 answer_reward = make_verifier()
 answer_reward.__doc__ = ("The default verifier: numeric match (rel_tol 1e-6) for numeric "
                          "answers, exact match otherwise; ``(prediction, item) -> float``.")
+
+
+def reference_text(answer: Any) -> str:
+    """The reference an answer is written as: a list joined with ``", "``, reals with
+    ``repr`` (as TableLong's ``answer_strings``), anything else ``str``."""
+    values = answer if isinstance(answer, list | tuple) else [answer]
+    return ", ".join(repr(v) if isinstance(v, float) else str(v) for v in values)
+
+
+def prefix_credit(verifier: Callable[[str, Mapping], float] = answer_reward, *,
+                  weight: float = 0.5) -> Callable[[str, Mapping], float]:
+    """A shaped ``reward_fn(prediction, item)`` in [0, 1].
+
+    ``verifier(prediction, item)`` when it is 1 (a verified answer); otherwise
+    ``weight * c / n``, where ``n`` is the length of the :func:`normalize_answer`-ed
+    :func:`reference_text` of ``item["answer"]`` and ``c`` the length of the longest common
+    prefix of it and the normalised prediction. A policy that never samples a verified
+    answer still sees a spread of rewards within a group (GRPO learns nothing from a group
+    of equal rewards), while only a verified answer earns more than ``weight``.
+
+    Raises:
+      ValueError: ``weight`` outside [0, 1).
+    """
+    if not (isinstance(weight, int | float) and 0 <= weight < 1):
+        raise ValueError(f"prefix_credit: `weight` must lie in [0, 1); got {weight!r}")
+
+    def reward_fn(prediction: str, item: Mapping) -> float:
+        if verifier(prediction, item) == 1.0:
+            return 1.0
+        ref = normalize_answer(reference_text(item["answer"]))
+        pred = normalize_answer(prediction)
+        if not ref:
+            return 0.0
+        c = 0
+        for a, b in zip(ref, pred):
+            if a != b:
+                break
+            c += 1
+        return weight * c / len(ref)
+
+    return reward_fn

@@ -24,6 +24,8 @@ import os
 import typing
 
 from lcjax.data.tokenizer import VOCAB_SIZE
+from lcjax.train.cli import add_field_flags, add_run_arguments, merge_flags, read_config
+from lcjax.train.metrics import read_jsonl
 from lcjax.train.rl import GRPOConfig, train_grpo
 
 
@@ -43,17 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "initial policy and the reference")
     parser.add_argument("--items", required=True, help="a JSONL file or a folder of *.jsonl")
     parser.add_argument("--limit", type=int, help="use the first N items")
-    parser.add_argument("--config", help="JSON file: {'grpo': {GRPOConfig fields}}")
-    parser.add_argument("--out", dest="out_dir", help="run folder (checkpoints, metrics)")
-    parser.add_argument("--resume", action="store_true", default=None,
-                        help="continue from the latest checkpoint in --out")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", default=None)
+    add_run_arguments(parser, "JSON file: {'grpo': {GRPOConfig fields}}")
     parser.add_argument("--rel-tol", type=float, default=1e-6, help="numeric answers")
     parser.add_argument("--abs-tol", type=float, default=0.0, help="numeric answers")
-    defaults = GRPOConfig()
-    for name, typ in _flag_fields().items():
-        parser.add_argument("--" + name.replace("_", "-"), type=typ, dest=name,
-                            metavar=typ.__name__.upper(), help=f"default {getattr(defaults, name)}")
+    add_field_flags(parser, _flag_fields(), GRPOConfig())
 
 
 def read_items(path: str, limit: int | None = None) -> list[dict]:
@@ -70,12 +65,9 @@ def read_items(path: str, limit: int | None = None) -> list[dict]:
         raise ValueError(f"--items {path!r}: no such file or folder")
     items = []
     for name in files:
-        with open(name, encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    items.append(json.loads(line))
-                if limit is not None and len(items) >= limit:
-                    return items
+        items += read_jsonl(name)
+        if limit is not None and len(items) >= limit:
+            return items[:limit]
     if not items:
         raise ValueError(f"--items {path!r}: no items")
     return items
@@ -83,19 +75,9 @@ def read_items(path: str, limit: int | None = None) -> list[dict]:
 
 def config_from_args(args: argparse.Namespace) -> GRPOConfig:
     """GRPOConfig from ``--config`` then the flags."""
-    fields = {}
-    if args.config:
-        with open(args.config, encoding="utf-8") as f:
-            spec = json.load(f)
-        if set(spec) - {"grpo"}:
-            raise ValueError(f"{args.config}: unknown sections {sorted(set(spec) - {'grpo'})}")
-        fields = dict(spec.get("grpo", {}))
+    spec = read_config(args.config, ("grpo",))
     names = [*_flag_fields(), "out_dir", "resume", "progress"]
-    fields.update({k: v for k in names if (v := getattr(args, k, None)) is not None})
-    known = {f.name for f in dataclasses.fields(GRPOConfig)}
-    if set(fields) - known:
-        raise ValueError(f"unknown grpo fields {sorted(set(fields) - known)}")
-    return GRPOConfig(**fields)
+    return GRPOConfig(**merge_flags(spec.get("grpo", {}), args, names, GRPOConfig, "grpo"))
 
 
 def run(args: argparse.Namespace) -> int:
