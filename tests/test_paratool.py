@@ -1,6 +1,8 @@
 """ParaTool's soft selection (lcjax.tools.paratool): a one-hot gate is that tool's module
 alone, the logits are linear in the gate weights where the modules sit on the output
-head, top-k renormalisation, the balance term's closed forms, the masked query embedding."""
+head, top-k renormalisation, the balance term's closed forms, the masked query embedding;
+the three training stages change only their variables (stage 1 against K separate
+runs), and inference decodes what a slow greedy loop over the gated model decodes."""
 
 import jax
 import jax.numpy as jnp
@@ -8,22 +10,29 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from lcjax.data import tokenizer as tok
 from lcjax.nn import DecoderConfig, DecoderLM
-from lcjax.nn.lora import LoRAConfig, LoRAModel, LoRAParam
+from lcjax.nn.lora import LoRAConfig, LoRAModel, LoRAParam, adapter_filter
 from lcjax.tools import make_examples, make_tools
 from lcjax.tools.paratool import (
     ParaToolModel,
     ToolGate,
+    call_model,
     gate_filter,
+    generate_calls,
     joint_filter,
     load_balancing_loss,
     mixed_call,
-    paratool_loss,
     query_embedding,
+    tool_index,
     top_k_weights,
+    train_gate,
+    train_joint,
+    train_tool_modules,
 )
 from lcjax.tools.world import make_tool_batch
 from lcjax.train import TrainConfig, train
+from lcjax.train.losses import answer_weighted_nll
 
 CFG = DecoderConfig(vocab_size=260, d_model=16, num_layers=1, num_heads=2, num_kv_heads=2,
                     head_dim=8, mlp_hidden=32, tie_embeddings=False)
@@ -155,8 +164,7 @@ def test_stage_two_trains_the_gate_alone_through_train():
     frozen = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model.lora, nnx.Param)))
     gate = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model.gate)))
     cfg = TrainConfig(steps=2, warmup_steps=1, lr=5e-2, progress=False, eval_batches=0)
-    result = train(CFG, cfg, dataset=[batch, batch], model_fn=lambda *_: model,
-                   loss_fn=paratool_loss(balance_weight=0.1), wrt=gate_filter)
+    result = train_gate(model, cfg, [batch, batch], balance_weight=0.1)
     trained = result.model
     jax.tree.map(np.testing.assert_array_equal,
                  jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(trained.lora, nnx.Param))),
@@ -167,3 +175,121 @@ def test_stage_two_trains_the_gate_alone_through_train():
     assert all(1.0 - 1e-6 <= r["balance"] <= 3.0 + 1e-6 for r in result.history)
     assert all(np.isfinite(r["loss"]) for r in result.history)
     assert len(jax.tree.leaves(nnx.state(trained, LoRAParam))) == 2 * len(names)
+
+
+def world_model(targets=("lm_head", "q_proj"), seed=0):
+    """A ParaToolModel on 3 world tools with random (nonzero) A and zero B, as stage 1
+    starts."""
+    tools = make_tools(3, seed=0)
+    names = [t.name for t in tools]
+    lora = LoRAModel(DecoderLM(CFG, rngs=nnx.Rngs(seed)))
+    for i, name in enumerate(names):
+        lora.add_adapter(name, LoRAConfig(rank=2, alpha=4.0, target_modules=targets),
+                         rngs=nnx.Rngs(10 + i))
+    return tools, names, lora
+
+
+def params_of(module, filt=nnx.Param):
+    return jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(module, filt)))
+
+
+STAGE_CFG = TrainConfig(steps=2, warmup_steps=1, lr=1e-2, weight_decay=0.0, grad_clip=1e9,
+                        eps=1e-12, progress=False, eval_batches=0)
+
+
+def test_stage_one_routes_rows_and_equals_separate_runs():
+    """Stage 1 on rows of tools 0 and 1: base, gate and tool 2's module bit-identical;
+    tool k's module equals what a separate run (that adapter active, wrt=adapter_filter(k))
+    on tool k's rows alone gives (Adam without clipping or decay is invariant to the
+    loss normaliser, so only rounding differs)."""
+    tools, names, lora = world_model()
+    ex = [e for e in make_examples(tools, 9, seed=3) if e.tool != names[2]]
+    batch = make_tool_batch(ex)
+    batch["tool_index"] = tool_index(ex, names)
+    model = ParaToolModel(lora, names, rngs=nnx.Rngs(9))
+    base0, gate0 = params_of(model.lora.base), params_of(model.gate)
+    adapters0 = params_of(model.lora.adapters, LoRAParam)
+    trained = train_tool_modules(model, STAGE_CFG, [batch, batch]).model
+    jax.tree.map(np.testing.assert_array_equal, params_of(trained.lora.base), base0)
+    jax.tree.map(np.testing.assert_array_equal, params_of(trained.gate), gate0)
+    after = params_of(trained.lora.adapters, LoRAParam)
+    jax.tree.map(np.testing.assert_array_equal, after[names[2]], adapters0[names[2]])
+    for k in (0, 1):
+        rows = [e for e in ex if e.tool == names[k]]
+        _, _, ref = world_model()
+        ref.set_adapter(names[k])
+        alone_batch = make_tool_batch(rows)
+        out = train(CFG, STAGE_CFG, dataset=[alone_batch] * 2, model_fn=lambda *_, m=ref: m,
+                    loss_fn=lambda m, b, r: answer_weighted_nll(m, b, r, other_weight=0.0),
+                    wrt=adapter_filter(names[k])).model
+        expected = params_of(out.adapters, LoRAParam)[names[k]]
+        moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), after[names[k]],
+                             adapters0[names[k]])
+        assert min(jax.tree.leaves(moved)) > 1e-4  # A (step 2) and B (both steps) moved
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-6),
+                     after[names[k]], expected)
+    with pytest.raises(ValueError, match="tool_index"):
+        train_tool_modules(trained, STAGE_CFG, [make_tool_batch(ex)] * 2)
+
+
+def test_stage_three_trains_gate_and_modules_not_base():
+    tools, names, lora = world_model()
+    for name in names:  # nonzero B so the gate's gradient is not zero
+        for layer in lora.adapters[name].layers.values():
+            layer.b.set_value(jnp.asarray(np.random.default_rng(1).normal(0, 0.3,
+                                                                          layer.b.shape),
+                                          jnp.float32))
+    ex = make_examples(tools, 6, seed=4)
+    batch = make_tool_batch(ex)
+    batch["tool_index"] = tool_index(ex, names)
+    model = ParaToolModel(lora, names, rngs=nnx.Rngs(9))
+    t = batch["inputs"].shape[1]
+    query = jnp.arange(t)[None, :] <= batch["answer_start"][:, None]
+    g = np.asarray(model.gate_weights(jnp.asarray(batch["inputs"]), query))
+    sel = -np.mean(np.log(g[np.arange(len(ex)), batch["tool_index"]]))
+    base0, gate0 = params_of(model.lora.base), params_of(model.gate)
+    adapters0 = params_of(model.lora.adapters, LoRAParam)
+    result = train_joint(model, STAGE_CFG, [batch, batch], selection_weight=0.5)
+    np.testing.assert_allclose(result.history[0]["selection_nll"], sel, rtol=1e-5)
+    trained = result.model
+    jax.tree.map(np.testing.assert_array_equal, params_of(trained.lora.base), base0)
+    for before, after in ((gate0, params_of(trained.gate)),
+                          (adapters0, params_of(trained.lora.adapters, LoRAParam))):
+        moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), after, before)
+        assert min(jax.tree.leaves(moved)) > 0
+
+
+def test_inference_decodes_like_a_slow_greedy_loop():
+    """generate_calls: the gate from the prompt tokens, then greedy decoding with
+    call_model = a full forward pass of mixed_call per step (argmax, EOS stops, bytes kept);
+    a one-hot call_model is that tool's adapter alone."""
+    tools, names, lora = world_model(targets=("q_proj", "w_up", "lm_head"))
+    rng = np.random.default_rng(8)
+    for name in names:
+        for layer in lora.adapters[name].layers.values():
+            layer.b.set_value(jnp.asarray(rng.normal(0, 0.5, layer.b.shape), jnp.float32))
+    model = ParaToolModel(lora, names, rngs=nnx.Rngs(5), hidden=8)
+    prompts = ["Query: book a hotel\nCall: ", "Query: x\nCall: "]
+    texts, gates = generate_calls(model, prompts, 5)
+    # the slow reference: a full forward pass per step over a fixed-length row (causal, so
+    # the padding after position n - 1 does not change its logits; one compile)
+    step = jax.jit(lambda g, row: mixed_call(model.lora, names, g, row[None])[0])
+    for p, text, g in zip(prompts, texts, gates):
+        ids = list(tok.encode(p.encode(), bos=True))
+        np.testing.assert_allclose(
+            g, np.asarray(model.gate_weights(jnp.asarray(ids)[None]))[0], rtol=1e-6)
+        out = []
+        for _ in range(5):
+            row = np.full(48, tok.PAD, np.int32)
+            row[:len(ids)] = ids
+            nxt = int(np.argmax(np.asarray(step(jnp.asarray(g), jnp.asarray(row)))[len(ids) - 1]))
+            if nxt == tok.EOS:
+                break
+            out.append(nxt)
+            ids.append(nxt)
+        assert text == tok.decode(np.asarray([t for t in out if t < 256], np.int32))
+    x = jnp.asarray(tok.encode(prompts[0].encode(), bos=True))[None]
+    np.testing.assert_allclose(np.asarray(call_model(model, jnp.eye(3)[1])(x)),
+                               alone(model.lora, names[1], x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="gates must be"):
+        call_model(model, jnp.ones(2))

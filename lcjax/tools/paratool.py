@@ -34,14 +34,18 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from lcjax.nn.lora import LoRAModel, LoRAParam, with_deltas
+from lcjax.train import TrainConfig, TrainResult, train
 from lcjax.train.losses import answer_weights
 from lcjax.train.metrics import LOSS_WEIGHT, weighted_nll
 
 __all__ = ["ToolGate", "query_embedding", "mixed_deltas", "mixed_call", "load_balancing_loss",
-           "top_k_weights", "ParaToolModel", "paratool_loss", "gate_filter", "joint_filter"]
+           "top_k_weights", "ParaToolModel", "paratool_loss", "gate_filter", "joint_filter",
+           "routed_loss", "tool_index", "train_tool_modules", "train_gate", "train_joint",
+           "call_model", "generate_calls"]
 
 
 def top_k_weights(logits: jax.Array, k: int | None) -> jax.Array:
@@ -185,13 +189,24 @@ def joint_filter(path, value) -> bool:
     return gate_filter(path, value) or isinstance(value, LoRAParam)
 
 
-def paratool_loss(balance_weight: float = 0.01, other_weight: float = 0.0):
+def _selection_nll(gates: jax.Array, index: jax.Array) -> jax.Array:
+    """Mean −log g_b[gold_b] (clipped at 1e-9, so a top-k gate that drops gold is finite)."""
+    picked = jnp.take_along_axis(gates, index[:, None].astype(jnp.int32), axis=-1)[:, 0]
+    return -jnp.mean(jnp.log(jnp.maximum(picked, 1e-9)))
+
+
+def paratool_loss(balance_weight: float = 0.01, other_weight: float = 0.0,
+                  selection_weight: float = 0.0):
     """Loss hook for ``lcjax.train.train`` on :func:`lcjax.tools.world.make_tool_batch`
     batches: answer-weighted NLL of the call bytes (``other_weight`` on the prompt bytes)
-    plus ``balance_weight`` · :func:`load_balancing_loss`; the query is each row's BOS and
-    prompt (positions ``<= answer_start``). Metrics: ``balance``, ``loss_weight``."""
-    if balance_weight < 0:
-        raise ValueError(f"paratool_loss: balance_weight must be >= 0, got {balance_weight}")
+    plus ``balance_weight`` · :func:`load_balancing_loss` plus ``selection_weight`` · the
+    mean −log g[gold] (needs the batch's ``tool_index`` [B], :func:`tool_index`; 0 = the
+    gate learns from the call NLL alone); the query is each row's BOS and prompt
+    (positions ``<= answer_start``). Metrics: ``balance``, ``selection_nll`` (when the
+    batch has ``tool_index``), ``loss_weight``."""
+    for name, w in (("balance_weight", balance_weight), ("selection_weight", selection_weight)):
+        if w < 0:
+            raise ValueError(f"paratool_loss: {name} must be >= 0, got {w}")
 
     def loss_fn(model, batch, rng):
         del rng
@@ -200,6 +215,119 @@ def paratool_loss(balance_weight: float = 0.01, other_weight: float = 0.0):
         logits, g = model(batch["inputs"], query_mask=query, return_gates=True)
         nll, total = weighted_nll(logits, batch["targets"], answer_weights(batch, other_weight))
         balance = load_balancing_loss(g)
-        return nll + balance_weight * balance, {LOSS_WEIGHT: total, "balance": balance}
+        loss = nll + balance_weight * balance
+        mets = {LOSS_WEIGHT: total, "balance": balance}
+        if "tool_index" in batch:
+            sel = _selection_nll(g, batch["tool_index"])
+            mets["selection_nll"] = sel
+            loss = loss + selection_weight * sel
+        elif selection_weight:
+            raise ValueError("paratool_loss: selection_weight > 0 needs the batch's "
+                             "`tool_index` (lcjax.tools.paratool.tool_index)")
+        return loss, mets
 
     return loss_fn
+
+
+def tool_index(examples: Sequence, names: Sequence[str]) -> np.ndarray:
+    """int32 [B]: the position of each example's gold tool (``example.tool``) in ``names``
+    (the batch key ``tool_index`` that :func:`routed_loss` routes by)."""
+    pos = {n: i for i, n in enumerate(names)}
+    missing = sorted({e.tool for e in examples} - set(pos))
+    if missing:
+        raise ValueError(f"tool_index: tools {missing} are not in names {list(names)}")
+    return np.asarray([pos[e.tool] for e in examples], np.int32)
+
+
+def routed_loss(other_weight: float = 0.0):
+    """Stage 1's loss hook: row b runs with the one-hot gate of its gold tool
+    (``batch["tool_index"]`` [B]), so tool k's module is trained on tool k's calls alone
+    (its gradient is zero on every other row); answer-weighted NLL of the call bytes."""
+
+    def loss_fn(model, batch, rng):
+        del rng
+        if "tool_index" not in batch:
+            raise ValueError("routed_loss: the batch has no `tool_index` [B] "
+                             "(lcjax.tools.paratool.tool_index)")
+        g = jax.nn.one_hot(batch["tool_index"], len(model.tools), dtype=jnp.float32)
+        logits = model(batch["inputs"], gates=g)
+        nll, total = weighted_nll(logits, batch["targets"], answer_weights(batch, other_weight))
+        return nll, {LOSS_WEIGHT: total}
+
+    return loss_fn
+
+
+def _stage(model: ParaToolModel, cfg: TrainConfig, dataset, loss_fn, wrt,
+           eval_dataset=None) -> TrainResult:
+    if not isinstance(model, ParaToolModel):
+        raise ValueError(f"ParaTool stages train a ParaToolModel, got {type(model).__name__}")
+    return train(model.lora.base.config, cfg, dataset=dataset, eval_dataset=eval_dataset,
+                 model_fn=lambda *_: model, loss_fn=loss_fn, eval_fn=loss_fn, wrt=wrt)
+
+
+def train_tool_modules(model: ParaToolModel, cfg: TrainConfig, dataset, *,
+                       other_weight: float = 0.0, eval_dataset=None) -> TrainResult:
+    """Stage 1 (tool pre-training): every tool's LoRA module on its own tool's calls, in
+    one ``lcjax.train.train(wrt=LoRAParam)`` run — each row is routed to its gold tool's
+    module by a one-hot gate (:func:`routed_loss`; batches need ``tool_index``), so the
+    base and the gate stay frozen and module k's gradient comes from tool k's rows only.
+    Against K separate runs, the modules share one optimizer step schedule, the global-norm
+    clip and the loss normaliser (Adam's update is invariant to a constant rescaling of
+    one module's gradient); weight decay (``cfg.weight_decay``) shrinks a module's A even
+    in steps without its tool. ``train`` donates the model's buffers: use
+    ``result.model``."""
+    return _stage(model, cfg, dataset, routed_loss(other_weight), LoRAParam, eval_dataset)
+
+
+def train_gate(model: ParaToolModel, cfg: TrainConfig, dataset, *,
+               balance_weight: float = 0.01, selection_weight: float = 0.0,
+               other_weight: float = 0.0, eval_dataset=None) -> TrainResult:
+    """Stage 2 (soft tool selection): the gate alone (``wrt=gate_filter``; base and tool
+    modules frozen) on :func:`paratool_loss` — the call NLL through the gated mixture plus
+    the balance term (and ``selection_weight`` · −log g[gold])."""
+    return _stage(model, cfg, dataset, paratool_loss(balance_weight, other_weight,
+                                                     selection_weight),
+                  gate_filter, eval_dataset)
+
+
+def train_joint(model: ParaToolModel, cfg: TrainConfig, dataset, *,
+                balance_weight: float = 0.01, selection_weight: float = 0.0,
+                other_weight: float = 0.0, eval_dataset=None) -> TrainResult:
+    """Stage 3 (joint fine-tuning): gate and every tool module together
+    (``wrt=joint_filter``; the base frozen) on :func:`paratool_loss`."""
+    return _stage(model, cfg, dataset, paratool_loss(balance_weight, other_weight,
+                                                     selection_weight),
+                  joint_filter, eval_dataset)
+
+
+def call_model(model: ParaToolModel, gates: jax.Array) -> nnx.Module:
+    """The base with ``W + Σ_k g_k ΔW_k`` (gates [K], one query's mixture) as a plain
+    model (same graph as the base), e.g. for ``lcjax.nn.generate`` or
+    ``lcjax.eval.runners.model_runner``."""
+    if gates.shape != (len(model.tools),):
+        raise ValueError(f"call_model: gates must be [{len(model.tools)}], got {gates.shape}")
+    stacked = mixed_deltas(model.lora, model.tools)
+    g = jnp.asarray(gates, jnp.float32)
+    return with_deltas(model.lora.base, {p: jnp.tensordot(g, d, axes=1)
+                                         for p, d in stacked.items()})
+
+
+def generate_calls(model: ParaToolModel, prompts: Sequence[str], max_new_tokens: int
+                   ) -> tuple[list[str], np.ndarray]:
+    """ParaTool inference, no tool documents in context: the gate weighs the modules from
+    each prompt's tokens (BOS + prompt bytes, the training query), then row b decodes
+    greedily (``model_runner``, one row at a time) with its own mixture
+    :func:`call_model`. Returns the generated texts and the gates [B, K]."""
+    from lcjax.data import tokenizer as tok
+    from lcjax.eval.runners import model_runner
+
+    if not prompts:
+        raise ValueError("generate_calls: no prompts")
+    texts, gates = [], []
+    for p in prompts:
+        ids = jnp.asarray(tok.encode(p.encode(), bos=True), jnp.int32)[None]
+        g = model.gate_weights(ids)[0]
+        run = model_runner(call_model(model, g), max_new_tokens=max_new_tokens, batch_size=1)
+        texts.append(next(iter(run([p.encode()])))[1])
+        gates.append(np.asarray(g))
+    return texts, np.stack(gates)
