@@ -145,3 +145,36 @@ def test_loss_trains_through_train_loop_and_resumes(tmp_path):
     pa, pb = (nnx.state(r.model, nnx.Param) for r in (full, resumed))
     for a, b in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_threshold_rule_on_a_hand_made_case():
+    M = D.MASK_ID
+    block = jnp.array([[M, 5, M, M], [M, M, M, M], [7, 8, 9, 6]], jnp.int32)
+    tokens = jnp.array([[10, 11, 12, 13], [20, 21, 22, 23], [30, 31, 32, 33]], jnp.int32)
+    conf = jnp.array([[0.9, 0.99, 0.5, 0.85],   # 0.99 is already revealed
+                      [0.3, 0.6, 0.2, 0.1],     # none >= 0.8: only the most confident
+                      [0.9, 0.9, 0.9, 0.9]])    # nothing masked: nothing changes
+    new, revealed = D.threshold_reveal(tokens, jnp.log(conf), block, 0.8)
+    np.testing.assert_array_equal(new, [[10, 5, M, 13], [M, 21, M, M], [7, 8, 9, 6]])
+    np.testing.assert_array_equal(revealed, [[1, 0, 0, 1], [0, 1, 0, 0], [0, 0, 0, 0]])
+    new, _ = D.threshold_reveal(tokens, jnp.log(conf), block, 0.4)
+    np.testing.assert_array_equal(new[:2], [[10, 5, 12, 13], [M, 21, M, M]])
+
+
+def test_threshold_sampler_limits(model):
+    """threshold 0 reveals a whole block at its first step (= one step per block); above
+    1 one token per step (= the fixed schedule with s = b); steps_per_block caps it."""
+    prompt = tokens(9, (2, 8))
+    kw = dict(block_size=B)
+    one_step = D.generate_blocks(model, prompt, 2, 1, **kw)
+    at_zero = D.generate_blocks(model, prompt, 2, B, threshold=0.0, **kw)
+    np.testing.assert_array_equal(at_zero.tokens, one_step.tokens)
+    assert not bool(at_zero.step.any())
+    per_token = D.generate_blocks(model, prompt, 2, B, **kw)
+    above = D.generate_blocks(model, prompt, 2, B, threshold=1.5, **kw)
+    np.testing.assert_array_equal(above.tokens, per_token.tokens)
+    np.testing.assert_array_equal(above.step, per_token.step)
+    capped = D.generate_blocks(model, prompt, 1, 2, threshold=1.5, **kw)
+    np.testing.assert_array_equal(np.sort(np.asarray(capped.step), -1), [[0, 1, 1, 1]] * 2)
+    with pytest.raises(ValueError, match="threshold"):
+        D.generate_blocks(model, prompt, 1, 2, threshold=0.5, order="random", **kw)

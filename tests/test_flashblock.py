@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from lcjax.attention import dot_product_attention
+from lcjax.attention import dot_product_attention, merge_attention
 from lcjax.attention import flashblock as F
 from lcjax.nn import DecoderLM
 from lcjax.nn import diffusion as D
@@ -133,3 +133,122 @@ def test_sampler_with_flashblock():
     assert cos.shape == dlse.shape == (2, 4)
     assert config.recompute_heads == tuple(
         tuple(bool(c < 0.85 or d > 0.05) for c, d in zip(cr, dr)) for cr, dr in zip(cos, dlse))
+
+
+# ----------------------------------------------------------------------------
+# FlashBlock composed with a sparse external part
+# ----------------------------------------------------------------------------
+def numpy_history_scores(q, k, mask):
+    """a_h[j] = mean over the block's queries of softmax over the visible history keys,
+    -1 where no query sees j: loops over heads, float64."""
+    q, k, mask = np.asarray(q, np.float64), np.asarray(k, np.float64), np.asarray(mask)
+    out = np.full((BATCH, H, S), -1.0)
+    for b in range(BATCH):
+        for h in range(H):
+            s = q[b, :, h] @ k[b, :, h // (H // HKV)].T / np.sqrt(DIM)  # [T, S]
+            s = np.where(mask[b, h], s, -np.inf)
+            p = np.zeros_like(s)
+            for i in range(T):
+                if mask[b, h, i].any():
+                    e = np.exp(s[i] - s[i].max())
+                    p[i] = e / e.sum()
+            out[b, h] = np.where(mask[b, h].any(0), p.mean(0), -1.0)
+    return out
+
+
+sparse_split = jax.jit(F.sparse_flashblock_attention,
+                       static_argnames=("keep", "residual", "return_cache", "pool"))
+
+
+def test_sparse_external_equals_dense_softmax_over_the_kept_keys():
+    q, k_ext, v_ext, _, _ = qkv(5)
+    m = ext_mask()
+    scores = F.history_scores(q, k_ext, mask=m)
+    np.testing.assert_allclose(scores, numpy_history_scores(q, k_ext, m), atol=1e-6)
+    keep = 5
+    sel = F.select_history(scores, keep)
+    ref_top = np.argsort(-np.asarray(scores), axis=-1, kind="stable")[..., :keep]
+    np.testing.assert_array_equal(np.sort(sel.indices, -1), np.sort(ref_top, -1))
+    assert not bool(sel.valid[0, 1].any())  # batch 0, head 1 sees no history
+    a, lse = jax.jit(F.sparse_external_attention)(q, k_ext, v_ext, sel, mask=m)
+    kept = F.selection_mask(sel, S)
+    assert int(kept.sum(-1).max()) == keep
+    ref, ref_lse = dot_product_attention(q, k_ext, v_ext, mask=m & kept[:, :, None],
+                                         return_lse=True)
+    np.testing.assert_allclose(a, ref, atol=1e-6)
+    np.testing.assert_allclose(lse, ref_lse, atol=1e-6)
+    dense = dot_product_attention(q, k_ext, v_ext, mask=m)
+    assert float(jnp.abs(a - dense).max()) > 1e-2  # the dropped keys mattered
+
+
+def test_sparse_with_every_key_kept_is_exact_flashblock():
+    q, k_ext, v_ext, k_in, v_in = qkv(6)
+    m = ext_mask()
+    exact = full(q, k_ext, v_ext, k_in, v_in, m)
+    for residual in (False, True):
+        out = sparse_split(q, k_ext, v_ext, k_in, v_in, keep=S, ext_mask=m,
+                           residual=residual)
+        np.testing.assert_allclose(out, exact, atol=1e-6)
+
+
+def test_sparse_cache_reuse_and_the_residual():
+    """Step 0 selects and caches; at a later step with unchanged queries (the block's keys
+    and values moved) sparse alone equals dense attention over the kept history keys plus
+    the block, and sparse + residual equals full attention; the one-pass dropped part
+    equals dense attention over the dropped keys."""
+    q, k_ext, v_ext, k_in, v_in = qkv(7)
+    m = ext_mask()
+    keep = 3
+    _, (sel, dropped) = sparse_split(q, k_ext, v_ext, k_in, v_in, keep=keep, ext_mask=m,
+                                     return_cache=True)
+    ref_drop = F.dropped_attention(q, k_ext, v_ext, sel, mask=m)
+    np.testing.assert_allclose(dropped[0], ref_drop[0], atol=1e-6)
+    np.testing.assert_allclose(dropped[1], ref_drop[1], atol=1e-5)
+    _, _, _, k2, v2 = qkv(8)
+    with_res = sparse_split(q, k_ext, v_ext, k2, v2, keep=keep, ext_mask=m,
+                            cache=(sel, dropped))
+    np.testing.assert_allclose(with_res, full(q, k_ext, v_ext, k2, v2, m), atol=1e-6)
+    alone = sparse_split(q, k_ext, v_ext, k2, v2, keep=keep, ext_mask=m, residual=False,
+                         cache=(sel, None))
+    kept = F.selection_mask(sel, S)[:, :, None]
+    want = full(q, k_ext, v_ext, k2, v2, m & kept)
+    np.testing.assert_allclose(alone, want, atol=1e-6)
+    assert float(jnp.abs(alone - with_res).max()) > 1e-2
+    # new queries: the kept keys are recomputed with them, the dropped part is the cached one
+    q2 = qkv(9)[0]
+    moved = sparse_split(q2, k_ext, v_ext, k2, v2, keep=keep, ext_mask=m, cache=(sel, dropped))
+    a_k, l_k = F.sparse_external_attention(q2, k_ext, v_ext, sel, mask=m)
+    a_x, l_x = merge_attention(a_k, l_k, *dropped)
+    a_i, l_i = dot_product_attention(q2, k2, v2, return_lse=True)
+    np.testing.assert_allclose(moved, merge_attention(a_i, l_i, a_x, l_x)[0], atol=1e-6)
+    with pytest.raises(ValueError, match="residual"):
+        F.sparse_flashblock_attention(q, k_ext, v_ext, k2, v2, keep=keep, cache=(sel, None))
+    with pytest.raises(ValueError, match="sparse_keep"):
+        F.FlashBlockConfig(sparse_keep=0)
+    with pytest.raises(ValueError, match="recompute_heads"):
+        F.FlashBlockConfig(sparse_keep=2, recompute_heads=((True,) * 4,))
+
+
+def test_sampler_with_sparse_external_part():
+    cfg = D.diffusion_config(d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                             head_dim=8, mlp_hidden=64, max_len=32)
+    model = DecoderLM(cfg, rngs=nnx.Rngs(0))
+    prompt = jax.random.randint(jax.random.key(7), (2, 8), 0, 256, jnp.int32)
+    exact = D.generate_blocks(model, prompt, 2, 4, block_size=4)
+    # every history key kept: the kept part is recomputed with the current queries at every
+    # step, so sparse alone is the exact sampler
+    every = D.generate_blocks(model, prompt, 2, 4, block_size=4, flashblock=F.FlashBlockConfig(
+        sparse_keep=16, sparse_residual=False))
+    np.testing.assert_array_equal(every.tokens, exact.tokens)
+    np.testing.assert_allclose(every.logprob, exact.logprob, atol=1e-5)
+    assert every.refreshes == ((0,), (0,))
+    # aggressive sparsity: step 0 of block 0 with the residual is exact, sparse alone is not
+    res, alone = (D.generate_blocks(model, prompt, 2, 4, block_size=4,
+                                    flashblock=F.FlashBlockConfig(sparse_keep=2,
+                                                                  sparse_residual=r))
+                  for r in (True, False))
+    first = np.asarray(exact.step)[:, :4] == 0
+    np.testing.assert_allclose(np.asarray(res.logprob)[:, :4][first],
+                               np.asarray(exact.logprob)[:, :4][first], atol=1e-5)
+    assert float(np.abs(np.asarray(alone.logprob)[:, :4][first]
+                        - np.asarray(exact.logprob)[:, :4][first]).max()) > 1e-3

@@ -42,7 +42,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from lcjax.attention.core import dot_product_attention
-from lcjax.attention.flashblock import FlashBlockConfig, flashblock_attention
+from lcjax.attention.flashblock import (
+    FlashBlockConfig,
+    flashblock_attention,
+    sparse_flashblock_attention,
+)
 from lcjax.bench.report import cli_args, write_results_json
 from lcjax.bench.timing import compile_fn, machine_info, time_compiled
 
@@ -64,6 +68,9 @@ def add_arguments(sub) -> None:
     p.add_argument("--kv-heads", type=int, default=None)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--sparse-keep", type=float, default=None,
+                   help="also time the sparse external part keeping this many history keys "
+                        "per head (>= 1) or this fraction of them (< 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sample-histories", type=_ints, default=(1024, 4096),
                    help="prompt lengths of the sampling measurement (empty: none)")
@@ -73,10 +80,29 @@ def add_arguments(sub) -> None:
     p.add_argument("--out", default="reports/bench/flashblock", help="'none' writes no files")
 
 
+def _sparse_fns(keep):
+    """Jitted sparse pieces: the refresh step (scoring, selection, kept part and the
+    dropped part, or without it for sparse alone) and a later step (kept part over the
+    cached selection, merged with the cached dropped part or not)."""
+    def refresh(residual):
+        return jax.jit(lambda q, ke, ve, ki, vi: sparse_flashblock_attention(
+            q, ke, ve, ki, vi, keep=keep, residual=residual, return_cache=True))
+
+    def later(residual):
+        return jax.jit(lambda q, ke, ve, ki, vi, cache: sparse_flashblock_attention(
+            q, ke, ve, ki, vi, keep=keep, residual=residual, cache=cache))
+
+    return {"sparse_refresh": refresh(False), "sparse_step": later(False),
+            "residual_refresh": refresh(True), "residual_step": later(True)}
+
+
 def attention_rows(histories, *, block_size, steps, heads, kv_heads, head_dim, repeats,
-                   seed=0, log=print) -> list[dict]:
+                   seed=0, sparse_keep=None, log=print) -> list[dict]:
     """Per history length S: median seconds of exact / split / reuse attention and the
-    per-block ratio ``s · exact / (split + (s - 1) · reuse)``."""
+    per-block ratio ``s · exact / (split + (s - 1) · reuse)``; with ``sparse_keep`` (keys
+    per head, an int, or a float fraction of S) also the sparse external part alone and
+    with the residual reuse (``*_refresh`` at step 0, ``*_step`` later) and their per-block
+    ratios against the same no-reuse baseline."""
     kv_heads = heads if kv_heads is None else kv_heads
     exact_fn = jax.jit(lambda q, ke, ve, ki, vi: dot_product_attention(
         q, jnp.concatenate([ke, ki], 1), jnp.concatenate([ve, vi], 1)))
@@ -85,33 +111,52 @@ def attention_rows(histories, *, block_size, steps, heads, kv_heads, head_dim, r
     reuse_fn = jax.jit(lambda q, ki, vi, a, lse: flashblock_attention(
         q, ki[:, :0], vi[:, :0], ki, vi, external=(a, lse)))
     rows = []
+
+    def timed(row, name, fn, args):
+        """Compile once, time, and return the compiled call's output."""
+        compiled, compile_s = compile_fn(fn, args)
+        times, out = time_compiled(compiled, args, repeats=repeats, warmup=1)
+        row[f"{name}_s"] = float(np.median(times))
+        row[f"{name}_compile_s"] = compile_s
+        return out
+
     for s in histories:
         ks = jax.random.split(jax.random.fold_in(jax.random.key(seed), s), 5)
         q = jax.random.normal(ks[0], (1, block_size, heads, head_dim))
         ke, ve = (jax.random.normal(k, (1, s, kv_heads, head_dim)) for k in ks[1:3])
         ki, vi = (jax.random.normal(k, (1, block_size, kv_heads, head_dim)) for k in ks[3:5])
-        _, (a, lse) = split_fn(q, ke, ve, ki, vi)
         row = {"history": int(s)}
-        for name, fn, args in (("exact", exact_fn, (q, ke, ve, ki, vi)),
-                               ("split", split_fn, (q, ke, ve, ki, vi)),
-                               ("reuse", reuse_fn, (q, ki, vi, a, lse))):
-            compiled, compile_s = compile_fn(fn, args)
-            times, _ = time_compiled(compiled, args, repeats=repeats, warmup=1)
-            row[f"{name}_s"] = float(np.median(times))
-            row[f"{name}_compile_s"] = compile_s
+        exact = timed(row, "exact", exact_fn, (q, ke, ve, ki, vi))
+        split, (a, lse) = timed(row, "split", split_fn, (q, ke, ve, ki, vi))
+        timed(row, "reuse", reuse_fn, (q, ki, vi, a, lse))
         # without reuse every step pays the cheaper of the two exact paths (the dense call
         # also copies the history into one key array)
         no_reuse = steps * min(row["exact_s"], row["split_s"])
         with_reuse = row["split_s"] + (steps - 1) * row["reuse_s"]
         row["block_ratio"] = no_reuse / with_reuse
         row["block_ratio_vs_dense"] = steps * row["exact_s"] / with_reuse
-        err = float(jnp.abs(split_fn(q, ke, ve, ki, vi)[0] - exact_fn(q, ke, ve, ki, vi)).max())
+        err = float(jnp.abs(split - exact).max())
         row["split_max_abs_error"] = err
+        if sparse_keep is not None:
+            keep = sparse_keep if isinstance(sparse_keep, int) else max(
+                1, int(round(sparse_keep * s)))
+            fns = _sparse_fns(keep)
+            row["sparse_keep"] = keep
+            for kind in ("sparse", "residual"):
+                args = (q, ke, ve, ki, vi)
+                _, cache = timed(row, f"{kind}_refresh", fns[f"{kind}_refresh"], args)
+                timed(row, f"{kind}_step", fns[f"{kind}_step"], (*args, cache))
+                per_block = row[f"{kind}_refresh_s"] + (steps - 1) * row[f"{kind}_step_s"]
+                row[f"{kind}_block_ratio"] = no_reuse / per_block
         rows.append(row)
         log(f"S={s:>6}: exact {row['exact_s'] * 1e3:8.3f} ms  split {row['split_s'] * 1e3:8.3f}"
             f" ms  reuse {row['reuse_s'] * 1e3:8.3f} ms  per-block ratio (s={steps}) "
             f"{row['block_ratio']:.2f}x (vs dense {row['block_ratio_vs_dense']:.2f}x)  "
             f"|split - exact| {err:.1e}", flush=True)
+        if sparse_keep is not None:
+            log(f"          sparse (keep {row['sparse_keep']}) per-block ratio alone "
+                f"{row['sparse_block_ratio']:.2f}x, with residual reuse "
+                f"{row['residual_block_ratio']:.2f}x", flush=True)
     return rows
 
 
@@ -180,12 +225,21 @@ def sampling_rows(histories, *, block_size, steps, num_blocks, train_steps, repe
     return rows, info
 
 
+def _keep(value):
+    if value is None:
+        return None
+    if value <= 0:
+        raise ValueError(f"--sparse-keep must be > 0, got {value}")
+    return int(value) if value >= 1 else float(value)
+
+
 def run_cli(args) -> int:
     print(f"attention per denoising step: block {args.block_size}, {args.steps} steps, "
           f"{args.heads} heads x {args.head_dim}")
     rows = attention_rows(args.histories, block_size=args.block_size, steps=args.steps,
                           heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
-                          repeats=args.repeats, seed=args.seed)
+                          repeats=args.repeats, seed=args.seed,
+                          sparse_keep=_keep(args.sparse_keep))
     longest = rows[-1]
     print(f"headline: attention time per block without / with reuse at S={longest['history']}"
           f": {longest['block_ratio']:.2f}x")

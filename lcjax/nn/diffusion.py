@@ -54,6 +54,7 @@ from lcjax.attention.flashblock import (
     head_stability,
     recompute_mask,
     should_refresh,
+    sparse_flashblock_attention,
 )
 from lcjax.data import pipeline, tokenizer
 from lcjax.nn.decoder import DecoderConfig, DecoderLM
@@ -69,6 +70,7 @@ __all__ = [
     "MaskedDiffusionLoss",
     "diffusion_dataset",
     "transfer_schedule",
+    "threshold_reveal",
     "BlockGeneration",
     "generate_blocks",
     "calibrate_recompute_heads",
@@ -250,10 +252,12 @@ class _BlockAttention:
     layer's (segment) mask. Splits it into block-external and block-internal parts
     (:func:`~lcjax.attention.flashblock.flashblock_attention`)."""
 
-    def __init__(self, index, block_size, external=None, recompute_heads=None):
+    def __init__(self, index, block_size, external=None, recompute_heads=None, sparse=None,
+                 record=False):
         self.index, self.block_size = index, block_size
         self.external, self.recompute_heads = external, recompute_heads
-        self.new_external = None
+        self.sparse, self.record = sparse, record
+        self.new_external = self.internal = None
 
     def __call__(self, q, k, v, *, causal=False, mask=None, scale=None, **options):
         if causal or options:
@@ -267,10 +271,19 @@ class _BlockAttention:
         in_mask = None if mask is None else lax.dynamic_slice_in_dim(
             jnp.broadcast_to(mask, (*jnp.shape(mask)[:-1], s)), self.index, self.block_size,
             axis=3)
-        out, self.new_external = flashblock_attention(
-            q, k, v, k_in, v_in, ext_mask=ext_mask, in_mask=in_mask, scale=scale,
-            external=self.external, recompute_heads=self.recompute_heads,
-            return_external=True)
+        if self.sparse is not None:  # sparse external part (+ the cached dropped part)
+            out, self.new_external = sparse_flashblock_attention(
+                q, k, v, k_in, v_in, keep=self.sparse.sparse_keep, ext_mask=ext_mask,
+                in_mask=in_mask, scale=scale, pool=self.sparse.sparse_pool,
+                cache=self.external, residual=self.sparse.sparse_residual, return_cache=True)
+        else:
+            out, self.new_external = flashblock_attention(
+                q, k, v, k_in, v_in, ext_mask=ext_mask, in_mask=in_mask, scale=scale,
+                external=self.external, recompute_heads=self.recompute_heads,
+                return_external=True)
+        if self.record:  # the block-internal part too, for the stability analysis
+            self.internal = dot_product_attention(q, k_in, v_in, mask=in_mask, scale=scale,
+                                                  return_lse=True)
         return out
 
 
@@ -304,29 +317,51 @@ def _cached_logits(graphdef, state, block, cache):
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "block_size", "reuse",
-                                             "recompute_heads"))
+                                             "recompute_heads", "sparse", "record"))
 def _flashblock_logits(graphdef, state, block, cache, externals, *, block_size, reuse,
-                       recompute_heads):
+                       recompute_heads, sparse=None, record=False):
     """A denoising pass whose layers split their attention (FlashBlock). ``reuse``: merge
     the block-internal part with ``externals`` (per layer, recomputing the heads of
-    ``recompute_heads``); else compute the external part. Returns (logits, externals)."""
+    ``recompute_heads``); else compute the external part. ``sparse`` (a FlashBlockConfig
+    with ``sparse_keep``): the external part is sparse and ``externals`` are the layers'
+    (selection, dropped part) caches. Returns (logits, externals, internals), internals
+    the layers' ``(A_in, L_in)`` with ``record`` (else Nones)."""
     model = nnx.merge(graphdef, state)
     index = cache[0].index
     layers = []
     for i, blk in enumerate(model.blocks):  # this trace's copy of the model only
         heads = None if recompute_heads is None else recompute_heads[i]
         fn = _BlockAttention(index, block_size, externals[i] if reuse else None,
-                             heads if reuse else None)
+                             heads if reuse else None, sparse=sparse, record=record)
         blk.attn.attention_fn = fn
         layers.append(fn)
     logits = model(block, cache=cache)[0]
-    return logits, tuple(fn.new_external for fn in layers)
+    return (logits, tuple(fn.new_external for fn in layers),
+            tuple(fn.internal for fn in layers))
 
 
-@functools.partial(jax.jit, static_argnames=("count", "order", "temperature"))
-def _reveal(logits, block, rng, *, count, order, temperature):
-    """Reveal ``count`` masked positions of ``block`` [B, b] from ``logits`` [B, b, V].
-    Returns (new block, revealed bool [B, b], logprob of the chosen tokens [B, b])."""
+def threshold_reveal(tokens, logprob, block, threshold: float, *, mask_id: int = MASK_ID):
+    """The dynamic confidence-threshold unmasking rule (Fast-dLLM's parallel decoding; the
+    public FlashBlock code's ``low_confidence_dynamic``): reveal every still-masked
+    position whose confidence ``exp(logprob)`` (the probability of its proposed token) is
+    at least ``threshold``, and in each row with a masked position at least the most
+    confident one (ties: the lower position).
+
+    tokens int [B, b] (proposals), logprob float [B, b], block int [B, b] (``mask_id`` =
+    still masked). Returns (new block, revealed bool [B, b])."""
+    still = block == mask_id
+    conf = jnp.where(still, jnp.exp(logprob), -1.0)
+    best = jax.nn.one_hot(jnp.argmax(conf, axis=-1), block.shape[-1], dtype=bool)
+    revealed = still & ((conf >= threshold) | best)
+    return jnp.where(revealed, tokens, block).astype(block.dtype), revealed
+
+
+@functools.partial(jax.jit, static_argnames=("count", "order", "temperature", "threshold"))
+def _reveal(logits, block, rng, *, count, order, temperature, threshold=None):
+    """Reveal ``count`` masked positions of ``block`` [B, b] from ``logits`` [B, b, V]
+    (with ``threshold``: every masked position whose confidence reaches it, at least the
+    most confident one; ``count`` unused). Returns (new block, revealed bool [B, b],
+    logprob of the chosen tokens [B, b])."""
     logits = logits.at[..., MASK_ID].set(-jnp.inf)  # never predict [MASK]
     logp = jax.nn.log_softmax(logits, axis=-1)
     k_tok, k_ord = jax.random.split(rng)
@@ -336,6 +371,8 @@ def _reveal(logits, block, rng, *, count, order, temperature):
         tokens = jax.random.categorical(k_tok, logits / temperature, axis=-1)
     chosen = jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
     still = block == MASK_ID
+    if threshold is not None:
+        return (*threshold_reveal(tokens, chosen, block, threshold), chosen)
     score = chosen if order == "confidence" else jax.random.uniform(k_ord, chosen.shape)
     score = jnp.where(still, score, -jnp.inf)
     _, idx = lax.top_k(score, count)
@@ -357,6 +394,7 @@ def generate_blocks(
     use_cache: bool = True,
     flashblock: FlashBlockConfig | None = None,
     record_external: bool = False,
+    threshold: float | None = None,
 ) -> BlockGeneration | tuple[BlockGeneration, list]:
     """Sample ``num_blocks`` blocks after ``prompt`` by block diffusion (module docstring).
 
@@ -373,9 +411,16 @@ def generate_blocks(
         sequence at every step (the reference).
       flashblock: a :class:`~lcjax.attention.flashblock.FlashBlockConfig` to reuse the
         block-external attention (needs ``use_cache``); None = exact attention.
-      record_external: (with ``flashblock``) also return, per block, the per-layer
-        ``(A_out, L_out)`` of every step — computed without reuse if the config reuses
-        nothing — for :func:`calibrate_recompute_heads`.
+      record_external: (with a dense ``flashblock``) also return, per block, for every
+        step ``(externals, internals)``: per layer the ``(A_out, L_out)`` used — computed
+        afresh at the steps the config refreshes — and the block-internal ``(A_in,
+        L_in)``, for :func:`calibrate_recompute_heads` and the stability analysis.
+      threshold: the dynamic confidence rule instead of the fixed schedule (with
+        ``order="confidence"``): each step reveals every masked position whose
+        probability of its proposal is >= ``threshold``, at least the most confident one
+        (:func:`threshold_reveal`); a block ends when nothing is masked, and
+        ``steps_per_block`` caps its steps (the last allowed step reveals the rest).
+        ``threshold > 1`` reveals one per step; 0 reveals the whole block at once.
 
     Returns:
       :class:`BlockGeneration` (and the recorded externals with ``record_external``).
@@ -397,8 +442,17 @@ def generate_blocks(
     if flashblock is not None and not use_cache:
         raise ValueError(f"{name}: flashblock reuses the KV cache's attention; it needs "
                          "use_cache=True")
-    if record_external and flashblock is None:
-        raise ValueError(f"{name}: record_external needs a flashblock config")
+    if record_external and (flashblock is None or flashblock.sparse_keep is not None):
+        raise ValueError(f"{name}: record_external needs a dense flashblock config")
+    if threshold is not None:
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not (
+                threshold >= 0):
+            raise ValueError(f"{name}: `threshold` must be None or a number >= 0, got "
+                             f"{threshold!r}")
+        if order != "confidence":
+            raise ValueError(f"{name}: `threshold` is a confidence rule; it needs "
+                             f"order='confidence', got {order!r}")
+        schedule = (None,) * steps_per_block
     c = model.config
     if flashblock is not None:
         layers = [c.layer_attention(i) for i in range(c.num_layers)]
@@ -432,6 +486,8 @@ def generate_blocks(
         lp_of = jnp.zeros((b, block_size), jnp.float32)
         externals, dirty, refreshed, block_record = None, 0, [], []
         for s, count in enumerate(schedule):
+            if threshold is not None and not bool(jnp.any(block == MASK_ID)):
+                break  # the dynamic rule finished the block early
             if not use_cache:
                 pad = jnp.full((b, total - tokens.shape[1] - block_size), MASK_ID, jnp.int32)
                 logits = _full_logits(graphdef, state,
@@ -444,21 +500,26 @@ def generate_blocks(
             else:
                 refresh = should_refresh(s, dirty, block_size, flashblock.reuse_ratio)
                 reuse = not refresh
-                logits, new_ext = _flashblock_logits(
+                sparse = flashblock if flashblock.sparse_keep is not None else None
+                logits, new_ext, internals = _flashblock_logits(
                     graphdef, state, block, cache, externals if reuse else None,
                     block_size=block_size, reuse=reuse,
-                    recompute_heads=flashblock.recompute_heads if reuse else None)
+                    recompute_heads=flashblock.recompute_heads if reuse else None,
+                    sparse=sparse, record=record_external)
                 if refresh:
                     externals, dirty = new_ext, 0
                     refreshed.append(s)
                 if record_external:
-                    block_record.append(new_ext)
+                    block_record.append((new_ext, internals))
+            last = s == len(schedule) - 1
+            dynamic = threshold is not None and not last
             block, revealed, chosen = _reveal(
-                logits, block, jax.random.fold_in(rng, n * block_size + s), count=count,
-                order=order, temperature=float(temperature))
+                logits, block, jax.random.fold_in(rng, n * block_size + s),
+                count=block_size if count is None else count, order=order,
+                temperature=float(temperature), threshold=threshold if dynamic else None)
             step_of = jnp.where(revealed, s, step_of)
             lp_of = jnp.where(revealed, chosen, lp_of)
-            dirty += count
+            dirty += count if count is not None else int(jnp.max(jnp.sum(revealed, axis=1)))
         tokens = jnp.concatenate([tokens, block], axis=1)
         if use_cache and n + 1 < num_blocks:
             cache = _commit(graphdef, state, block, cache)
@@ -504,7 +565,7 @@ def calibrate_recompute_heads(
                                   flashblock=probe, record_external=True)
     cos, dlse = [], []
     for layer in range(model.config.num_layers):
-        per_block = [head_stability([step[layer] for step in blk]) for blk in recorded]
+        per_block = [head_stability([step[0][layer] for step in blk]) for blk in recorded]
         cos.append(np.mean([np.asarray(x[0]) for x in per_block], axis=0))
         dlse.append(np.mean([np.asarray(x[1]) for x in per_block], axis=0))
     cos, dlse = np.stack(cos), np.stack(dlse)
