@@ -319,3 +319,17 @@ def test_correlations_equal_scipy(tmp_path):
         stats.spearmanr(res.s_erank.ravel(), success.ravel())[0])
     scatter_plot(success, res, tmp_path / "s.png")
     assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_resample_multiplier():
+    from lcjax.analysis.lps import resample_multiplier
+
+    np.testing.assert_array_equal(resample_multiplier("llama", 64), LLAMA_MULTIPLIER)
+    # a linear schedule stays linear with the same end points (closed form)
+    np.testing.assert_allclose(resample_multiplier(np.linspace(0.5, 2.0, 64), 8),
+                               np.linspace(0.5, 2.0, 8), rtol=1e-12)
+    small = resample_multiplier(LLAMA_MULTIPLIER, 8)
+    assert small[0] == pytest.approx(0.8) and small[-1] == pytest.approx(1.0)
+    assert small.max() > 1.05  # the Llama bump on the lower-middle frequencies survives
+    with pytest.raises(ValueError, match="preset"):
+        resample_multiplier("gpt", 8)

@@ -62,7 +62,8 @@ from lcjax.rope import scaled_inv_freq
 
 __all__ = ["LPSResult", "kernel_energies", "scores_from_energies", "lps_scores", "model_lps",
            "enhance_heads", "enhance_model", "multiplier_schedule", "LLAMA_MULTIPLIER",
-           "QWEN3_MULTIPLIER", "MULTIPLIER_PRESETS", "pair_indices", "rotation_matrix"]
+           "QWEN3_MULTIPLIER", "MULTIPLIER_PRESETS", "pair_indices", "rotation_matrix",
+           "resample_multiplier"]
 
 DEFAULT_DISTANCE = -32768
 
@@ -85,6 +86,24 @@ LLAMA_MULTIPLIER = multiplier_schedule([(0.8, 1.0, 40), (1.0, 1.2, 8), (1.2, 1.0
 QWEN3_MULTIPLIER = multiplier_schedule([(1.0, 1.0, 8), (1.0, 0.2, 24), (0.2, 1.0, 16),
                                         (1.0, 1.4, 8), (1.4, 1.0, 8)], endpoint=True)
 MULTIPLIER_PRESETS = {"llama": LLAMA_MULTIPLIER, "qwen3": QWEN3_MULTIPLIER}
+
+
+def resample_multiplier(multiplier, pairs: int) -> np.ndarray:
+    """A per-pair schedule (pair 0 = highest frequency) carried to a head with ``pairs``
+    RoPE pairs by linear interpolation over the frequency index (pair m of the result sits at
+    fraction m / (pairs − 1) of the source's index range); a preset name is accepted."""
+    if isinstance(multiplier, str):
+        if multiplier not in MULTIPLIER_PRESETS:
+            raise ValueError(f"resample_multiplier: preset must be one of "
+                             f"{sorted(MULTIPLIER_PRESETS)}, got {multiplier!r}")
+        multiplier = MULTIPLIER_PRESETS[multiplier]
+    src = np.asarray(multiplier, np.float64)
+    if src.ndim != 1 or src.size < 2 or pairs < 1:
+        raise ValueError(f"resample_multiplier: need a 1-D schedule of >= 2 pairs and "
+                         f"pairs >= 1, got shape {src.shape} and pairs={pairs}")
+    if pairs == 1:
+        return src[-1:].copy()
+    return np.interp(np.linspace(0, src.size - 1, pairs), np.arange(src.size), src)
 
 
 def pair_indices(head_dim: int, layout: str = "half") -> tuple[np.ndarray, np.ndarray]:
