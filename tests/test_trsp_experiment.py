@@ -1,6 +1,6 @@
 """experiments/trsp: the NoLiMa-style items it trains and evaluates on, the two-way choice
 score against an unbatched reference, the seed statistics against closed forms, the claim's
-verdict by hand, and the whole run on a tiny monkeypatched setting."""
+verdict by hand, and the whole run on a tiny setting."""
 
 import math
 
@@ -78,7 +78,7 @@ def _tiny_model(trsp=True):
     setting = exp.Setting(model=dict(d_model=16, num_layers=2, num_heads=2, num_kv_heads=2,
                                      head_dim=8, mlp_hidden=32),
                           steps=2, batch=2, seeds=(0,), depths=(0.5,), n_per_cell=1,
-                          spectral_rows=1)
+                          spectral_rows=1, mults=(1, 2))
     return DecoderLM(exp.model_config(setting, trsp), rngs=nnx.Rngs(3)), setting
 
 
@@ -116,11 +116,10 @@ def test_spectral_batch_rows_are_heldout_items():
     assert not np.array_equal(rows, train)
 
 
-def test_run_end_to_end_on_a_tiny_setting(tmp_path, monkeypatch):
+def test_run_end_to_end_on_a_tiny_setting(tmp_path):
     """Two steps of a d = 16 model, evaluated at 1× and 2× L: claims, the per-seed numbers
-    (accuracy, choice ∈ [0, 1] at each length; the choice at 1× recomputed from the same
-    items), per-layer spectra of both models and the three figures."""
-    monkeypatch.setattr(exp, "EVAL_MULTS", (1, 2))
+    (accuracy, choice ∈ [0, 1] at each length, the summary's one-seed mean equal to them),
+    per-layer spectra of both models and the three figures."""
     _, setting = _tiny_model()
     res = exp.run(True, tmp_path, setting=setting, log=lambda *a, **k: None)
     assert [c.claim.split(" ")[0] for c in res.claims] == ["TRSP", "TRSP"]
@@ -141,3 +140,11 @@ def test_run_end_to_end_on_a_tiny_setting(tmp_path, monkeypatch):
     assert [p.name for p in res.figures] == ["accuracy_vs_length.png", "spectral_1x.png",
                                              "spectral_2x.png"]
     assert all(p.stat().st_size > 1000 for p in res.figures)
+
+
+def test_run_rejects_lengths_that_do_not_start_at_one(tmp_path):
+    import dataclasses
+
+    _, setting = _tiny_model()
+    with pytest.raises(ValueError, match="`mults` must start at 1"):
+        exp.run(True, tmp_path, setting=dataclasses.replace(setting, mults=(2, 4)))
