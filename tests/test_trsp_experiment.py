@@ -148,3 +148,16 @@ def test_run_rejects_lengths_that_do_not_start_at_one(tmp_path):
     _, setting = _tiny_model()
     with pytest.raises(ValueError, match="`mults` must start at 1"):
         exp.run(True, tmp_path, setting=dataclasses.replace(setting, mults=(2, 4)))
+
+
+def test_gate_values_follow_the_gate_formula():
+    """At L_ctx = 2 a 2-layer model has b = (1, 2): r = (1/2, 1), so γ_1 = sigmoid(MLP(0))
+    (r^φ = 1) and γ_0 = sigmoid(MLP(-1)) · 2^{-softplus(κ)}, in numpy."""
+    model, _ = _tiny_model()
+    g = model.trsp_gate
+    w1, b1, w2, b2 = (np.asarray(p[...], np.float64) for p in (g.w1, g.b1, g.w2, g.b2))
+    mlp = lambda u: np.tanh(u * w1[0] + b1) @ w2[:, 0] + b2[0]
+    sig = lambda z: 1 / (1 + np.exp(-z))
+    phi = np.log1p(np.exp(float(g.kappa[...])))
+    got = exp.gate_values(model, 2)
+    np.testing.assert_allclose(got, [sig(mlp(-1.0)) * 0.5 ** phi, sig(mlp(0.0))], rtol=1e-5)

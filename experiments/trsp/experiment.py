@@ -247,6 +247,16 @@ def keeps_accuracy(trsp: dict[int, float], base: dict[int, float], mult: int = 8
             and trsp[mult] > base[mult])
 
 
+def gate_values(model, lctx: int) -> list[float]:
+    """γ_ℓ of every layer ℓ of a TRSP model at context length ``lctx`` (b_ℓ = min(2^ℓ,
+    lctx)): how open its side path is at that length."""
+    import jax.numpy as jnp
+
+    levels = np.arange(model.config.num_layers)
+    bandwidth = jnp.asarray(np.minimum(2 ** levels, lctx))
+    return [float(g) for g in model.trsp_gate(bandwidth, jnp.full(len(levels), lctx))]
+
+
 def spectral_batch(length: int, rows: int) -> np.ndarray:
     """int ``[rows, length + 1]``: BOS + prompt + answer + EOS of held-out items (TaskSource
     seed :data:`SPECTRAL_SEED`), for ``spectral_report``."""
@@ -359,10 +369,13 @@ def run(quick: bool, out_dir: Path, *, setting: Setting | None = None, log=None)
             choice = [float(choice_scores(tr["model"], [it for it in items if it.length == n],
                                           rows=2 * per_length).mean()) for n in lengths]
             rep = spectra(tr["model"], s)
+            gates = ({f"{m}x": gate_values(tr["model"], m * TRAIN_LEN) for m in s.mults}
+                     if trsp else None)
             rec = {"seed": seed, "accuracy": acc, "choice": choice, "params": tr["params"],
                    "train_seconds": tr["seconds"], "train_cpu_s": tr["cpu_s"],
                    "eval_seconds": time.perf_counter() - t0, "eval_cpu_s":
-                   time.process_time() - c0, "history": tr["history"], "spectral": rep}
+                   time.process_time() - c0, "history": tr["history"], "spectral": rep,
+                   "gate": gates}
             runs[name].append(rec)
             log(f"   {name} seed {seed}: {tr['params']} params, {s.steps} steps in "
                 f"{tr['seconds']:.0f} s, answer nll {tr['history'][-1]['answer_nll']:.3f}; "
@@ -383,7 +396,7 @@ def _result(quick, s, out_dir, lengths, runs, table, seconds, plot_spectral) -> 
         merged = {name: _merge_reports([r["spectral"][key] for r in rs])
                   for name, rs in runs.items()}
         figs.append(plot_spectral(merged, out_dir / f"spectral_{key}.png",
-                                  title=f"held-out rows at {key} L = {TRAIN_LEN}"))
+                                  title=f"held-out rows at {key[:-1]}× L (L = {TRAIN_LEN})"))
     summary = {name: {metric: [list(mean_interval(table[name][metric][:, j]))
                                for j in range(len(lengths))]
                       for metric in ("accuracy", "choice")} for name in runs}
@@ -428,6 +441,13 @@ def _result(quick, s, out_dir, lengths, runs, table, seconds, plot_spectral) -> 
              f"Spectral metrics per layer: spectral_1x.png, spectral_{top}x.png. Not run: the "
              "Differential-Transformer and gated-attention baselines (no such attention "
              "variant in lcjax).")
+    g = runs["trsp"][0]["gate"]
+    notes += (f" The trained gate γ_ℓ (seed {runs['trsp'][0]['seed']}, layers 0…"
+              f"{s.model['num_layers'] - 1}): at 1× L "
+              + ", ".join(f"{v:.3g}" for v in g["1x"]) + f"; at {top}× L "
+              + ", ".join(f"{v:.3g}" for v in g[f"{top}x"])
+              + f" — with b_ℓ ≤ 2^{s.model['num_layers'] - 1} ≪ L_ctx the envelope "
+              "(b_ℓ / L_ctx)^φ keeps the side path small in a model this shallow.")
     if mean["trsp"][1] < LEARNED:
         notes += (f" Caveat: TRSP's 1× accuracy {mean['trsp'][1]:.3f} < {LEARNED}: the task "
                   f"is not learned after {s.steps} steps, so the length columns measure "
