@@ -88,7 +88,7 @@ def _batches(examples, names, steps: int, batch: int, tools=None, seed: int = 0)
 def _cfg(steps: int, lr: float):
     from lcjax.train import TrainConfig
 
-    return TrainConfig(steps=steps, warmup_steps=max(1, steps // 10), lr=lr,
+    return TrainConfig(steps=steps, warmup_steps=steps // 10, lr=lr,
                        weight_decay=0.0, progress=False, eval_batches=0,
                        log_every=max(1, steps // 4))
 

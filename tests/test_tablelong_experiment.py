@@ -1,0 +1,132 @@
+"""The TableLong experiment's pieces (experiments/tablelong): RL items, the answer NLL, the
+paired bootstrap, the reward counter, and the evaluator's one-bucket mode it relies on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from experiments.tablelong import experiment as tl
+from lcjax.data import tokenizer as tok
+from lcjax.nn import DecoderConfig, DecoderLM
+from lcjax.train.rewards import answer_reward
+
+
+def tiny_model(seed: int = 0) -> DecoderLM:
+    cfg = DecoderConfig(vocab_size=tok.VOCAB_SIZE, d_model=16, num_layers=1, num_heads=2,
+                        num_kv_heads=2, head_dim=8, mlp_hidden=32, max_len=512)
+    return DecoderLM(cfg, rngs=nnx.Rngs(seed))
+
+
+def test_arithmetic_items_match_lengths_and_verify():
+    lengths = [300, 420, 777]
+    items = tl.arithmetic_items(lengths, seed=3)
+    for it, n in zip(items, lengths):
+        got = len(it["prompt"].encode())
+        assert n - 4 <= got <= n, (got, n)  # a cut multi-byte character may cost 3 bytes
+        assert it["answer"] == it["a"] + it["b"] and 10 <= it["a"] <= 99
+        assert f"What is {it['a']} plus {it['b']}?" in it["prompt"]
+        assert answer_reward(str(it["answer"]), it) == 1.0
+        assert answer_reward(str(it["answer"] + 1), it) == 0.0
+    assert tl.arithmetic_items(lengths, seed=3) == items  # deterministic per seed
+    assert tl.arithmetic_items(lengths, seed=4) != items
+
+
+def test_table_items_fit_the_prompt_width_and_verify():
+    from lcjax.data.tablelong import verify_item
+
+    items = tl.table_items(6, seed=5)
+    for it in items:
+        ids = tl.rl_prompt(it)
+        assert ids[0] == tok.BOS and len(ids) <= tl.PROMPT_WIDTH
+        assert tok.decode(ids[1:]).endswith(": ") and it["question"] in tok.decode(ids[1:])
+        assert verify_item(it)
+        lo, hi = tl.TABLE_LEN
+        assert lo <= it["length"] <= hi
+
+
+class _Item:  # the two fields of lcjax.eval.items.EvalItem that answer_nll reads
+    def __init__(self, prompt: bytes, answer: bytes):
+        self.prompt, self.answer = prompt, answer
+
+
+def test_answer_nll_equals_a_direct_forward_pass():
+    import jax
+
+    model = tiny_model(1)
+    rng = np.random.default_rng(0)
+    def text(lo, hi, n):
+        return bytes(rng.integers(lo, hi, size=int(n)).astype(np.uint8))
+
+    items = [_Item(text(32, 127, n), text(48, 58, k))
+             for n, k in zip(rng.integers(5, 40, size=5), rng.integers(1, 6, size=5))]
+    got = tl.answer_nll(model, items, batch_size=4, width=64)
+    for it, value in zip(items, got):  # slow reference: one unpadded row at a time
+        ids = np.concatenate([tok.encode(it.prompt, bos=True), tok.encode(it.answer)])
+        logp = jax.nn.log_softmax(np.asarray(model(ids[None, :-1]), np.float64)[0], axis=-1)
+        k = len(it.answer)
+        want = -np.mean([logp[j, ids[j + 1]] for j in range(len(ids) - 1 - k, len(ids) - 1)])
+        assert value == pytest.approx(want, rel=1e-4)
+    with pytest.raises(ValueError, match="width"):
+        tl.answer_nll(model, items, batch_size=4, width=16)
+
+
+def test_bootstrap_delta_is_paired_and_its_interval_matches_the_normal_one():
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=400) * 10  # large item-to-item spread
+    out = tl.bootstrap_delta(ref[None] + 0.3, ref, rng, reps=500)
+    # paired: a constant difference has a zero-width interval whatever the items' spread
+    assert out["mean"] == pytest.approx(0.3) and out["hi"] - out["lo"] < 1e-9
+    diff = rng.normal(0.2, 1.0, size=(1, 2000))
+    out = tl.bootstrap_delta(diff, np.zeros(2000), rng, reps=2000)
+    half = 1.96 * diff.std() / np.sqrt(diff.size)  # the normal interval's half width
+    assert out["lo"] < out["mean"] < out["hi"]
+    assert (out["hi"] - out["lo"]) / 2 == pytest.approx(half, rel=0.12)
+    # several seeds: per-seed means, and the seeds' spread widens the interval
+    arm = np.stack([ref + 1.0, ref - 1.0, ref + 3.0])
+    out = tl.bootstrap_delta(arm, ref, rng, reps=2000)
+    assert out["per_seed"] == pytest.approx([1.0, -1.0, 3.0])
+    assert out["mean"] == pytest.approx(1.0) and out["lo"] <= -0.9 and out["hi"] >= 2.9
+
+
+def test_deltas_and_means_over_arms():
+    rng = np.random.default_rng(1)
+    n = 6
+
+    def ev(shift):
+        return {s: {"match": list(np.clip(rng.random(n) + shift, 0, 1)),
+                    "nll": list(2.0 + rng.random(n) + shift)} for s in tl.SUITES}
+
+    evals = {"none": ev(0.0), "table": {0: ev(0.5), 1: ev(0.5)}, "text": {0: ev(0.0),
+                                                                          1: ev(0.0)}}
+    d = tl.deltas(evals, (0, 1), rng)
+    m = tl.means(evals, (0, 1))
+    for s in tl.SUITES:
+        for metric in ("match", "nll"):
+            want = np.mean([np.mean(evals["table"][k][s][metric]) for k in (0, 1)]
+                           ) - np.mean(evals["none"][s][metric])
+            assert d[s][metric]["table"]["mean"] == pytest.approx(want)
+            assert m["table"][s][metric] - m["none"][s][metric] == pytest.approx(want)
+        assert d[s]["nll"]["table_vs_text"]["lo"] > 0  # +0.5 on [0, 1) noise, 12 rows
+
+
+def test_counting_reward_counts_verified_answers():
+    fn = tl.counting_reward(lambda p, it: 0.25, answer_reward)
+    assert fn("5", {"answer": 5}) == 0.25 and fn("6", {"answer": 5}) == 0.25
+    assert fn("x", {"answer": "x"}) == 0.25
+    assert (fn.hits, fn.samples) == (2, 3)
+
+
+def test_evaluate_one_bucket_gives_the_same_greedy_answers():
+    # the experiment evaluates with min_bucket=EVAL_BUCKET (every prompt padded to one
+    # length); greedy decoding must not depend on the padding
+    from lcjax.eval import evaluate
+
+    model = tiny_model(2)
+    kw = dict(lengths=(448,), depths=(0.5,), n_per_cell=3, tasks=("nolima_control",),
+              max_new_tokens=6, progress=False, batch_size=4)
+    a = evaluate(model, "nolima", **kw)
+    b = evaluate(model, "nolima", min_bucket=512, **kw)
+    assert [r["prediction"] for r in a.records] == [r["prediction"] for r in b.records]
+    assert any(r["prediction"] for r in a.records)
