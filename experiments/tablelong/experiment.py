@@ -72,7 +72,8 @@ PROMPT_WIDTH = 1024  # padded GRPO prompt width (BOS + prompt), the same for bot
 EVAL_LEN = 512  # RULER / NoLiMa length (bytes): the shortest their templates fit
 TABLE_EVAL_LEN = 1200  # "tablelong" suite length: contexts of 450-600 bytes
 EVAL_NEW_TOKENS = 48  # greedy answer budget of every suite (niah_single_3's uuid: 36 bytes)
-EVAL_BUCKET = 1024  # every eval prompt in one padded length: one decoder compile
+EVAL_BUCKET = 512  # eval prompts padded to 512 (RULER / NoLiMa) or 1024 (TableLong)
+SHORT_WIDTH = 576  # answer-NLL rows of the RULER / NoLiMa items (BOS + prompt + answer)
 EVAL_SEED = 0
 DATA_SEED = 19  # RL items; the evaluator draws its own seed sequences
 NEWLINE = 10
@@ -80,19 +81,21 @@ BOOTSTRAP = 2000
 ARMS = ("table", "text", "none")
 SUITES = ("ruler", "nolima", "tablelong")
 
+# Sized by CPU time measured under load (2026-12-02): one GRPO step of 8 rows x 1,034 tokens
+# (sample, reference pass, two updates) ~10 CPU s; greedy decoding + answer NLL of 8 items
+# ~2-5 CPU s; the first compile of each ~4-16 CPU s.
 SETTINGS = {
-    True: dict(seeds=(0,), steps=3, prompts_per_step=2, group_size=4, max_new_tokens=10,
-               train_items=16, ruler_tasks=("niah_single_1", "niah_single_2"),
-               nolima_tasks=("nolima_1hop", "nolima_control"), depths=(0.5,), n_per_cell=4,
-               table_n_per_cell=1, mi_text_bytes=200_000, mi_table_bytes=16_384),
-    False: dict(seeds=(0, 1, 2), steps=40, prompts_per_step=4, group_size=8, max_new_tokens=12,
-                train_items=160, ruler_tasks=("niah_single_1", "niah_single_2",
-                                              "niah_single_3", "niah_multikey_1"),
-                nolima_tasks=("nolima_1hop", "nolima_control", "nolima_1hop_noise"),
-                depths=(0.25, 0.75), n_per_cell=10, table_n_per_cell=6,
+    True: dict(seeds=(0,), steps=1, prompts_per_step=2, group_size=2, max_new_tokens=6,
+               train_items=4, ruler_tasks=("niah_single_1",), nolima_tasks=("nolima_1hop",),
+               table_tasks=("lookup", "count"), depths=(0.5,), n_per_cell=2,
+               table_n_per_cell=1, mi_text_bytes=100_000, mi_table_bytes=8_192),
+    False: dict(seeds=(0, 1, 2), steps=4, prompts_per_step=2, group_size=4, max_new_tokens=10,
+                train_items=64, ruler_tasks=("niah_single_1", "niah_single_2"),
+                nolima_tasks=("nolima_1hop", "nolima_control"), table_tasks=None,
+                depths=(0.25, 0.75), n_per_cell=4, table_n_per_cell=2,
                 mi_text_bytes=1_000_000, mi_table_bytes=65_536),
 }
-GRPO = dict(lr=1e-4, kl_beta=0.04, clip_eps=0.2, updates_per_batch=2, temperature=1.0)
+GRPO = dict(lr=3e-4, kl_beta=0.04, clip_eps=0.2, updates_per_batch=2, temperature=1.0)
 
 
 # --- RL items -------------------------------------------------------------------------------
@@ -184,7 +187,9 @@ def eval_specs(s: dict) -> dict[str, dict]:
             "nolima": dict(suite="nolima", lengths=(EVAL_LEN,), depths=s["depths"],
                            n_per_cell=s["n_per_cell"], tasks=s["nolima_tasks"]),
             "tablelong": dict(suite="tablelong", lengths=(TABLE_EVAL_LEN,), depths=(0.5,),
-                              n_per_cell=s["table_n_per_cell"])}
+                              n_per_cell=s["table_n_per_cell"],
+                              tasks=None if s["table_tasks"] is None else
+                              tuple(f"tablelong_{t}" for t in s["table_tasks"]))}
 
 
 def answer_nll(model, items, *, batch_size: int, width: int) -> np.ndarray:
@@ -230,11 +235,12 @@ def evaluate_model(model, s: dict) -> dict[str, dict]:
     for name, spec in eval_specs(s).items():
         spec = dict(spec)
         suite = spec.pop("suite")
-        res = evaluate(model, suite, seed=EVAL_SEED, progress=False,
+        rows = s["prompts_per_step"] * s["group_size"]
+        res = evaluate(model, suite, seed=EVAL_SEED, progress=False, batch_size=rows,
                        max_new_tokens=EVAL_NEW_TOKENS, min_bucket=EVAL_BUCKET, **spec)
         items = build_items(suite, seed=EVAL_SEED, **spec)
-        nll = answer_nll(model, items, batch_size=s["prompts_per_step"] * s["group_size"],
-                         width=PROMPT_WIDTH + s["max_new_tokens"])
+        width = PROMPT_WIDTH + s["max_new_tokens"] if suite == "tablelong" else SHORT_WIDTH
+        nll = answer_nll(model, items, batch_size=rows, width=width)
         out[name] = {"match": [r["string_match_all"] / 100 for r in res.records],
                      "nll": nll.tolist(),
                      "tasks": [r["task"] for r in res.records],
