@@ -65,8 +65,8 @@ SUITE = Suite("ruler_compact", ruler.generate, (
                                  question="\n{query}: ", value_digits=4)),))
 
 SETTINGS = {
-    True: dict(pretrain_steps=40, finetune_steps=10, batch=16, seeds=(0,), n_per_cell=2),
-    False: dict(pretrain_steps=400, finetune_steps=120, batch=32, seeds=(0, 1, 2),
+    True: dict(pretrain_steps=40, finetune_steps=10, batch=16, seeds=(0,), n_per_cell=1),
+    False: dict(pretrain_steps=500, finetune_steps=100, batch=32, seeds=(0, 1, 2),
                 n_per_cell=20),
 }
 PRETRAIN_LR, FINETUNE_LR = 1e-2, 3e-3
