@@ -46,9 +46,10 @@ gated-attention baselines of the paper (lcjax has neither attention variant yet)
 Quick mode (``make reproduce``, 40 s budget) is a smoke run of the whole pipeline: one
 seed, a 2-layer d = 32 model, 10 steps of 4 rows, one item at 1× and at 8× L: its numbers
 mean nothing. The full mode — 3 seeds, 4 layers (so b_ℓ = 1, 2, 4, 8), d = 32, 120 steps
-of 8 rows, 8 items per length — is sized for about 8 CPU-minutes on the shared 2-CPU
-machine, orders of magnitude below what the paper trains; most of its cost is XLA
-compilation and the 8× evaluation.
+of 8 rows, 8 items per length — took 1,050 s wall and ~17 CPU-minutes on the loaded
+shared 2-CPU machine (2026-12-02; the quick run 445 s wall, 65 CPU s there: over its 40 s
+budget under that load, not timed quiet), orders of magnitude below what the paper
+trains; most of its cost is XLA compilation and the 8× evaluation.
 """
 
 from __future__ import annotations
@@ -243,7 +244,8 @@ def accuracy_by_length(summary: dict, lengths) -> list[float]:
 def keeps_accuracy(trsp: dict[int, float], base: dict[int, float], mult: int = 8) -> bool:
     """Claim 1's verdict on mean accuracies by multiple: TRSP learned (1× ≥ LEARNED), keeps
     ≥ KEEP_RATIO of it at ``mult``×, and beats the baseline there."""
-    return (trsp[1] >= LEARNED and trsp[mult] >= KEEP_RATIO * trsp[1]
+    tol = 1e-9  # the bounds are inclusive: 0.72 >= 0.9 x 0.8 despite float rounding
+    return (trsp[1] >= LEARNED - tol and trsp[mult] >= KEEP_RATIO * trsp[1] - tol
             and trsp[mult] > base[mult])
 
 
