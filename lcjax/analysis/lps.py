@@ -88,16 +88,22 @@ QWEN3_MULTIPLIER = multiplier_schedule([(1.0, 1.0, 8), (1.0, 0.2, 24), (0.2, 1.0
 MULTIPLIER_PRESETS = {"llama": LLAMA_MULTIPLIER, "qwen3": QWEN3_MULTIPLIER}
 
 
+def _preset(multiplier, caller: str):
+    """``MULTIPLIER_PRESETS[multiplier]`` for a preset name (ValueError naming ``caller``
+    for an unknown one); any other value unchanged."""
+    if not isinstance(multiplier, str):
+        return multiplier
+    if multiplier not in MULTIPLIER_PRESETS:
+        raise ValueError(f"{caller}: preset must be one of {sorted(MULTIPLIER_PRESETS)}, "
+                         f"got {multiplier!r}")
+    return MULTIPLIER_PRESETS[multiplier]
+
+
 def resample_multiplier(multiplier, pairs: int) -> np.ndarray:
     """A per-pair schedule (pair 0 = highest frequency) carried to a head with ``pairs``
     RoPE pairs by linear interpolation over the frequency index (pair m of the result sits at
     fraction m / (pairs − 1) of the source's index range); a preset name is accepted."""
-    if isinstance(multiplier, str):
-        if multiplier not in MULTIPLIER_PRESETS:
-            raise ValueError(f"resample_multiplier: preset must be one of "
-                             f"{sorted(MULTIPLIER_PRESETS)}, got {multiplier!r}")
-        multiplier = MULTIPLIER_PRESETS[multiplier]
-    src = np.asarray(multiplier, np.float64)
+    src = np.asarray(_preset(multiplier, "resample_multiplier"), np.float64)
     if src.ndim != 1 or src.size < 2 or pairs < 1:
         raise ValueError(f"resample_multiplier: need a 1-D schedule of >= 2 pairs and "
                          f"pairs >= 1, got shape {src.shape} and pairs={pairs}")
@@ -354,12 +360,7 @@ def model_lps(model, **kwargs) -> LPSResult:
 
 
 def _multipliers(multipliers, num_heads: int, pairs: int) -> np.ndarray:
-    if isinstance(multipliers, str):
-        if multipliers not in MULTIPLIER_PRESETS:
-            raise ValueError(f"enhance_heads: preset must be one of "
-                             f"{sorted(MULTIPLIER_PRESETS)}, got {multipliers!r}")
-        multipliers = MULTIPLIER_PRESETS[multipliers]
-    mult = np.asarray(multipliers, np.float64)
+    mult = np.asarray(_preset(multipliers, "enhance_heads"), np.float64)
     if mult.ndim == 1:
         mult = np.broadcast_to(mult, (num_heads, mult.shape[0]))
     if mult.shape != (num_heads, pairs):
