@@ -162,7 +162,8 @@ def history_scores(q, k, *, mask=None, scale: float | None = None, pool: int = 1
     q [B, T, H, D], k [B, S, Hkv, D], ``mask`` broadcastable to [B, H, T, S]. Returns
     float32 [B, H, S]; a key no query sees scores -1 (below every visible key)."""
     validate_qkv(q, k, k, mask=mask, name="history_scores")
-    return _scores_from_probs(*_history_probs(q, k, mask=mask, scale=scale), pool)
+    probs, _, visible = _history_probs(q, k, mask=mask, scale=scale)
+    return _scores_from_probs(probs, visible, pool)
 
 
 def _history_probs(q, k, *, mask, scale):
@@ -173,8 +174,7 @@ def _history_probs(q, k, *, mask, scale):
     return probs, (m + jnp.log(l))[..., 0], jnp.any(jnp.isfinite(scores), axis=3)
 
 
-def _scores_from_probs(probs, lse, visible, pool):
-    del lse
+def _scores_from_probs(probs, visible, pool):
     if not isinstance(pool, int) or pool < 1 or pool % 2 == 0:
         raise ValueError(f"history_scores: `pool` must be an odd int >= 1, got {pool!r}")
     b, hk, g, _, s = probs.shape
@@ -190,7 +190,7 @@ def _select_and_drop(q, k, v, keep, *, mask, scale, pool):
     b, t, h, _ = q.shape
     hk = k.shape[2]
     probs, lse, visible = _history_probs(q, k, mask=mask, scale=scale)
-    selection = select_history(_scores_from_probs(probs, lse, visible, pool), keep)
+    selection = select_history(_scores_from_probs(probs, visible, pool), keep)
     kept = selection_mask(selection, k.shape[1]).reshape(b, hk, h // hk, 1, k.shape[1])
     dropped = jnp.where(kept, 0.0, probs)
     mass = jnp.sum(dropped, axis=-1)  # [B, Hkv, G, T]
