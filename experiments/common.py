@@ -78,8 +78,8 @@ def main(experiment: Experiment, argv=None) -> Result:
     return res
 
 
-# The Shakespeare-pretrained byte LM several experiments start from (TableLong, ParaTool,
-# MGAL, ...): lm_demo's model shape with max_len 2048 (RoPE, so any length runs).
+# The Shakespeare-pretrained byte LM several experiments start from (TableLong, ParaTool):
+# lm_demo's model shape with max_len 2048 (RoPE, so any length runs).
 BASE_MODEL = dict(d_model=128, num_layers=4, num_heads=4, num_kv_heads=4, head_dim=32,
                   mlp_hidden=344, max_len=2048)
 BASE_STEPS = {True: 200, False: 3000}  # quick: ~20 s on the 2-CPU machine; full: ~5 min
@@ -90,22 +90,27 @@ def shakespeare_base(quick: bool, *, cache_dir: Path = CACHE_DIR):
     """``(model, info)``: ``lcjax.nn.DecoderLM(BASE_MODEL)`` trained by ``lcjax.train.train``
     on the default Shakespeare split for ``BASE_STEPS[quick]`` steps (B = 8, T = 128).
 
-    The run lives in ``cache_dir/shakespeare_base_<steps>`` and is resumed from there, so
-    the first experiment of a ``make reproduce`` trains it and the others load the final
-    checkpoint (the result is the same either way: the loop's resume is exact). ``info``
+    The run lives in ``cache_dir/shakespeare_base_<steps>_<hash of the settings>`` and is
+    resumed from there, so the first experiment of a ``make reproduce`` trains it and the
+    others load the final checkpoint (the result is the same either way: the loop's resume is exact). ``info``
     holds the steps, the held-out bits/byte of the last evaluation (None on a cache hit
     whose run logged none) and whether the cache was hit.
     """
+    import hashlib
+
     from lcjax.data import VOCAB_SIZE
     from lcjax.nn import DecoderConfig
     from lcjax.train import TrainConfig, train
 
     steps = BASE_STEPS[quick]
-    out = cache_dir / f"shakespeare_base_{steps}"
+    fields = dict(steps=steps, batch_size=8, seq_len=128, lr=3e-3,
+                  warmup_steps=min(100, steps // 10), eval_batches=16)
+    # the folder is keyed by the settings, so changing them trains a new base, not a resume
+    key = hashlib.sha1(json.dumps([BASE_MODEL, fields], sort_keys=True).encode()).hexdigest()
+    out = cache_dir / f"shakespeare_base_{steps}_{key[:8]}"
     hit = (out / "checkpoints").exists()
-    cfg = TrainConfig(steps=steps, batch_size=8, seq_len=128, lr=3e-3,
-                      warmup_steps=min(100, steps // 10), eval_batches=16, log_every=50,
-                      out_dir=str(out), resume=True, keep_checkpoints=1, progress=False)
+    cfg = TrainConfig(**fields, log_every=50, out_dir=str(out), resume=True,
+                      keep_checkpoints=1, progress=False)
     result = train(DecoderConfig(vocab_size=VOCAB_SIZE, **BASE_MODEL), cfg)
     evals = result.evals
     if not evals and (out / "metrics.jsonl").exists():
