@@ -93,8 +93,8 @@ def shakespeare_base(quick: bool, *, cache_dir: Path = CACHE_DIR):
     The run lives in ``cache_dir/shakespeare_base_<steps>_<hash of the settings>`` and is
     resumed from there, so the first experiment of a ``make reproduce`` trains it and the
     others load the final checkpoint (the result is the same either way: the loop's resume
-    is exact). ``info`` holds the steps, the held-out bits/byte of the last evaluation (None on a cache hit
-    whose run logged none) and whether the cache was hit.
+    is exact). ``info`` holds the steps, the held-out bits/byte of the last evaluation
+    (None on a cache hit whose run logged none) and whether the cache was hit.
     """
     import hashlib
 
