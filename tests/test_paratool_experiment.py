@@ -26,18 +26,21 @@ def world():
 def test_score_counts_ast_and_selection(world):
     tools, exs = world
     e0, e1, e2 = exs[:3]
-    wrong_value = dict(e1.call, arguments={k: (v + 1 if isinstance(v, int)
-                                               and not isinstance(v, bool) else v)
-                                           for k, v in e1.call["arguments"].items()})
+
+    def is_int(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    with_int = next(e for e in exs if any(is_int(v) for v in e.call["arguments"].values()))
+    wrong_value = dict(with_int.call, arguments={k: v + 1 if is_int(v) else v
+                                                 for k, v in with_int.call["arguments"].items()})
     texts = [call_text(e0.call),                             # right
              call_text({"name": e2.tool, "arguments": {}}),  # wrong tool (and arguments)
              "not a call"]                                   # parse error
     got = ex.score(texts, [e0, e1, e2], tools)
     assert got["call_acc"] == pytest.approx(1 / 3) and got["select_acc"] == pytest.approx(1 / 3)
     assert got["failures"] == {"wrong_name": 1, "parse_error": 1}
-    if wrong_value["arguments"] != e1.call["arguments"]:  # same tool, another value
-        one = ex.score([call_text(wrong_value)], [e1], tools)
-        assert one["call_acc"] == 0 and one["select_acc"] == 1
+    one = ex.score([call_text(wrong_value)], [with_int], tools)  # same tool, another value
+    assert one["call_acc"] == 0 and one["select_acc"] == 1
 
 
 def test_batches_cover_the_rows_with_one_length(world):
