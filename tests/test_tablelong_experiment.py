@@ -61,12 +61,13 @@ def test_answer_nll_equals_a_direct_forward_pass():
 
     items = [_Item(text(32, 127, n), text(48, 58, k))
              for n, k in zip(rng.integers(5, 40, size=5), rng.integers(1, 6, size=5))]
+    items.append(_Item("Wert: ", "Müller 中"))  # text: 9 characters, 12 answer bytes
     got = tl.answer_nll(model, items, batch_size=4, width=64)
     forward = jax.jit(lambda x: model(x))  # one compile per row length
     for it, value in zip(items, got):  # slow reference: one unpadded row at a time
         ids = np.concatenate([tok.encode(it.prompt, bos=True), tok.encode(it.answer)])
         logp = jax.nn.log_softmax(np.asarray(forward(ids[None, :-1]), np.float64)[0], axis=-1)
-        k = len(it.answer)
+        k = len(tok.encode(it.answer))  # answer bytes
         want = -np.mean([logp[j, ids[j + 1]] for j in range(len(ids) - 1 - k, len(ids) - 1)])
         assert value == pytest.approx(want, rel=1e-4)
     with pytest.raises(ValueError, match="width"):

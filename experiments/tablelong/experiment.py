@@ -208,8 +208,8 @@ def answer_nll(model, items, *, batch_size: int, width: int) -> np.ndarray:
 
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     logprobs = compiled_logprobs(graphdef)
-    rows = [np.concatenate([tok.encode(it.prompt, bos=True), tok.encode(it.answer)])
-            for it in items]
+    answers = [tok.encode(it.answer) for it in items]  # bytes: len(str) is wrong for ü, 中
+    rows = [np.concatenate([tok.encode(it.prompt, bos=True), a]) for it, a in zip(items, answers)]
     if max(len(r) for r in rows) > width:
         raise ValueError(f"answer_nll: a row of {max(len(r) for r in rows)} tokens > width "
                          f"{width}")
@@ -221,7 +221,7 @@ def answer_nll(model, items, *, batch_size: int, width: int) -> np.ndarray:
             ids[j, :len(rows[i])] = rows[i]
         lp = np.asarray(jax.device_get(logprobs(params, rest, ids[:, :-1], ids[:, 1:])))
         for j, i in enumerate(chunk):
-            n_ans, end = len(items[i].answer), len(rows[i]) - 1
+            n_ans, end = len(answers[i]), len(rows[i]) - 1
             out[i] = -lp[j, end - n_ans:end].mean()
     return out
 
