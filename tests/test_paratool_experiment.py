@@ -76,3 +76,13 @@ def test_both_methods_run_and_report_their_tokens(world):
         for m in ("paratool", "docs"):
             assert 0 <= r[m]["call_acc"] <= r[m]["select_acc"] <= 1 and r[m]["n"] == 2
     assert 0 <= res["seen"]["paratool"]["gate_top1"] <= 1
+
+
+def test_a_tie_at_zero_is_not_matching_the_baseline():
+    def split(ours, base):
+        return {"paratool": {"call_acc": ours}, "docs": {"call_acc": base}}
+
+    assert not ex.matches_or_beats(split(0.0, 0.0), "call_acc")
+    assert ex.matches_or_beats(split(0.5, 0.5), "call_acc")
+    assert ex.matches_or_beats(split(0.6, 0.5), "call_acc")
+    assert not ex.matches_or_beats(split(0.4, 0.5), "call_acc")
