@@ -41,8 +41,9 @@ from experiments.common import Claim, Experiment, Result, machine_info, shakespe
 
 TARGETS = ("q_proj", "v_proj", "o_proj", "w_up", "w_down")
 SETTINGS = {
-    True: dict(tools=4, args=(2, 3), candidates=2, train=32, eval=4, batch=4, rank=4,
-               steps=(4, 2, 2)),
+    # quick: a smoke run (118 s quiet with 4 tools, 2 candidates, steps (4, 2, 2): cut to fit)
+    True: dict(tools=2, args=(2, 3), candidates=1, train=8, eval=2, batch=4, rank=2,
+               steps=(2, 1, 1)),
     False: dict(tools=16, args=(2, 3), candidates=2, train=800, eval=40, batch=4, rank=8,
                 steps=(200, 60, 60)),
 }
@@ -286,7 +287,7 @@ EXPERIMENT = Experiment(
     summary="per-tool LoRA modules + query gate (no docs in context) vs in-context tool "
             "docs: AST call accuracy, tool selection, context tokens, seen/held-out templates",
     run=run,
-    quick_budget_s=40,
+    quick_budget_s=100,  # 64 s quiet (2026-12-02, after cutting the quick setting; 118 s before)
 )
 
 if __name__ == "__main__":
