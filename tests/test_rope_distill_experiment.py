@@ -117,6 +117,12 @@ def test_compare_and_claims_on_hand_made_numbers():
     assert "+20.0, +6.0" in more.ours and "-10.0" in beyond.ours
     assert not exp.claims_from(79.9, acc2, std2, acc4, lengths=(64, 128, 256),
                                n_items=10)[0].holds
+    # distill flat at 0% at every depth: spread 0 < plain's, yet no robustness claim
+    flat = [_run([100, 50, 50, 50, 0], [0] * 5, [0] * 5, [0] * 5)]
+    a2, s2 = exp.compare(flat, 128, "mean"), exp.compare(flat, 128, "std")
+    assert s2["diff"][0] < 0
+    assert not exp.claims_from(80.0, a2, s2, exp.compare(flat, 256, "mean"),
+                               lengths=(64, 128, 256), n_items=10)[2].holds
 
 
 def test_unknown_setting_is_a_value_error(tmp_path):
