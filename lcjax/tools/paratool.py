@@ -42,7 +42,8 @@ from lcjax.train import TrainConfig, TrainResult, train
 from lcjax.train.losses import answer_weights
 from lcjax.train.metrics import LOSS_WEIGHT, weighted_nll
 
-__all__ = ["ToolGate", "query_embedding", "mixed_deltas", "mixed_call", "load_balancing_loss",
+__all__ = ["ToolGate", "query_embedding", "mixed_deltas", "mixture_model", "mixed_call",
+           "load_balancing_loss",
            "top_k_weights", "ParaToolModel", "paratool_loss", "gate_filter", "joint_filter",
            "routed_loss", "tool_index", "train_tool_modules", "train_gate", "train_joint",
            "call_model", "generate_calls"]
@@ -117,6 +118,13 @@ def mixed_deltas(lora: LoRAModel, names: Sequence[str]) -> dict[tuple, jax.Array
     return out
 
 
+def mixture_model(lora: LoRAModel, stacked: dict, gates: jax.Array) -> nnx.Module:
+    """The base with ``W + Σ_k g_k ΔW_k`` on every path of ``stacked`` (the [K, ...] deltas
+    of :func:`mixed_deltas`), gates [K]: a plain model with the base's graph."""
+    g = jnp.asarray(gates, jnp.float32)
+    return with_deltas(lora.base, {p: jnp.tensordot(g, d, axes=1) for p, d in stacked.items()})
+
+
 def mixed_call(lora: LoRAModel, names: Sequence[str], gates: jax.Array, tokens: jax.Array,
                **kwargs) -> jax.Array:
     """The base with W + Σ_k g_k ΔW_k on every tool kernel: gates [K] (one mixture for the
@@ -129,8 +137,7 @@ def mixed_call(lora: LoRAModel, names: Sequence[str], gates: jax.Array, tokens: 
         raise ValueError(f"mixed_call: gates must be [{k}] or [batch={tokens.shape[0]}, {k}], "
                          f"got {gates.shape}")
     def run(g, x):
-        deltas = {p: jnp.tensordot(g.astype(jnp.float32), d, axes=1) for p, d in stacked.items()}
-        return with_deltas(lora.base, deltas)(x, **kwargs)
+        return mixture_model(lora, stacked, g)(x, **kwargs)
 
     if gates.ndim == 1:
         return run(gates, tokens)
@@ -300,16 +307,17 @@ def train_joint(model: ParaToolModel, cfg: TrainConfig, dataset, *,
                   joint_filter, eval_dataset)
 
 
-def call_model(model: ParaToolModel, gates: jax.Array) -> nnx.Module:
+def call_model(model: ParaToolModel, gates: jax.Array, stacked: dict | None = None
+               ) -> nnx.Module:
     """The base with ``W + Σ_k g_k ΔW_k`` (gates [K], one query's mixture) as a plain
     model (same graph as the base), e.g. for ``lcjax.nn.generate`` or
-    ``lcjax.eval.runners.model_runner``."""
+    ``lcjax.eval.runners.model_runner``; ``stacked``: :func:`mixed_deltas` of the model's
+    tools, when the caller already has them (default: computed here)."""
     if gates.shape != (len(model.tools),):
         raise ValueError(f"call_model: gates must be [{len(model.tools)}], got {gates.shape}")
-    stacked = mixed_deltas(model.lora, model.tools)
-    g = jnp.asarray(gates, jnp.float32)
-    return with_deltas(model.lora.base, {p: jnp.tensordot(g, d, axes=1)
-                                         for p, d in stacked.items()})
+    if stacked is None:
+        stacked = mixed_deltas(model.lora, model.tools)
+    return mixture_model(model.lora, stacked, gates)
 
 
 def generate_calls(model: ParaToolModel, prompts: Sequence[str], max_new_tokens: int
@@ -324,10 +332,12 @@ def generate_calls(model: ParaToolModel, prompts: Sequence[str], max_new_tokens:
     if not prompts:
         raise ValueError("generate_calls: no prompts")
     texts, gates = [], []
+    stacked = mixed_deltas(model.lora, model.tools)  # once, not per prompt
     for p in prompts:
         ids = jnp.asarray(tok.encode(p.encode(), bos=True), jnp.int32)[None]
         g = model.gate_weights(ids)[0]
-        run = model_runner(call_model(model, g), max_new_tokens=max_new_tokens, batch_size=1)
+        run = model_runner(call_model(model, g, stacked), max_new_tokens=max_new_tokens,
+                           batch_size=1)
         texts.append(next(iter(run([p.encode()])))[1])
         gates.append(np.asarray(g))
     return texts, np.stack(gates)
