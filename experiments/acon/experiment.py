@@ -177,5 +177,5 @@ EXPERIMENT = Experiment(
     summary="peak context and success under T_obs/T_hist gates; guideline optimiser; "
             "lcjax serve; distilled compressor",
     run=run,
-    quick_budget_s=40,  # 14 s quiet (2026-12-02, the make reproduce run)
+    quick_budget_s=25,  # 18 s in the 2026-12-02 afternoon make reproduce (1,207 s in all)
 )

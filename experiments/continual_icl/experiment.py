@@ -348,7 +348,7 @@ EXPERIMENT = Experiment(
     summary="linear-attention ICL on multi-task prompts: closed forms vs Monte Carlo, task "
             "order (masked vs unmasked), a trained linear-attention layer vs the theory",
     run=run,
-    quick_budget_s=40,  # 11 s quiet (2026-12-02, the make reproduce run)
+    quick_budget_s=20,  # 14 s in the 2026-12-02 afternoon make reproduce (1,207 s in all)
 )
 
 

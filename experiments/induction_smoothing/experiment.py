@@ -353,7 +353,7 @@ EXPERIMENT = Experiment(
     summary="disentangled transformer on order-k Markov chains vs Bayes and count baselines; "
             "beta and the BOS pseudo-count read from its attention",
     run=run,
-    quick_budget_s=40,  # 15 s quiet (2026-12-02, the make reproduce run)
+    quick_budget_s=30,  # 22 s in the 2026-12-02 afternoon make reproduce (1,207 s in all)
 )
 
 

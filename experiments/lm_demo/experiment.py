@@ -117,5 +117,5 @@ EXPERIMENT = Experiment(
     paper="foundation (no paper): training demo",
     summary="byte-level DecoderLM on Shakespeare vs byte Markov baselines",
     run=run,
-    quick_budget_s=210,  # 147 s quiet (2026-12-02, 1000 steps); ~280 s on the 2026-11-29 machine
+    quick_budget_s=260,  # 233 s in the 2026-12-02 afternoon make reproduce (1,207 s in all)
 )

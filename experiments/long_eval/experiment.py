@@ -366,7 +366,7 @@ EXPERIMENT = Experiment(
     summary="byte LM trained on RULER-style tasks at L = 256, evaluated at 1×–8× L over "
             "needle depths (depth × length heat maps)",
     run=run,
-    quick_budget_s=140,  # 83 s quiet (2026-12-02); 142 s on the 2026-12-01 machine
+    quick_budget_s=130,  # 110 s in the 2026-12-02 afternoon make reproduce (1,207 s in all)
 )
 
 

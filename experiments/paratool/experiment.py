@@ -287,7 +287,7 @@ EXPERIMENT = Experiment(
     summary="per-tool LoRA modules + query gate (no docs in context) vs in-context tool "
             "docs: AST call accuracy, tool selection, context tokens, seen/held-out templates",
     run=run,
-    quick_budget_s=100,  # 64 s quiet (2026-12-02, after cutting the quick setting; 118 s before)
+    quick_budget_s=80,  # 63 s in the 2026-12-02 afternoon make reproduce (1,207 s in all)
 )
 
 if __name__ == "__main__":

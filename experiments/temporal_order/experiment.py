@@ -236,7 +236,7 @@ EXPERIMENT = Experiment(
     paper="Temporal order memory (episodic) in long-context models (ICML 2026)",
     summary="which-passage-came-first: distance effect, passage-index probe, head ablation",
     run=run,
-    quick_budget_s=40,  # 12 s quiet (2026-12-02, the make reproduce run)
+    quick_budget_s=22,  # 15 s in the 2026-12-02 afternoon make reproduce (1,207 s in all)
 )
 
 
