@@ -11,7 +11,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from lcjax.data import load_shakespeare, ruler, suites
-from lcjax.data.sources import TaskSource
+from lcjax.data.sources import TaskSource, task_batches
+from lcjax.data.tokenizer import EOS
 
 
 def _bpe() -> Tokenizer:
@@ -206,3 +207,19 @@ def test_task_source_deterministic_per_index_and_batches():
     assert nl.sample(0).depths[0] == pytest.approx(0.5, abs=0.15)
     with pytest.raises(IndexError):
         src[12]
+
+
+def test_task_batches_are_eos_rows_of_the_source():
+    ds = task_batches("ruler", ["niah_single_1", "vt"], length=1024, steps=3, batch=2, seed=5)
+    src = TaskSource("ruler", ["niah_single_1", "vt"], length=1024, num_records=6, seed=5,
+                     eos=True, seq_len=1025)
+    assert len(ds) == 3
+    for step in range(3):
+        b = ds[step]
+        assert set(b) == {"inputs", "targets", "loss_mask"}
+        assert b["inputs"].shape == (2, 1025)
+        for j in range(2):
+            row = src[2 * step + j]
+            for k in b:
+                np.testing.assert_array_equal(b[k][j], row[k])
+            assert row["targets"][row["loss_mask"]][-1] == EOS

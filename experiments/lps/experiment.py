@@ -97,15 +97,9 @@ LEARNED = 50.0  # 1× accuracy (%) below which the notes call the model under-tr
 def training_dataset(steps: int, batch: int, *, seed: int = DATA_SEED):
     """``steps`` batches of ``batch`` rows of :data:`SUITE` at :data:`TRAIN_LEN` bytes (a grain
     ``MapDataset`` over ``TaskSource``; rows BOS + prompt + answer + EOS)."""
-    import grain
+    from lcjax.data.sources import task_batches
 
-    from lcjax.data.sources import TaskSource
-
-    src = TaskSource(SUITE, TASK, length=TRAIN_LEN, num_records=steps * batch, seed=seed,
-                     eos=True, seq_len=TRAIN_LEN + 1)
-    keep = ("inputs", "targets", "loss_mask")
-    return (grain.MapDataset.source(src).batch(batch, drop_remainder=True)
-            .map(lambda b: {k: b[k] for k in keep}))
+    return task_batches(SUITE, TASK, length=TRAIN_LEN, steps=steps, batch=batch, seed=seed)
 
 
 def train_model(num_layers: int, steps: int, batch: int, *, seed: int = 0) -> dict:

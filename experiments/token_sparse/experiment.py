@@ -140,15 +140,9 @@ def training_dataset(tasks, length: int, steps: int, batch: int, *, seed: int = 
     """``steps`` batches of ``batch`` rows: a grain ``MapDataset`` over a
     :class:`lcjax.data.sources.TaskSource` of ``tasks`` at ``length`` bytes (rows of
     ``length + 1`` positions: BOS + prompt + answer + EOS)."""
-    import grain
+    from lcjax.data.sources import task_batches
 
-    from lcjax.data.sources import TaskSource
-
-    src = TaskSource(SUITE, list(tasks), length=length, num_records=steps * batch, seed=seed,
-                     eos=True, seq_len=length + 1)
-    keep = ("inputs", "targets", "loss_mask")
-    return (grain.MapDataset.source(src).batch(batch, drop_remainder=True)
-            .map(lambda b: {k: b[k] for k in keep}))
+    return task_batches(SUITE, list(tasks), length=length, steps=steps, batch=batch, seed=seed)
 
 
 def train_dense(tasks, length: int, steps: int, *, batch: int = 32, seed: int = 0,

@@ -122,15 +122,9 @@ def training_dataset(steps: int, batch: int, seed: int, length: int = TRAIN_LEN)
     """``steps`` batches of ``batch`` rows of :data:`SUITE`'s task (grain ``MapDataset``
     over a ``TaskSource`` from ``seed``; rows BOS + prompt + answer + EOS, ``length + 1``
     wide)."""
-    import grain
+    from lcjax.data.sources import task_batches
 
-    from lcjax.data.sources import TaskSource
-
-    src = TaskSource(SUITE, TASK, length=length, num_records=steps * batch, seed=seed,
-                     eos=True, seq_len=length + 1)
-    keep = ("inputs", "targets", "loss_mask")
-    return (grain.MapDataset.source(src).batch(batch, drop_remainder=True)
-            .map(lambda b: {k: b[k] for k in keep}))
+    return task_batches(SUITE, TASK, length=length, steps=steps, batch=batch, seed=seed)
 
 
 def train_variant(setting: Setting, trsp: bool, seed: int) -> dict:

@@ -25,7 +25,9 @@ import numpy as np
 from lcjax.data.ruler import make_batch
 from lcjax.data.suites import Suite, get_suite
 
-__all__ = ["TaskSource"]
+__all__ = ["TaskSource", "task_batches"]
+
+TRAIN_KEYS = ("inputs", "targets", "loss_mask")
 
 
 class TaskSource:
@@ -78,3 +80,20 @@ class TaskSource:
     def __repr__(self) -> str:
         return (f"TaskSource({self.suite.name!r}, {[t.name for t in self.tasks]}, "
                 f"length={self.length}, num_records={self.num_records}, seed={self.seed})")
+
+
+def task_batches(suite: str | Suite, tasks: str | Sequence[str] | None, *, length: int,
+                 steps: int, batch: int, seed: int = 0):
+    """``steps`` batches of ``batch`` training rows of ``tasks`` at ``length`` bytes.
+
+    A grain ``MapDataset`` over a :class:`TaskSource` (``eos=True``, rows
+    ``length + 1`` wide: BOS + prompt + answer + EOS), batched with ``drop_remainder`` and
+    cut to the keys the train loop reads (``inputs``, ``targets``, ``loss_mask``, each
+    ``[batch, length + 1]``) — the dataset of every experiment that trains on a task suite.
+    """
+    import grain
+
+    src = TaskSource(suite, tasks, length=length, num_records=steps * batch, seed=seed,
+                     eos=True, seq_len=length + 1)
+    return (grain.MapDataset.source(src).batch(batch, drop_remainder=True)
+            .map(lambda b: {k: b[k] for k in TRAIN_KEYS}))
