@@ -173,6 +173,30 @@ def test_callable_failures_are_recorded_per_chunk(tmp_path):
     assert s["errors"] == 11 and s["string_match_all"] == pytest.approx(100 * 17 / 28)
 
 
+def test_a_score_hook_that_raises_fails_only_that_item():
+    def score(sample, prediction):
+        if prediction.startswith("BAD"):
+            raise KeyError("unparseable")
+        return {"chars": len(prediction)}
+
+    suite = Suite("mini_scored", ruler.generate, TASKS, score=score)
+    items = build_items(suite, seed=0, **ARGS)
+    answer = oracle(items)
+    res = evaluate(lambda ps: ["BAD" if i == 3 else a for i, a in enumerate(answer(ps))],
+                   suite, seed=0, batch_size=7, progress=False, **ARGS)
+    bad = [i for i, r in enumerate(res.records) if r["error"]]
+    assert bad == [3, 10, 17, 24]
+    for i, r in enumerate(res.records):
+        if i in bad:
+            assert "suite score hook failed: KeyError" in r["error"]
+            assert r["string_match_all"] == 0 and r["suite_metrics"] == {"chars": 0}
+        else:
+            assert r["suite_metrics"] == {"chars": len(r["prediction"])}
+    broken = Suite("mini_broken", ruler.generate, TASKS, score=lambda s, p: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        evaluate(answer, broken, seed=0, progress=False, **ARGS)
+
+
 def test_results_file_resume_after_a_partial_write(tmp_path):
     items = build_items(mini_suite(), seed=0, **ARGS)
     answer, asked = oracle(items), []

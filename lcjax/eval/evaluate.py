@@ -91,9 +91,22 @@ def make_runner(target: Any, *, max_new_tokens: int, batch_size: int = 8,
 
 
 def _with_suite_metrics(suite: Suite, item: EvalItem, record: dict) -> dict:
-    """``record`` with ``suite_metrics`` from the suite's ``score`` hook (if it has one)."""
-    if suite.score is not None:
-        record["suite_metrics"] = dict(suite.score(item.sample, record["prediction"] or ""))
+    """``record`` with ``suite_metrics`` from the suite's ``score`` hook (if it has one).
+
+    A hook that raises on this item's prediction fails the item (``error`` names the
+    exception, scores 0) and the empty reply is scored instead, as for any failed item; a
+    hook that cannot score the empty reply either is broken for every item, so that raises.
+    """
+    if suite.score is None:
+        return record
+    try:
+        metrics = suite.score(item.sample, record["prediction"] or "")
+    except Exception as e:  # one item's bad prediction fails the item, not the run
+        if record["prediction"] is None:
+            raise
+        record = make_record(item, None, f"suite score hook failed: {type(e).__name__}: {e}")
+        metrics = suite.score(item.sample, "")
+    record["suite_metrics"] = dict(metrics)
     return record
 
 
