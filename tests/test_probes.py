@@ -160,8 +160,9 @@ def test_attention_mass_and_features(model, tokens):
         np.testing.assert_allclose(got[b], ref, atol=1e-5)
     feats = hidden_features(model, tokens, [[1, 4], [8, 0]], layer=2)
     hs = model.hidden_states(tokens)[2]
-    np.testing.assert_allclose(feats[1, 0], hs[1, 8], atol=1e-6)
-    np.testing.assert_allclose(feats[0, 1], hs[0, 4], atol=1e-6)
+    # two separately compiled paths: equal up to float32 rounding (1.3e-6 seen on CI)
+    np.testing.assert_allclose(feats[1, 0], hs[1, 8], atol=1e-5)
+    np.testing.assert_allclose(feats[0, 1], hs[0, 4], atol=1e-5)
     assert len(attention_layers(model)) == 2
 
 
