@@ -260,6 +260,27 @@ def test_resume_is_exact(tmp_path):
                                     clip_eps=0.3))
 
 
+def test_skip_flat_steps_makes_no_update_on_equal_rewards():
+    """Constant rewards give A = 0 everywhere: with skip_flat_steps the policy stays the
+    reference bit for bit and every step logs skipped = 1; a reward with a spread inside
+    the groups at the start (the completion's length) is not skipped and moves the policy."""
+    cfg = toy_config(steps=3, skip_flat_steps=True)
+    start = [np.array(x) for x in jax.tree.leaves(nnx.state(toy_model()))]
+    flat = rl.train_grpo(toy_model(), cfg, TOY_ITEMS, reward_fn=lambda text, item: 0.5,
+                         decode=toy_decode)
+    for x, y in zip(start, jax.tree.leaves(nnx.state(flat.model))):
+        np.testing.assert_array_equal(x, np.asarray(y))
+    assert [r["skipped"] for r in flat.history] == [1.0, 1.0, 1.0]
+    assert all(np.isnan(r["loss"]) and np.isnan(r["grad_norm"]) for r in flat.history)
+    spread = rl.train_grpo(toy_model(), cfg, TOY_ITEMS, decode=toy_decode,
+                           reward_fn=lambda text, item: float(len(text)))
+    # (it learns to fill both tokens, so later steps may turn flat and be skipped)
+    assert spread.history[0]["skipped"] == 0.0 and spread.history[0]["reward_std"] > 0
+    moved = max(float(np.abs(x - np.asarray(y)).max())
+                for x, y in zip(start, jax.tree.leaves(nnx.state(spread.model))))
+    assert moved > 1e-3
+
+
 def dataclasses_replace(cfg, **kw):
     return dataclasses.replace(cfg, **kw)
 

@@ -89,13 +89,16 @@ SETTINGS = {
                train_items=4, ruler_tasks=("niah_single_1",), nolima_tasks=("nolima_1hop",),
                table_tasks=("lookup", "count"), depths=(0.5,), n_per_cell=2,
                table_n_per_cell=1, mi_text_bytes=100_000, mi_table_bytes=8_192),
-    False: dict(seeds=(0, 1, 2), steps=4, prompts_per_step=2, group_size=4, max_new_tokens=10,
+    False: dict(seeds=(0, 1, 2), steps=6, prompts_per_step=2, group_size=8, max_new_tokens=10,
                 train_items=64, ruler_tasks=("niah_single_1", "niah_single_2"),
                 nolima_tasks=("nolima_1hop", "nolima_control"), table_tasks=None,
                 depths=(0.25, 0.75), n_per_cell=4, table_n_per_cell=2,
                 mi_text_bytes=1_000_000, mi_table_bytes=65_536),
 }
-GRPO = dict(lr=3e-4, kl_beta=0.04, clip_eps=0.2, updates_per_batch=2, temperature=1.0)
+# skip_flat_steps: no update on a step whose groups all have equal rewards (all advantages 0;
+# with this base that is most steps) — the update would be AdamW normalising rounding noise
+GRPO = dict(lr=3e-4, kl_beta=0.04, clip_eps=0.2, updates_per_batch=2, temperature=1.0,
+            skip_flat_steps=True)
 
 
 # --- RL items -------------------------------------------------------------------------------
@@ -371,6 +374,9 @@ def run(quick: bool, out_dir: Path) -> Result:
     t_mi = mi["text"]["mi"]
     hits = {a: sum(rl[a][sd]["exact_hits"] for sd in s["seeds"]) for a in ("table", "text")}
     samples = {a: sum(rl[a][sd]["samples"] for sd in s["seeds"]) for a in ("table", "text")}
+    # GRPO steps that updated the policy (skip_flat_steps: the others had equal rewards)
+    updated = {a: sum(int(not r.get("skipped", 0)) for sd in s["seeds"]
+                      for r in rl[a][sd]["history"]) for a in ("table", "text")}
     ood = {suite: d[suite]["match"]["table"] for suite in ("ruler", "nolima")}
     claims = [
         Claim("RL on TableLong raises held-out TableLong accuracy over no RL",
@@ -402,7 +408,7 @@ def run(quick: bool, out_dir: Path) -> Result:
         "means": m, "deltas": d,
         "rl": {a: {str(sd): {k: v for k, v in r.items()} for sd, r in rl[a].items()}
                for a in rl},
-        "exact_hits": hits, "rl_samples": samples,
+        "exact_hits": hits, "rl_samples": samples, "updated_steps": updated,
         "eval_items": {k: len(evals["none"][k]["match"]) for k in SUITES},
         "predictions_none": {k: evals["none"][k]["predictions"] for k in SUITES},
         "mi": {"text": {**mi["text"], "fit": vars(mi["text"]["fit"])},
@@ -415,7 +421,9 @@ def run(quick: bool, out_dir: Path) -> Result:
     notes = (f"RL: {len(s['seeds'])} seed(s) x {s['steps']} GRPO steps x "
              f"{s['prompts_per_step']}x{s['group_size']} samples per arm; verified answers "
              f"sampled: table {hits['table']}/{samples['table']}, text {hits['text']}/"
-             f"{samples['text']}. Mean string_match_all (none / table / text): "
+             f"{samples['text']}; steps that updated the policy (the others' rewards were "
+             f"all equal): table {updated['table']}, text {updated['text']} of "
+             f"{len(s['seeds']) * s['steps']}. Mean string_match_all (none / table / text): "
              + "; ".join(f"{k} {100 * m['none'][k]['match']:.1f} / "
                          f"{100 * m['table'][k]['match']:.1f} / {100 * m['text'][k]['match']:.1f}%"
                          for k in SUITES)

@@ -48,7 +48,15 @@ so a resumed run reproduces the uninterrupted one bit for bit. Metrics per step
 (``metrics.jsonl``): ``reward_mean``, ``reward_std``, ``kl`` (token mean of k3),
 ``clip_frac`` (tokens whose clipped branch is active: A > 0 and ρ > 1 + ε, or A < 0 and
 ρ < 1 - ε), ``completion_len`` (generated tokens per completion), ``loss``,
-``grad_norm``, ``lr``.
+``grad_norm``, ``lr``, ``skipped``.
+
+``skip_flat_steps=True`` makes no update on a step in which every group's rewards are
+equal (all advantages 0), as DAPO's dynamic sampling drops such groups (Yu et al., 2025).
+The surrogate's gradient is then exactly 0 and the KL term's is 0 at policy = reference, so
+the update would be AdamW normalising float rounding into a step of up to ``lr`` per
+parameter. A skipped step logs ``skipped`` 1 and NaN for ``loss``, ``kl``, ``clip_frac`` and
+``grad_norm``; the optimizer's own step count (hence a warm-up or cosine schedule) does not
+advance on it.
 
     cfg = GRPOConfig(steps=200, group_size=8, prompts_per_step=4, max_new_tokens=16)
     result = train_grpo(model, cfg, items)          # items: dicts with "prompt", "answer"
@@ -118,6 +126,7 @@ class GRPOConfig:
     clip_eps: float = 0.2  # ε
     kl_beta: float = 0.04  # β
     adv_eps: float = 1e-4
+    skip_flat_steps: bool = False  # no update on a step whose advantages are all 0
     averaging: str = "sequence"
     old_logprobs: str = "sampler"
     temperature: float = 1.0
@@ -498,6 +507,9 @@ def sample_group_batch(model: nnx.Module, cfg: GRPOConfig, prompts: np.ndarray,
 # ------------------------------------------------------------------------------- the driver
 
 
+_UPDATE_METRICS = ("loss", "kl", "clip_frac", "grad_norm")
+
+
 def train_grpo(
     model: nnx.Module,
     cfg: GRPOConfig,
@@ -612,18 +624,20 @@ def train_grpo(
         if cfg.old_logprobs == "recompute":
             batch["old_logprobs"] = logprob_step(params, rest, batch["inputs"],
                                                  batch["targets"])
+        skip = cfg.skip_flat_steps and not np.any(batch["advantages"])
         stats = []
-        for u in range(mu):
+        for u in range(0 if skip else mu):
             k = (step - 1) * mu + u + 1  # 1-based update number
             params, rest, opt_state, s = update(params, rest, opt_state, batch, hparams,
                                                 jax.random.fold_in(update_rng, k))
             stats.append(s)
+        update_stats = ({m: float("nan") for m in _UPDATE_METRICS} if skip else
+                        {"loss": stats[0]["loss"],
+                         **{m: sum(s[m] for s in stats) / mu for m in _UPDATE_METRICS[1:]}})
         pending.append({
             "step": step, "reward_mean": rewards.mean(), "reward_std": rewards.std(),
-            "completion_len": float(np.mean(gen_len)),
-            "loss": stats[0]["loss"],
-            **{m: sum(s[m] for s in stats) / mu for m in ("kl", "clip_frac", "grad_norm")},
-            "lr": sched(step * mu),
+            "completion_len": float(np.mean(gen_len)), **update_stats,
+            "lr": sched(step * mu), "skipped": float(skip),
         })
         if step % cfg.log_every == 0 or step == last:
             flush()
