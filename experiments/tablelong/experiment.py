@@ -64,7 +64,6 @@ from experiments.common import (
     Result,
     machine_info,
     shakespeare_base,
-    write_json,
 )
 
 TABLE_LEN = (300, 600)  # bytes of an RL item's context (its prompt: ~700-950 bytes)
@@ -417,7 +416,6 @@ def run(quick: bool, out_dir: Path) -> Result:
         "cpu_s": time.process_time() - c0,
         "machine": machine_info(),
     }
-    write_json(out_dir / "tablelong.json", numbers)
     notes = (f"RL: {len(s['seeds'])} seed(s) x {s['steps']} GRPO steps x "
              f"{s['prompts_per_step']}x{s['group_size']} samples per arm; verified answers "
              f"sampled: table {hits['table']}/{samples['table']}, text {hits['text']}/"
