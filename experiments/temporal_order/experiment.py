@@ -38,10 +38,10 @@ import numpy as np
 
 from experiments.common import Claim, Experiment, Result, machine_info, main, shakespeare_base
 
-BOOK = dict(num_passages=6, passage_bytes=16, snippet_bytes=8)
+BOOK = dict(num_passages=4, passage_bytes=8, snippet_bytes=4)
 SETTINGS = {
     True: dict(sources=("random",), seeds=(0,), steps=6, batch=8, n_eval=32, n_heads_eval=16),
-    False: dict(sources=("random",), seeds=(0,), steps=300, batch=16, n_eval=400,
+    False: dict(sources=("random",), seeds=(0,), steps=600, batch=16, n_eval=400,
                 n_heads_eval=64),
 }
 EVAL_SEED = 1000  # held-out books: no training seed reaches it
