@@ -120,3 +120,14 @@ def shakespeare_base(quick: bool, *, cache_dir: Path = CACHE_DIR):
     info = {"steps": steps, "model": BASE_MODEL, "cache_hit": hit,
             "heldout_bpb": evals[-1]["eval_bpb"] if evals else None}
     return result.model, info
+
+
+def copy_model(model):
+    """A copy of an nnx model with its own buffers (``lcjax.train.train`` donates the
+    parameters of the model it is given, e.g. through ``model_fn``)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    graphdef, state = nnx.split(model)
+    return nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
