@@ -27,6 +27,9 @@ sampler's mean log-probability of its tokens under the model.
         [--heads 8] [--head-dim 64] [--repeats 5] [--sample-histories 1024,4096]
         [--train-steps 0] [--out reports/bench/flashblock]
 
+writes ``flashblock.json`` and ``flashblock.md`` (the command, the machine and its load
+average, both tables) into ``--out``.
+
 The timing primitives are those of every lcjax benchmark (``lcjax.bench.timing``); the
 attention harness (``lcjax.bench.harness``) times registered variants under the q/k/v
 contract, which FlashBlock is not.
@@ -35,6 +38,7 @@ contract, which FlashBlock is not.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import jax
@@ -47,7 +51,7 @@ from lcjax.attention.flashblock import (
     flashblock_attention,
     sparse_flashblock_attention,
 )
-from lcjax.bench.report import cli_args, write_results_json
+from lcjax.bench.report import cli_args, command_line, machine_line, write_report
 from lcjax.bench.timing import compile_fn, machine_info, time_compiled
 
 DEFAULT_HISTORIES = (1024, 2048, 4096, 8192, 16384)
@@ -233,7 +237,66 @@ def _keep(value):
     return int(value) if value >= 1 else float(value)
 
 
+def command(args) -> str:
+    """The shell command that reruns this measurement."""
+    return command_line(["lcjax", "bench", "flashblock"], [
+        ("--histories", args.histories), ("--block-size", args.block_size),
+        ("--steps", args.steps), ("--heads", args.heads), ("--kv-heads", args.kv_heads),
+        ("--head-dim", args.head_dim), ("--repeats", args.repeats),
+        ("--sparse-keep", args.sparse_keep), ("--seed", args.seed),
+        ("--sample-histories", args.sample_histories or None),
+        ("--sample-blocks", args.sample_blocks), ("--train-steps", args.train_steps)])
+
+
+def markdown(result: dict) -> str:
+    """``flashblock.md``: the command, the machine (with its load average before and after
+    the run), the attention table and the sampling table of ``result``."""
+    a, s = result["args"], result["args"]["steps"]
+    load = result.get("load_average")
+    lines = ["# FlashBlock benchmark", "", f"Command: `{result['command']}`", "",
+             machine_line(result["machine"]), ""]
+    if load:
+        lines += [f"Load average (1 / 5 / 15 min) before the run "
+                  f"{' / '.join(f'{x:.1f}' for x in load['before'])}, after "
+                  f"{' / '.join(f'{x:.1f}' for x in load['after'])}.", ""]
+    lines += [f"## Attention per denoising step (one layer: block b = {a['block_size']}, "
+              f"{a['heads']} heads x {a['head_dim']}, s = {s} steps per block)", "",
+              "Median of the repeats, compile excluded. Per block: without reuse "
+              f"{s} x min(exact, split), with reuse split + {s - 1} x reuse; split error: "
+              "max abs difference of the split (merged) output from the dense one.", ""]
+    sparse = any("sparse_keep" in r for r in result["attention"])
+    head = ("| history S | exact (ms) | split, step 0 (ms) | reuse, later steps (ms) | "
+            "block ratio | split error |")
+    rule = "|---|---|---|---|---|---|"
+    if sparse:
+        head += " sparse keep | sparse alone ratio | sparse + residual ratio |"
+        rule += "---|---|---|"
+    lines += [head, rule]
+    for r in result["attention"]:
+        row = (f"| {r['history']:,} | {r['exact_s'] * 1e3:.3f} | {r['split_s'] * 1e3:.3f} | "
+               f"{r['reuse_s'] * 1e3:.3f} | {r['block_ratio']:.2f}x | "
+               f"{r['split_max_abs_error']:.1e} |")
+        if sparse:
+            row += (f" {r['sparse_keep']} | {r['sparse_block_ratio']:.2f}x | "
+                    f"{r['residual_block_ratio']:.2f}x |")
+        lines.append(row)
+    if result["sampling"]:
+        info = result["sampling_model"]
+        lines += ["", f"## Sampling ({info['config']}, {info['train_steps']} training steps; "
+                  f"{a['sample_blocks']} blocks after a prompt of S held-out bytes, the "
+                  "prompt's prefill left out)", "",
+                  "| prompt S | exact tokens/s | reuse tokens/s | speed-up | agreement | "
+                  "mean log p exact | mean log p reuse |", "|---|---|---|---|---|---|---|"]
+        for r in result["sampling"]:
+            lines.append(f"| {r['history']:,} | {r['exact_tokens_per_s']:.1f} | "
+                         f"{r['reuse_tokens_per_s']:.1f} | {r['speedup']:.2f}x | "
+                         f"{r['agreement']:.2f} | {r['exact_mean_logprob']:.3f} | "
+                         f"{r['reuse_mean_logprob']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 def run_cli(args) -> int:
+    load_before = os.getloadavg()
     print(f"attention per denoising step: block {args.block_size}, {args.steps} steps, "
           f"{args.heads} heads x {args.head_dim}")
     rows = attention_rows(args.histories, block_size=args.block_size, steps=args.steps,
@@ -249,7 +312,10 @@ def run_cli(args) -> int:
                                      steps=args.steps, num_blocks=args.sample_blocks,
                                      train_steps=args.train_steps, repeats=args.repeats,
                                      seed=args.seed)
-    result = {"attention": rows, "sampling": sample, "sampling_model": info,
-              "machine": machine_info(), "args": cli_args(args)}
-    write_results_json(result, args.out)
+    result = {"command": command(args), "attention": rows, "sampling": sample,
+              "sampling_model": info, "machine": machine_info(), "args": cli_args(args),
+              "load_average": {"before": list(load_before), "after": list(os.getloadavg())}}
+    if args.out.lower() not in ("", "none"):
+        files = write_report(result, args.out, "flashblock", markdown(result))
+        print(f"wrote {files['json']} and {files['md']}")
     return 0
