@@ -31,11 +31,12 @@ head's rows, R the block rotation [d, d]):
 ranking score = LPS − 0.5 · sym. The distance n defaults to −32768, as the paper's
 notebooks pass (the public functions default to −65536: a parameter here); angles are
 float64. The only heavy work is the three Gram products G_q, G_k, C per layer (contractions
-over D_model, ~3·H·d²·D_model multiply-adds), done by one jitted XLA function over all heads
-of a layer in the weights' own [D_model, heads, d] layout, in ``gram_dtype`` (float32
-default; float64 under ``jax.enable_x64`` for exactness); everything after them is O(H·d²)
-float64 numpy (rotations applied pairwise, never as d × d matmuls). Layers stream one at a
-time, so a list of lazily read per-layer arrays keeps memory at one layer. Frequencies come
+over D_model, ~3·H·d²·D_model multiply-adds), one single-threaded OpenBLAS call per head on
+strided [D_model, d] views of the weights' own [D_model, heads, d] layout, in ``gram_dtype``
+(float32 default, float64 for exactness); everything after them is O(H·d²) float64 numpy
+(rotations applied pairwise, never as d × d matmuls). Layers run in parallel threads
+(``workers``, default the CPU count), so memory holds the given layers plus ``workers``
+layers' products. Frequencies come
 from ``lcjax.rope.scaled_inv_freq`` (RoPE scaling included).
 
 Enhancement (:func:`enhance_heads`): scale both W_Q rows of pair m by mult[m] for the
