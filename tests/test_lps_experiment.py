@@ -42,10 +42,14 @@ def test_claims_from_per_seed_runs():
     claims = E.claims_from(runs)
     assert [c.holds for c in claims] == [True, True, True, False]
     assert "0.100" in claims[0].ours  # mean Spearman of 0.3 and -0.1
+    assert "per seed 0.300, -0.100" in claims[0].ours
+    assert "per seed 0.900 vs 0.200, 0.500 vs 0.300" in claims[1].ours
+    assert "per seed 20.0 vs 10.0, 30.0 vs 30.0" in claims[2].ours
     assert "25.0% vs 20.0%" in claims[2].ours and "2×" in claims[2].claim
     assert "0.0% vs 0.0%" in claims[3].ours and "4×" in claims[3].claim
     flipped = E.claims_from([_run(-0.2, 0.1, 0.2, [50, 5, 5], [50, 4, 6])])
     assert [c.holds for c in flipped] == [False, False, False, True]
+    assert "per seed" not in flipped[0].ours  # one seed: the mean is the value
 
 
 def test_unknown_setting_is_an_error(tmp_path):

@@ -31,11 +31,12 @@ head's rows, R the block rotation [d, d]):
 ranking score = LPS − 0.5 · sym. The distance n defaults to −32768, as the paper's
 notebooks pass (the public functions default to −65536: a parameter here); angles are
 float64. The only heavy work is the three Gram products G_q, G_k, C per layer (contractions
-over D_model, ~3·H·d²·D_model multiply-adds), done by one jitted XLA function over all heads
-of a layer in the weights' own [D_model, heads, d] layout, in ``gram_dtype`` (float32
-default; float64 under ``jax.enable_x64`` for exactness); everything after them is O(H·d²)
-float64 numpy (rotations applied pairwise, never as d × d matmuls). Layers stream one at a
-time, so a list of lazily read per-layer arrays keeps memory at one layer. Frequencies come
+over D_model, ~3·H·d²·D_model multiply-adds), one single-threaded OpenBLAS call per head on
+strided [D_model, d] views of the weights' own [D_model, heads, d] layout, in ``gram_dtype``
+(float32 default, float64 for exactness); everything after them is O(H·d²) float64 numpy
+(rotations applied pairwise, never as d × d matmuls). Layers run in parallel threads
+(``workers``, default the CPU count), so memory holds the given layers plus ``workers``
+layers' products. Frequencies come
 from ``lcjax.rope.scaled_inv_freq`` (RoPE scaling included).
 
 Enhancement (:func:`enhance_heads`): scale both W_Q rows of pair m by mult[m] for the
@@ -48,14 +49,16 @@ linspace(0.2, 1, 16) ‖ linspace(1, 1.4, 8) ‖ linspace(1.4, 1, 8), with end p
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import json
 import os
+import types
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from lcjax.rope import scaled_inv_freq
@@ -233,59 +236,115 @@ def scores_from_energies(energies: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
     return s_dist, s_erank, s_dist ** 0.4 * s_erank ** 0.6
 
 
-@jax.jit
-def _gram_products(wq, wk):
-    """One layer's Gram products, all heads at once, contracting over D_model in the
+@contextlib.contextmanager
+def _single_threaded_blas():
+    """Hold the BLAS behind numpy to one thread inside the block (``threadpoolctl`` when
+    installed, else the thread setter of numpy's bundled OpenBLAS; a no-op if neither is
+    found). :func:`kernel_energies` parallelises over layers itself; OpenBLAS's own threads
+    on these thin products spin against each other and cost ~10× the CPU on a loaded
+    machine (measured, docs/head_analysis.md)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        threadpool_limits = None
+    if threadpool_limits is not None:
+        with threadpool_limits(1, user_api="blas"):
+            yield
+        return
+    lib = _openblas()
+    if lib is None:
+        yield
+        return
+    before = lib.get()
+    lib.set(1)
+    try:
+        yield
+    finally:
+        lib.set(before)
+
+
+@functools.lru_cache(maxsize=1)
+def _openblas():
+    """The (get, set) thread-count functions of numpy's bundled OpenBLAS, or None."""
+    import ctypes
+    import glob
+
+    libs = glob.glob(os.path.join(os.path.dirname(np.__file__) + ".libs", "*openblas*"))
+    for path in libs:
+        lib = ctypes.CDLL(path)  # already loaded by numpy: the same handle
+        for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", ""),
+                               ("openblas", "64_"), ("openblas", "")):
+            get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+            put = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+            if get is not None and put is not None:
+                return types.SimpleNamespace(get=get, set=put)
+    return None
+
+
+def _gram_products(wq, wk, dtype):
+    """One layer's Gram products, one BLAS call per head on strided [D_model, d] views of the
     weights' own layout (no transposed copies): wq [Dm, H, d], wk [Dm, Hkv, d] ->
     G_q [H, d, d] = W_q W_qᵀ, G_k [Hkv, d, d] = W_k W_kᵀ, C [H, d, d] = W_k W_qᵀ (key head
-    h // (H/Hkv)). One step per key head: its 2-D products ('md,me->de')
-    G_q of its query heads and [W_k | W_q of its group] against W_k in one matmul."""
+    h // (H/Hkv); one product per key head against its group's query heads side by side)."""
     dm, heads, d = wq.shape
     kv_heads = wk.shape[1]
     rep = heads // kv_heads
+    q2 = np.ascontiguousarray(wq, dtype).reshape(dm, heads * d)
+    k2 = np.ascontiguousarray(wk, dtype).reshape(dm, kv_heads * d)
+    gq = np.empty((heads, d, d), dtype)
+    gk = np.empty((kv_heads, d, d), dtype)
+    cross = np.empty((kv_heads, d, rep * d), dtype)
+    for h in range(heads):
+        qh = q2[:, h * d:(h + 1) * d]
+        np.matmul(qh.T, qh, out=gq[h])
+    for g in range(kv_heads):
+        kg = k2[:, g * d:(g + 1) * d]
+        np.matmul(kg.T, kg, out=gk[g])
+        np.matmul(kg.T, q2[:, g * rep * d:(g + 1) * rep * d], out=cross[g])
+    cross = cross.reshape(kv_heads, d, rep, d).transpose(0, 2, 1, 3).reshape(heads, d, d)
+    return gq, gk, cross
 
-    def group(g):
-        kg = jax.lax.dynamic_index_in_dim(wk, g, 1, keepdims=False)     # [Dm, d]
-        qg = jax.lax.dynamic_slice_in_dim(wq, g * rep, rep, 1)          # [Dm, rep, d]
-        gq = jnp.stack([qg[:, r].T @ qg[:, r] for r in range(rep)])     # [rep, d, d]
-        z = kg.T @ jnp.concatenate([kg, qg.reshape(dm, rep * d)], 1)    # [d, (1+rep) d]
-        return gq, z[:, :d], z[:, d:].reshape(d, rep, d).transpose(1, 0, 2)
 
-    gq, gk, cross = jax.lax.map(group, jnp.arange(kv_heads))
-    return gq.reshape(heads, d, d), gk, cross.reshape(heads, d, d)
+def _pairs_view(x, layout: str):
+    """Axis −2 of ``x`` [..., d, n] as [..., 2, d/2, n]: [..., 0, m] = a_m, [..., 1, m] = b_m
+    (a view, no copy)."""
+    *lead, d, n = x.shape
+    if layout == "half":
+        return x.reshape(*lead, 2, d // 2, n)
+    return np.swapaxes(x.reshape(*lead, d // 2, 2, n), -3, -2)
 
 
-def _rotate_rows(x, c, s, pairs):
-    """R x along axis −2 for the block rotation R = [[c, −s], [s, c]] on each pair (a_m, b_m)
-    (pass −s for Rᵀ x); O(d²) per matrix instead of a d × d matmul."""
-    a, b = pairs
-    xa, xb = x[..., a, :], x[..., b, :]
+def _rotate_rows(x, c, s, layout: str):
+    """R x along axis −2 for the block rotation R = [[c, −s], [s, c]] on each pair (a_m, b_m);
+    O(d²) elementwise per matrix instead of a d × d matmul."""
+    xv = _pairs_view(x, layout)
     y = np.empty_like(x)
-    y[..., a, :] = c[:, None] * xa - s[:, None] * xb
-    y[..., b, :] = s[:, None] * xa + c[:, None] * xb
+    yv = _pairs_view(y, layout)
+    c, s = c[:, None], s[:, None]
+    yv[..., 0, :, :] = c * xv[..., 0, :, :] - s * xv[..., 1, :, :]
+    yv[..., 1, :, :] = s * xv[..., 0, :, :] + c * xv[..., 1, :, :]
     return y
 
 
-def _layer_terms(wq, wk, c, s, pairs, gram_dtype):
+def _layer_terms(wq, wk, c, s, layout, gram_dtype):
     """One layer: wq [Dm, H, d], wk [Dm, Hkv, d] -> (energies [H, d/2], sym [H]); the Gram
-    products in ``gram_dtype`` (jitted), the rest in float64 from d × d matrices."""
-    heads, kv_heads = wq.shape[1], wk.shape[1]
-    x64 = np.dtype(gram_dtype) == np.float64
-    with jax.enable_x64(x64):
-        gq, gk, cross = _gram_products(np.asarray(wq, gram_dtype), np.asarray(wk, gram_dtype))
-        gq, gk, cross = (np.asarray(x, np.float64) for x in jax.device_get((gq, gk, cross)))
-    gk = gk[np.arange(heads) // (heads // kv_heads)]                      # [H, d, d]
-    a, b = pairs
+    products in ``gram_dtype``, the rest in float64 from d × d matrices."""
+    heads, kv_heads, d = wq.shape[1], wk.shape[1], wq.shape[2]
+    gq, gk, cross = (x.astype(np.float64, copy=False)
+                     for x in _gram_products(wq, wk, np.dtype(gram_dtype)))
+    group = np.arange(heads) // (heads // kv_heads)
+    a, b = pair_indices(d, layout)
     # 2×2 blocks of the pairs: G[m] = [[G_aa, G_ab], [G_ba, G_bb]]
     idx = np.stack([a, b], -1)                                            # [P, 2]
     bq = gq[:, idx[:, :, None], idx[:, None, :]]                          # [H, P, 2, 2]
-    bk = gk[:, idx[:, :, None], idx[:, None, :]]
+    bk = gk[:, idx[:, :, None], idx[:, None, :]][group]
     rm = np.stack([np.stack([c, -s], -1), np.stack([s, c], -1)], -2)      # [P, 2, 2]
     energies = np.einsum("pji,hpjk,pkl,hpli->hp", rm, bq, rm, bk)
-    # ‖M‖_F² = tr(Rᵀ G_q R G_k); G R = (Rᵀ G)ᵀ for symmetric G
-    rgr = _rotate_rows(np.swapaxes(_rotate_rows(gq, c, -s, pairs), -1, -2), c, -s, pairs)
-    norm2 = np.einsum("hij,hji->h", rgr, gk)
-    rc = _rotate_rows(cross, c, s, pairs)
+    # ‖M‖_F² = tr(G_q R G_k Rᵀ) = Σ G_q ⊙ (R G_k Rᵀ) (both symmetric), R G_k Rᵀ once per
+    # key head; R G_k Rᵀ = R (R G_k)ᵀ for symmetric G_k
+    rgr = _rotate_rows(np.swapaxes(_rotate_rows(gk, c, s, layout), -1, -2), c, s, layout)
+    norm2 = np.einsum("hij,hij->h", gq, rgr[group])
+    rc = _rotate_rows(cross, c, s, layout)
     trace_m2 = np.einsum("hij,hji->h", rc, rc)                            # tr((R C)²)
     sym = np.abs(trace_m2) / (2 * np.where(norm2 > 0, norm2, 1.0))
     return energies, np.where(norm2 > 0, sym, 0.0)
@@ -293,7 +352,8 @@ def _layer_terms(wq, wk, c, s, pairs, gram_dtype):
 
 def kernel_energies(wq, wk, frequencies, *, distance: float = DEFAULT_DISTANCE,
                     layout: str = "half", attention_scaling: float = 1.0,
-                    gram_dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+                    gram_dtype=np.float32,
+                    workers: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Kernel energies e [L, H, d/2] and symmetry penalties sym [L, H].
 
     Args:
@@ -304,6 +364,8 @@ def kernel_energies(wq, wk, frequencies, *, distance: float = DEFAULT_DISTANCE,
       distance: n = j − i (negative: a key n tokens before the query).
       layout: "half" | "interleaved" RoPE pairs.
       gram_dtype: dtype of the Gram products (float64 for exact comparisons).
+      workers: layers scored at once (threads, each with a single-threaded BLAS; default
+        the CPU count).
     """
     theta = np.asarray(frequencies, np.float64)
     layers_q, layers_k = _layers(wq, "wq"), _layers(wk, "wk")
@@ -311,7 +373,6 @@ def kernel_energies(wq, wk, frequencies, *, distance: float = DEFAULT_DISTANCE,
         raise ValueError(f"lps: wq has {len(layers_q)} layers, wk {len(layers_k)}")
     ang = float(distance) * theta                      # float64 angles
     c, s = attention_scaling * np.cos(ang), attention_scaling * np.sin(ang)
-    energies, syms = [], []
     for lq, lk in zip(layers_q, layers_k):
         dm, heads, d = lq.shape
         if lk.shape[0] != dm or lk.shape[2] != d or heads % lk.shape[1]:
@@ -320,9 +381,12 @@ def kernel_energies(wq, wk, frequencies, *, distance: float = DEFAULT_DISTANCE,
                              f"and head_dim)")
         if theta.shape != (d // 2,):
             raise ValueError(f"lps: frequencies must have shape ({d // 2},), got {theta.shape}")
-        e, sym = _layer_terms(lq, lk, c, s, pair_indices(d, layout), gram_dtype)
-        energies.append(e)
-        syms.append(sym)
+        pair_indices(d, layout)  # validates the layout
+    workers = max(1, min(workers or os.cpu_count() or 1, len(layers_q)))
+    with _single_threaded_blas(), ThreadPoolExecutor(workers) as pool:
+        terms = list(pool.map(lambda lq, lk: _layer_terms(lq, lk, c, s, layout, gram_dtype),
+                              layers_q, layers_k))
+    energies, syms = zip(*terms)
     return np.stack(energies), np.stack(syms)
 
 
@@ -330,7 +394,7 @@ def lps_scores(wq, wk, *, frequencies=None, head_dim: int | None = None,
                rope_base: float = 10000.0, rope_scaling: Mapping | None = None,
                distance: float = DEFAULT_DISTANCE, layout: str = "half",
                attention_scaling: float = 1.0, sym_weight: float = 0.5,
-               gram_dtype=np.float32) -> LPSResult:
+               gram_dtype=np.float32, workers: int | None = None) -> LPSResult:
     """LPS, s_dist, s_eRank, sym and the ranking score LPS − ``sym_weight``·sym for every
     (layer, query head); W_Q, W_K as in :func:`kernel_energies`. Frequencies default to
     ``scaled_inv_freq(head_dim, rope_base, rope_scaling)`` (head_dim read from ``wq``)."""
@@ -340,7 +404,8 @@ def lps_scores(wq, wk, *, frequencies=None, head_dim: int | None = None,
             head_dim = int(np.shape(first)[-1])
         frequencies = scaled_inv_freq(head_dim, rope_base, rope_scaling)
     energies, sym = kernel_energies(wq, wk, frequencies, distance=distance, layout=layout,
-                                    attention_scaling=attention_scaling, gram_dtype=gram_dtype)
+                                    attention_scaling=attention_scaling, gram_dtype=gram_dtype,
+                                    workers=workers)
     s_dist, s_erank, lps = scores_from_energies(energies)
     return LPSResult(energies=energies, s_dist=s_dist, s_erank=s_erank, lps=lps, sym=sym,
                      score=lps - sym_weight * sym, distance=float(distance))
@@ -444,10 +509,12 @@ def _map_arrays(new, old, fn):
     return new if new is old else fn(new)
 
 
-def _time_8b(layers: int = 32, gram_dtype=np.float32) -> float:
-    """Seconds :func:`lps_scores` takes on random weights of a Llama-3-8B shape (32 layers,
-    D_model 4096, 32 query / 8 key heads, d 128, llama3 RoPE scaling); ``layers`` < 32 times
-    fewer layers (4 distinct random layers, cycled: the same work per layer)."""
+def _time_8b(layers: int = 32, gram_dtype=np.float32, workers: int | None = None
+             ) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) :func:`lps_scores` takes on random weights of a
+    Llama-3-8B shape (32 layers, D_model 4096, 32 query / 8 key heads, d 128, rope_theta
+    500000 with llama3 scaling); ``layers`` < 32 times fewer layers (4 distinct random
+    layers, cycled: the same work per layer)."""
     import time
 
     rng = np.random.default_rng(0)
@@ -456,14 +523,32 @@ def _time_8b(layers: int = 32, gram_dtype=np.float32) -> float:
     wk = [rng.standard_normal((dm, kv_heads, d), dtype=np.float32) * 0.02 for _ in range(4)]
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
-    start = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     lps_scores([wq[i % 4] for i in range(layers)], [wk[i % 4] for i in range(layers)],
-               frequencies=scaled_inv_freq(d, 500000.0, scaling), gram_dtype=gram_dtype)
-    return time.perf_counter() - start
+               frequencies=scaled_inv_freq(d, 500000.0, scaling), gram_dtype=gram_dtype,
+               workers=workers)
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
-if __name__ == "__main__":  # python -m lcjax.analysis.lps [layers]: the 8B-shape timing
-    import sys
+def _main(argv=None) -> None:
+    """``python -m lcjax.analysis.lps [--layers 32] [--workers N] [--repeat 3]``: time
+    :func:`lps_scores` on random weights of the Llama-3-8B shape (wall and CPU seconds, with
+    the load average, since a loaded machine stretches the wall time)."""
+    import argparse
 
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 32
-    print(f"lps_scores, Llama-3-8B shape, {n} of 32 layers: {_time_8b(n):.1f} s")
+    parser = argparse.ArgumentParser(prog="python -m lcjax.analysis.lps",
+                                     description=_main.__doc__)
+    parser.add_argument("--layers", type=int, default=32, help="layers of 32 to score")
+    parser.add_argument("--workers", type=int, default=None, help="threads (default: CPUs)")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs")
+    args = parser.parse_args(argv)
+    for i in range(args.repeat):
+        wall, cpu = _time_8b(args.layers, workers=args.workers)
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        print(f"lps_scores, Llama-3-8B shape, {args.layers} of 32 layers, run {i + 1}: "
+              f"{wall:.2f} s wall, {cpu:.2f} s CPU ({os.cpu_count()} CPUs, load average "
+              f"{load:.1f})", flush=True)
+
+
+if __name__ == "__main__":
+    _main()
