@@ -44,8 +44,10 @@ SETTINGS = {
     # quick: a smoke run (118 s quiet with 4 tools, 2 candidates, steps (4, 2, 2): cut to fit)
     True: dict(tools=2, args=(2, 3), candidates=1, train=8, eval=2, batch=4, rank=2,
                steps=(2, 1, 1), targets=TARGETS),
-    # full: sized to ~10-15 CPU-min on the 2-core machine; most steps go to stage 1, where
-    # each module must learn the call format from its own tool's rows (240 * 4 / 16 = 60)
+    # full: most steps go to stage 1, where each module must learn the call format from its
+    # own tool's rows (240 * 4 / 16 = 60 each). Not yet run to the end: on 2026-12-04 (load
+    # ~15) it was stopped after 926 CPU-s (57 min) inside the docs baseline's training
+    # (ParaTool's stages done); the baseline's 1,024-token rows dominate the cost
     False: dict(tools=16, args=(2, 3), candidates=2, train=800, eval=32, batch=4, rank=8,
                 steps=(240, 40, 40), targets=TARGETS),
 }
