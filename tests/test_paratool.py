@@ -277,7 +277,8 @@ def test_inference_decodes_like_a_slow_greedy_loop():
     for p, text, g in zip(prompts, texts, gates):
         ids = list(tok.encode(p.encode(), bos=True))
         np.testing.assert_allclose(
-            g, np.asarray(model.gate_weights(jnp.asarray(ids)[None]))[0], rtol=1e-6)
+            g, np.asarray(model.gate_weights(jnp.asarray(ids)[None]))[0], rtol=1e-5,
+            atol=1e-7)  # batched over padded prompts: rounding only
         out = []
         for _ in range(5):
             row = np.full(48, tok.PAD, np.int32)

@@ -325,19 +325,28 @@ def generate_calls(model: ParaToolModel, prompts: Sequence[str], max_new_tokens:
     """ParaTool inference, no tool documents in context: the gate weighs the modules from
     each prompt's tokens (BOS + prompt bytes, the training query), then row b decodes
     greedily (``model_runner``, one row at a time) with its own mixture
-    :func:`call_model`. Returns the generated texts and the gates [B, K]."""
+    :func:`call_model`. Returns the generated texts and the gates [B, K].
+
+    All gates come from one forward pass over the prompts right-padded to one length (the
+    base is causal and the mask keeps the pads out of the mean, so each row's gate is its
+    own prompt's), and every row decodes at that padded length, so the decoder compiles
+    once rather than once per prompt length."""
     from lcjax.data import tokenizer as tok
-    from lcjax.eval.runners import model_runner
+    from lcjax.eval.runners import bucket_length, model_runner
 
     if not prompts:
         raise ValueError("generate_calls: no prompts")
-    texts, gates = [], []
+    ids = [tok.encode(p.encode(), bos=True) for p in prompts]
+    width = bucket_length(max(len(x) for x in ids))
+    rows = np.full((len(ids), width), tok.PAD, np.int32)
+    for r, x in enumerate(ids):
+        rows[r, :len(x)] = x
+    mask = np.arange(width)[None, :] < np.asarray([len(x) for x in ids])[:, None]
+    gates = np.asarray(model.gate_weights(jnp.asarray(rows), jnp.asarray(mask)))
     stacked = mixed_deltas(model.lora, model.tools)  # once, not per prompt
-    for p in prompts:
-        ids = jnp.asarray(tok.encode(p.encode(), bos=True), jnp.int32)[None]
-        g = model.gate_weights(ids)[0]
-        run = model_runner(call_model(model, g, stacked), max_new_tokens=max_new_tokens,
-                           batch_size=1)
+    texts = []
+    for p, g in zip(prompts, gates, strict=True):
+        run = model_runner(call_model(model, jnp.asarray(g), stacked),
+                           max_new_tokens=max_new_tokens, batch_size=1, min_bucket=width)
         texts.append(next(iter(run([p.encode()])))[1])
-        gates.append(np.asarray(g))
-    return texts, np.stack(gates)
+    return texts, gates
