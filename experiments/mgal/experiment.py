@@ -40,13 +40,15 @@ from experiments.common import Claim, Experiment, Result, machine_info, main, sh
 SEED = 0
 LENGTH = 2048
 DEPTHS = (0.0, 0.5, 1.0)
-MIN_BUCKET = 4096  # every prompt (<= 3.3 KB) in one padded bucket: one decoder compile
+# max_new_tokens: the models' reply budget in bytes (enough for an option letter or a short
+# answer; longer gold answers cannot be matched by them). Greedy decoding at 2-3 KB prompts
+# costs ~19 CPU s for one batch of 3 items with 32 new tokens (compile included), so the
+# grid is small.
 SETTINGS = {
-    True: dict(langs=("en", "ja"), n_per_cell=1, batch=16,
+    True: dict(langs=("en",), n_per_cell=1, batch=16, max_new_tokens=32,
                ruler_stages=((128, 40, ("niah_single_1",)),)),
-    False: dict(langs=("en", "de", "ja", "zh-cn"), n_per_cell=3, batch=32,
-                ruler_stages=((128, 200, ("niah_single_1",)),
-                              (256, 150, ("niah_single_1", "niah_multikey_1", "vt")))),
+    False: dict(langs=("en", "ja"), n_per_cell=1, batch=16, max_new_tokens=32,
+                ruler_stages=((128, 150, ("niah_single_1",)),)),
 }
 TESTS_DIR = Path(__file__).resolve().parents[2] / "tests"
 
@@ -76,7 +78,7 @@ def oracle_for(suite, n_per_cell: int, length: int = LENGTH):
 
 
 def evaluate_target(target, suite, n_per_cell: int, out_dir: Path, name: str, *,
-                    length: int = LENGTH) -> dict:
+                    length: int = LENGTH, max_new_tokens: int | None = None) -> dict:
     """``lcjax.eval.evaluate`` of ``target`` on ``suite``; the evaluator's and the suite's
     reports (MGAL metrics, heat maps) go to ``out_dir/name``; returns the overall scores,
     the grid and the string-match summary."""
@@ -84,7 +86,7 @@ def evaluate_target(target, suite, n_per_cell: int, out_dir: Path, name: str, *,
 
     t0 = time.perf_counter()
     res = evaluate(target, suite, (length,), DEPTHS, n_per_cell, SEED, batch_size=8,
-                   progress=False, min_bucket=MIN_BUCKET)
+                   progress=False, max_new_tokens=max_new_tokens)
     folder = out_dir / name
     write_report(res, str(folder))
     mg = suite.report(res.records, str(folder))
@@ -131,7 +133,9 @@ def run(quick: bool, out_dir: Path) -> Result:
     ruler = train_ruler_model(s)
     targets = {"oracle": oracle_for(suite, s["n_per_cell"]), "shakespeare": base,
                "ruler": ruler["model"]}
-    results = {name: evaluate_target(t, suite, s["n_per_cell"], out_dir, name)
+    results = {name: evaluate_target(t, suite, s["n_per_cell"], out_dir, name,
+                                     max_new_tokens=None if name == "oracle"
+                                     else s["max_new_tokens"])
                for name, t in targets.items()}
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     o = {name: r["overall"] for name, r in results.items()}
@@ -167,6 +171,8 @@ EXPERIMENT = Experiment(
     summary="the MGAL-style grid (language x granularity x position) on Debian Reference for "
             "a Shakespeare byte LM, a RULER-task byte LM and an oracle, via lcjax.eval.evaluate",
     run=run,
+    # measured far over the 25 s it was meant to have (README of the branch report): the
+    # lead decides the budget; no other experiment's budget was taken
     quick_budget_s=25,
 )
 
