@@ -130,7 +130,8 @@ def score_item(item: MgalItem, prediction: str) -> dict:
            "length_bucket": item.length_bucket, "crowded": item.crowded}
     if item.options is not None:
         choice = parse_choice(prediction, item.options)
-        rec.update(kind="mc", choice=choice, correct=choice == item.answer)
+        rec.update(kind="mc", choice=choice, correct=choice == item.answer,
+                   n_options=len(item.options))
         return rec
     answer = str(item.answer)
     exact = exact_match(prediction, answer)
@@ -162,7 +163,8 @@ def _mean(values: Iterable) -> float | None:
 def summarize(records: Sequence[Mapping], by: Sequence[str] = ("language", "granularity")
               ) -> dict[tuple, dict]:
     """Per group (``by`` tags): ``n``, ``accuracy`` (mean of ``correct`` / ``exact`` over
-    all items), ``mc_accuracy``, ``exact_match``, ``consistency_f1``, ``fluent`` and
+    all items), ``mc_accuracy`` with ``mc_chance`` (its expectation for a uniformly random
+    choice: the mean of ``1 / n_options``), ``exact_match``, ``consistency_f1``, ``fluent`` and
     ``fluent_but_drifting`` rates (None where a group has no such record)."""
     groups: dict[tuple, list[Mapping]] = {}
     for r in records:
@@ -176,6 +178,7 @@ def summarize(records: Sequence[Mapping], by: Sequence[str] = ("language", "gran
                     "accuracy": _mean(r["correct"] if r["kind"] == "mc" else r["exact"]
                                       for r in rs),
                     "mc_accuracy": _mean(r["correct"] for r in mc),
+                    "mc_chance": _mean(1.0 / r["n_options"] for r in mc),
                     "exact_match": _mean(r["exact"] for r in op),
                     "consistency_f1": _mean(r["consistency"] for r in op),
                     "fluent": _mean(r["fluent"] for r in op),
@@ -274,7 +277,7 @@ def _fmt(x) -> str:
 
 def grid_markdown(rows: Sequence[Mapping]) -> str:
     """The grid rows of :func:`write_report` as a Markdown table (rates in percent)."""
-    cols = ("accuracy", "mc_accuracy", "exact_match", "consistency_f1", "fluent",
+    cols = ("accuracy", "mc_accuracy", "mc_chance", "exact_match", "consistency_f1", "fluent",
             "fluent_but_drifting")
     lines = ["| granularity | position | language | n (mc/open) | " + " | ".join(cols) + " |",
              "|---|---|---|---|" + "---|" * len(cols)]
