@@ -516,6 +516,14 @@ def _key_chunks(kh, vh, valid, chunk):
     return tuple(jnp.moveaxis(_to_chunks(x, chunk, axis=2), 2, 0) for x in (kh, vh, valid))
 
 
+def _fold(step, carry, xs):
+    """``lax.scan(step, carry, xs)``'s final carry; one chunk is applied directly (no loop
+    to compile or differentiate through)."""
+    if jax.tree.leaves(xs)[0].shape[0] == 1:
+        return step(carry, jax.tree.map(lambda x: x[0], xs))[0]
+    return lax.scan(step, carry, xs)[0]
+
+
 def _build_stats(kh, vh, valid, protos, w, degree, chunk) -> ClusterStats:
     """Non-causal statistics of all keys, folded ``chunk`` keys at a time so every
     intermediate is O(chunk·(M + d + dv·D)) whatever N (one pass over everything at once
@@ -536,13 +544,12 @@ def _build_stats(kh, vh, valid, protos, w, degree, chunk) -> ClusterStats:
 
     zeros = lambda *shape: jnp.zeros((b, kk) + shape, kh.dtype)
     carry0 = match_varying((zeros(m), zeros(m, d), zeros(m, dv)), kh, vh, valid, protos)
-    (n, sk, sv), _ = lax.scan(sums, carry0, xs)
+    n, sk, sv = _fold(sums, carry0, xs)
     denom = jnp.where(n > 0, n, 1.0)[..., None]
     stats = _empty_stats((b, kk), m, d, dv, w.shape[1], degree, kh.dtype)._replace(
         ka=sk / denom, va=sv / denom, has=n > 0)
     stats = match_varying(stats, kh, vh, valid, protos)
-    stats, _ = lax.scan(lambda st, x: (_update(st, *x, protos, w, degree), None), stats, xs)
-    return stats
+    return _fold(lambda st, x: (_update(st, *x, protos, w, degree), None), stats, xs)
 
 
 def _non_causal(qg, kh, vh, valid, protos, w, degree, scale, chunk, kernel=None,
