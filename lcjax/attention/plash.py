@@ -510,15 +510,55 @@ def _kernel_past(kernel, qc, stats, protos, w, degree, scale):
     return out.astype(qc.dtype).reshape(b, kk, g, t, -1), lse.reshape(b, kk, g, t)
 
 
+def _key_chunks(kh, vh, valid, chunk):
+    """Keys, values, validity split into ``chunk``-long pieces on a leading scan axis
+    (zero-padded; padding is invalid): [n, B, K, C, ·] and [n, B, 1|K, C]."""
+    return tuple(jnp.moveaxis(_to_chunks(x, chunk, axis=2), 2, 0) for x in (kh, vh, valid))
+
+
+def _fold(step, carry, xs):
+    """``lax.scan(step, carry, xs)``'s final carry; one chunk is applied directly (no loop
+    to compile or differentiate through)."""
+    if jax.tree.leaves(xs)[0].shape[0] == 1:
+        return step(carry, jax.tree.map(lambda x: x[0], xs))[0]
+    return lax.scan(step, carry, xs)[0]
+
+
+def _build_stats(kh, vh, valid, protos, w, degree, chunk) -> ClusterStats:
+    """Non-causal statistics of all keys, folded ``chunk`` keys at a time so every
+    intermediate is O(chunk·(M + d + dv·D)) whatever N (one pass over everything at once
+    made N·dv·D-sized temporaries that left the cache: time grew faster than N). Two
+    passes: the anchors are the clusters' key/value means over all keys (pass 1), so
+    :func:`_update` (pass 2) keeps them and only measures the radii around them — the
+    same statistics as a single :func:`_update` of every key."""
+    b, kk, _, d = kh.shape
+    m, dv = protos.shape[2], vh.shape[-1]
+    xs = _key_chunks(kh, vh, valid, chunk)
+
+    def sums(carry, x):
+        kc, vc, valc = x
+        o = jax.nn.one_hot(_assign(kc, protos), m, dtype=kc.dtype) * valc[..., None]
+        n, sk, sv = carry
+        return (n + o.sum(2), sk + jnp.einsum("bkcm,bkcd->bkmd", o, kc),
+                sv + jnp.einsum("bkcm,bkcv->bkmv", o, vc)), None
+
+    zeros = lambda *shape: jnp.zeros((b, kk) + shape, kh.dtype)
+    carry0 = match_varying((zeros(m), zeros(m, d), zeros(m, dv)), kh, vh, valid, protos)
+    n, sk, sv = _fold(sums, carry0, xs)
+    denom = jnp.where(n > 0, n, 1.0)[..., None]
+    stats = _empty_stats((b, kk), m, d, dv, w.shape[1], degree, kh.dtype)._replace(
+        ka=sk / denom, va=sv / denom, has=n > 0)
+    stats = match_varying(stats, kh, vh, valid, protos)
+    return _fold(lambda st, x: (_update(st, *x, protos, w, degree), None), stats, xs)
+
+
 def _non_causal(qg, kh, vh, valid, protos, w, degree, scale, chunk, kernel=None,
                 want_cert=True):
     """qg [B, K, G, T, d]; kh, vh [B, K, S, ·]; valid [B, 1, S] -> out, lse, cert.
     ``kernel``: None (XLA) or the Pallas kernel's (BlockSizes, interpret); the certificate
     (``want_cert``) is the XLA computation either way."""
     b, kk, g, t, d = qg.shape
-    m, dv = protos.shape[2], vh.shape[-1]
-    stats = _empty_stats((b, kk), m, d, dv, w.shape[1], degree, qg.dtype)
-    stats = _update(stats, kh, vh, valid, protos, w, degree)
+    stats = _build_stats(kh, vh, valid, protos, w, degree, chunk)
     qp = jnp.moveaxis(_to_chunks(qg, chunk), 3, 0)                # [n, B, K, G, C, d]
     nq = qp.shape[0]
     unchunk = lambda x: jnp.moveaxis(x, 0, 3).reshape((b, kk, g, nq * chunk)
