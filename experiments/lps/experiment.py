@@ -344,7 +344,8 @@ EXPERIMENT = Experiment(
     summary="static LPS head scores of a byte LM trained on needle retrieval against "
             "retrieval-head success; top heads enhanced, accuracy at 1×/2×/4× L",
     run=run,
-    quick_budget_s=25,  # 16 s in the 2026-12-02 afternoon make reproduce (1,207 s in all)
+    # 16 s in the 2026-12-02 afternoon make reproduce (1,207 s in all); 5 s went to mgal
+    quick_budget_s=20,
 )
 
 
