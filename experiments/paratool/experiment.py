@@ -37,7 +37,14 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.common import Claim, Experiment, Result, machine_info, shakespeare_base
+from experiments.common import (
+    Claim,
+    Experiment,
+    Result,
+    copy_model,
+    machine_info,
+    shakespeare_base,
+)
 
 TARGETS = ("q_proj", "v_proj", "o_proj", "w_up", "w_down")
 SETTINGS = {
@@ -52,16 +59,6 @@ SETTINGS = {
                 steps=(240, 40, 40), targets=TARGETS),
 }
 SPLITS = ("seen", "heldout")
-
-
-def _copy(model):
-    """A model with its own buffers (``train`` donates the ones it is given)."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    graphdef, state = nnx.split(model)
-    return nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
 
 
 def _seq_len(batch_rows: int) -> int:
@@ -106,7 +103,7 @@ def train_paratool(base, tools, train_ex, s: dict) -> tuple:
     from lcjax.tools import paratool as pt
 
     names = [t.name for t in tools]
-    lora = LoRAModel(_copy(base))
+    lora = LoRAModel(copy_model(base))
     for i, n in enumerate(names):
         lora.add_adapter(n, LoRAConfig(rank=s["rank"], alpha=2.0 * s["rank"],
                                        target_modules=s["targets"]), rngs=nnx.Rngs(100 + i))
@@ -133,7 +130,7 @@ def train_docs_baseline(base, tools, train_ex, s: dict) -> tuple:
     names = [t.name for t in tools]
     steps = sum(s["steps"])
     t0 = time.perf_counter()
-    model = _copy(base)
+    model = copy_model(base)
     result = train(model.config, _cfg(steps, 1e-3),
                    dataset=_batches(train_ex, names, steps, s["batch"], tools=tools, seed=9),
                    model_fn=lambda *_: model,

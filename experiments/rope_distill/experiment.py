@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.common import Claim, Experiment, Result, machine_info
+from experiments.common import Claim, Experiment, Result, copy_model, machine_info
 from lcjax.data import ruler
 from lcjax.data.suites import Suite, SuiteTask
 
@@ -96,17 +96,6 @@ def retrieval_dataset(length: int, steps: int, batch: int, seed: int):
                      eos=True, seq_len=length + 1)
     return (grain.MapDataset.source(src).batch(batch, drop_remainder=True)
             .map(weighted_rows))
-
-
-def copy_model(model):
-    """A module with the same graph and fresh copies of every array (``train()`` donates
-    the buffers of the model it trains; ``nnx.clone`` would share them)."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    graphdef, state = nnx.split(model)
-    return nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
 
 
 def train_stage(length: int, steps: int, batch: int, *, lr: float, seed: int,
