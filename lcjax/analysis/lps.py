@@ -49,17 +49,15 @@ linspace(0.2, 1, 16) ‖ linspace(1, 1.4, 8) ‖ linspace(1.4, 1, 8), with end p
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import json
 import os
-import types
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from lcjax.rope import scaled_inv_freq
 
@@ -236,51 +234,6 @@ def scores_from_energies(energies: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
     return s_dist, s_erank, s_dist ** 0.4 * s_erank ** 0.6
 
 
-@contextlib.contextmanager
-def _single_threaded_blas():
-    """Hold the BLAS behind numpy to one thread inside the block (``threadpoolctl`` when
-    installed, else the thread setter of numpy's bundled OpenBLAS; a no-op if neither is
-    found). :func:`kernel_energies` parallelises over layers itself; OpenBLAS's own threads
-    on these thin products spin against each other and cost ~10× the CPU on a loaded
-    machine (measured, docs/head_analysis.md)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        threadpool_limits = None
-    if threadpool_limits is not None:
-        with threadpool_limits(1, user_api="blas"):
-            yield
-        return
-    lib = _openblas()
-    if lib is None:
-        yield
-        return
-    before = lib.get()
-    lib.set(1)
-    try:
-        yield
-    finally:
-        lib.set(before)
-
-
-@functools.lru_cache(maxsize=1)
-def _openblas():
-    """The (get, set) thread-count functions of numpy's bundled OpenBLAS, or None."""
-    import ctypes
-    import glob
-
-    libs = glob.glob(os.path.join(os.path.dirname(np.__file__) + ".libs", "*openblas*"))
-    for path in libs:
-        lib = ctypes.CDLL(path)  # already loaded by numpy: the same handle
-        for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", ""),
-                               ("openblas", "64_"), ("openblas", "")):
-            get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
-            put = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
-            if get is not None and put is not None:
-                return types.SimpleNamespace(get=get, set=put)
-    return None
-
-
 def _gram_products(wq, wk, dtype):
     """One layer's Gram products, one BLAS call per head on strided [D_model, d] views of the
     weights' own layout (no transposed copies): wq [Dm, H, d], wk [Dm, Hkv, d] ->
@@ -383,7 +336,7 @@ def kernel_energies(wq, wk, frequencies, *, distance: float = DEFAULT_DISTANCE,
             raise ValueError(f"lps: frequencies must have shape ({d // 2},), got {theta.shape}")
         pair_indices(d, layout)  # validates the layout
     workers = max(1, min(workers or os.cpu_count() or 1, len(layers_q)))
-    with _single_threaded_blas(), ThreadPoolExecutor(workers) as pool:
+    with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(workers) as pool:
         terms = list(pool.map(lambda lq, lk: _layer_terms(lq, lk, c, s, layout, gram_dtype),
                               layers_q, layers_k))
     energies, syms = zip(*terms)
