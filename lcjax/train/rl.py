@@ -619,12 +619,13 @@ def train_grpo(
         batch, rewards, gen_len = sample_group_batch(
             nnx.merge(graphdef, params, rest), cfg, padded[idx], prompt_len[idx],
             [items[i] for i in idx], jax.random.fold_in(sample_rng, step), reward_fn, decode)
-        batch["ref_logprobs"] = logprob_step(ref_params, ref_rest, batch["inputs"],
-                                             batch["targets"])
-        if cfg.old_logprobs == "recompute":
-            batch["old_logprobs"] = logprob_step(params, rest, batch["inputs"],
-                                                 batch["targets"])
         skip = cfg.skip_flat_steps and not np.any(batch["advantages"])
+        if not skip:  # the log-probs only the update reads
+            batch["ref_logprobs"] = logprob_step(ref_params, ref_rest, batch["inputs"],
+                                                 batch["targets"])
+            if cfg.old_logprobs == "recompute":
+                batch["old_logprobs"] = logprob_step(params, rest, batch["inputs"],
+                                                     batch["targets"])
         stats = []
         for u in range(0 if skip else mu):
             k = (step - 1) * mu + u + 1  # 1-based update number
