@@ -119,14 +119,12 @@ def by_distance(correct, items) -> dict[int, float]:
 
 def slope(correct, items) -> tuple[float, float]:
     """Least-squares slope of per-item correctness (0/1) on distance, and its standard
-    error (balanced distances: the same slope as the per-distance accuracies')."""
-    x = np.array([it.distance for it in items], float)
-    y = np.asarray(correct, float)
-    xc = x - x.mean()
-    b = float((xc * (y - y.mean())).sum() / (xc ** 2).sum())
-    resid = y - y.mean() - b * xc
-    se = float(np.sqrt((resid ** 2).sum() / (len(y) - 2) / (xc ** 2).sum()))
-    return b, se
+    error (``scipy.stats.linregress``; balanced distances: the same slope as the
+    per-distance accuracies')."""
+    from scipy import stats
+
+    fit = stats.linregress([it.distance for it in items], np.asarray(correct, float))
+    return float(fit.slope), float(fit.stderr)
 
 
 def above_chance(acc: float, n: int) -> bool:
