@@ -123,3 +123,40 @@ def test_tiny_run_end_to_end(tmp_path, monkeypatch):
     cell = res.numbers["per_task"]["tiny"]["softmax/rope"]
     assert cell["exact_1x"] == pytest.approx(run["exact"][1])
     assert any("held-out exact" in line for line in lines)
+
+
+def test_full_run_keeps_records_and_resumes_from_them(tmp_path, monkeypatch):
+    """The full path saves each finished run; a rerun with the same setting reuses it (no
+    training: train_until_learned would raise) with the same per-item scores, a rerun with
+    another step cap does not, and the quick path keeps nothing."""
+    monkeypatch.setitem(E.TASKS, "tiny", E.Task(
+        "tiny", 8, functools.partial(E._synthetic, "flip_flop"), "8-byte flip-flop"))
+    monkeypatch.setattr(E, "LEARNED", 0.0)
+    monkeypatch.setattr(E, "EVAL_MULTS", (1, 2))
+    monkeypatch.setattr(E, "MODEL", dict(d_model=16, num_layers=1, num_heads=2,
+                                         num_kv_heads=2, head_dim=8, mlp_hidden=32))
+    monkeypatch.setattr(E, "VALID_ITEMS", 8)
+    setting = dataclasses.replace(E.FULL, seeds=(0,), tasks=("tiny",), variants=("softmax",),
+                                  positions=("rope",), max_steps=4, eval_items=16)
+    first = E.run(False, tmp_path, setting=setting, log=lambda *a, **k: None)
+    path = E.run_record_path(tmp_path, "tiny", "softmax", "rope", 0)
+    kept = E.load_run_record(path, setting)
+    assert kept is not None and kept["steps"] == 4 and kept["exact"][1].shape == (16,)
+
+    def no_training(*a, **k):
+        raise AssertionError("a kept run was trained again")
+
+    real = E.train_until_learned
+    monkeypatch.setattr(E, "train_until_learned", no_training)
+    lines = []
+    again = E.run(False, tmp_path, setting=setting, log=lambda *a, **k: lines.append(a[0]))
+    assert any("kept from" in line for line in lines)
+    assert again.numbers["runs"][0]["exact"] == first.numbers["runs"][0]["exact"]
+    assert again.numbers["per_task"] == first.numbers["per_task"]
+    other = dataclasses.replace(setting, max_steps=3)
+    assert E.load_run_record(path, other) is None
+    with pytest.raises(AssertionError, match="trained again"):
+        E.run(False, tmp_path, setting=other, log=lambda *a, **k: None)
+    monkeypatch.setattr(E, "train_until_learned", real)
+    E.run(True, tmp_path / "quick", setting=setting, log=lambda *a, **k: None)
+    assert not (tmp_path / "quick" / "runs").exists()

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import tempfile
 import time
@@ -418,8 +419,77 @@ def verdict(task: Task, pos: str, sparse: str, cells: dict, rng) -> Claim | None
     return Claim(name, target, ours, bool(match and lo > 0))
 
 
+def train_and_score(task: Task, variant: str, pos: str, seed: int, setting: Setting, *,
+                    log=print) -> dict:
+    """One run: :func:`train_until_learned`, then, when learned, :func:`score` at every
+    length of :data:`EVAL_MULTS` (``exact``: multiplier -> bool [eval_items])."""
+    trained = train_until_learned(task, variant, pos, seed, setting.max_steps, log=log)
+    rec = {"task": task.name, "variant": variant, "position": pos, "seed": seed,
+           "steps": trained["steps"], "learned_at": trained["learned_at"],
+           "checks": trained["checks"], "train_seconds": trained["seconds"],
+           "params": trained["params_count"], "exact": {}}
+    head = f"   {task.name} {variant}/{pos} seed {seed}"
+    if trained["learned_at"] is None:
+        log(f"{head}: NOT learned in {trained['steps']} steps", flush=True)
+        return rec
+    for m in EVAL_MULTS:
+        rec["exact"][m] = score(trained, task, m * task.train_len, setting.eval_items,
+                                9_000 + 100 * seed + m)
+    log(f"{head}: exact " + ", ".join(f"{m}× {100 * rec['exact'][m].mean():.1f}%"
+                                      for m in EVAL_MULTS)
+        + f" ({trained['seconds']:.0f} s training)", flush=True)
+    return rec
+
+
+# --- run records (the full run resumes from them) -----------------------------------------
+
+
+def run_record_path(out_dir: Path, task: str, variant: str, pos: str, seed: int) -> Path:
+    """Where the full run keeps one finished (task, variant, position, seed) run."""
+    return Path(out_dir) / "runs" / f"{task}-{variant}-{pos}-seed{seed}.json"
+
+
+def record_fingerprint(setting: Setting, task: str) -> dict:
+    """What a kept run must have been trained and scored with to be reused."""
+    t = TASKS[task]
+    return {"max_steps": setting.max_steps, "eval_items": setting.eval_items, "model": MODEL,
+            "batch": BATCH, "other_weight": OTHER_WEIGHT, "check_every": CHECK_EVERY,
+            "valid_items": VALID_ITEMS, "learned": LEARNED, "eval_mults": list(EVAL_MULTS),
+            "train_len": t.train_len, "lr": t.lr}
+
+
+def save_run_record(path: Path | None, rec: dict, setting: Setting) -> None:
+    """Write ``rec`` (its exact arrays as 0/1 lists) with its fingerprint; None: nothing."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = dict(rec, exact={str(m): np.asarray(a, dtype=int).tolist()
+                            for m, a in rec["exact"].items()},
+                fingerprint=record_fingerprint(setting, rec["task"]))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(body, indent=1))
+    tmp.replace(path)
+
+
+def load_run_record(path: Path | None, setting: Setting) -> dict | None:
+    """The run kept at ``path`` (exact arrays back as bool), or None when there is none
+    or it was made with another setting (:func:`record_fingerprint`)."""
+    if path is None or not path.exists():
+        return None
+    body = json.loads(path.read_text())
+    if body.pop("fingerprint", None) != record_fingerprint(setting, body["task"]):
+        return None
+    body["exact"] = {int(m): np.asarray(a, dtype=bool) for m, a in body["exact"].items()}
+    return body
+
+
 def run(quick: bool, out_dir: Path, *, setting: Setting | None = None, log=print) -> Result:
-    """The experiment (``setting`` overrides the quick or full one: smoke tests)."""
+    """The experiment (``setting`` overrides the quick or full one: smoke tests).
+
+    The full run (``quick=False``) keeps every finished run under ``out_dir/runs/``
+    (:func:`save_run_record`) and reuses the ones made with the same setting, so an
+    interrupted full run resumes where it stopped; delete that folder to start over. The
+    quick run keeps nothing."""
     setting = setting or (QUICK if quick else FULL)
     names = registered()
     variants = setting.variants or quick_variants(names)
@@ -438,23 +508,15 @@ def run(quick: bool, out_dir: Path, *, setting: Setting | None = None, log=print
         for seed in setting.seeds:
             for pos in positions:
                 for variant in ran:
-                    trained = train_until_learned(task, variant, pos, seed, setting.max_steps,
-                                                  log=log)
-                    rec = {"task": tname, "variant": variant, "position": pos, "seed": seed,
-                           "steps": trained["steps"], "learned_at": trained["learned_at"],
-                           "checks": trained["checks"], "train_seconds": trained["seconds"],
-                           "params": trained["params_count"], "exact": {}}
-                    if trained["learned_at"] is not None:
-                        for m in EVAL_MULTS:
-                            rec["exact"][m] = score(trained, task, m * task.train_len,
-                                                    setting.eval_items, 9_000 + 100 * seed + m)
-                        log(f"   {tname} {variant}/{pos} seed {seed}: exact "
-                            + ", ".join(f"{m}× {100 * rec['exact'][m].mean():.1f}%"
-                                        for m in EVAL_MULTS)
-                            + f" ({trained['seconds']:.0f} s training)", flush=True)
+                    path = None if quick else run_record_path(out_dir, tname, variant, pos,
+                                                              seed)
+                    rec = load_run_record(path, setting)
+                    if rec is None:
+                        rec = train_and_score(task, variant, pos, seed, setting, log=log)
+                        save_run_record(path, rec, setting)
                     else:
-                        log(f"   {tname} {variant}/{pos} seed {seed}: NOT learned in "
-                            f"{trained['steps']} steps", flush=True)
+                        log(f"   {tname} {variant}/{pos} seed {seed}: kept from {path}",
+                            flush=True)
                     task_runs.append(rec)
         cells = summarize(task_runs, rng)
         fig = out_dir / f"{tname}_vs_length.png"
