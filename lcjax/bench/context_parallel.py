@@ -11,7 +11,12 @@ For fixed B, H, Hkv, D, C and growing T it reports
   compiling again at another d_model (:func:`split_per_token`);
 - the largest T under a per-device budget for each strategy (a binary search over
   compiled memory, on multiples of the step ``2 C · block``);
-- wall time of one fwd+bwd step on C CPU devices at a short length, as ratios to Ulysses.
+- wall time of one training step (``value_and_grad``) on C CPU devices at a short length,
+  as ratios to Ulysses.
+
+Strategies are ``ulysses``, ``ring``, ``upipe`` and the UPipe settings of :data:`SETTINGS`
+(``upipe+out``: the stages' outputs and LSEs saved for the backward; ``upipe-kv``: the
+K/V chunk recomputed in the backward even when there is one), measured side by side.
 
 The memory model (bytes per device, s = bytes per element, Hv = max(Hkv, C), d = d_model):
 
@@ -43,6 +48,9 @@ import sys
 import time
 
 STRATEGIES = ("ulysses", "ring", "upipe")
+# settings of a strategy measured under their own name: (strategy, its layer options)
+SETTINGS = {"upipe+out": ("upipe", {"save_attention_output": True}),
+            "upipe-kv": ("upipe", {"save_kv": False})}
 # x-sized [T/C, d_model] temp buffers at the peak, per strategy: what the d_model split of
 # run_benchmark measured at H = 32, C = 8, D = 64, 8K -> 32K (Ulysses 1.0 GQA, 0.0 MHA;
 # UPipe -0.1 GQA, 0.4 MHA; Ring not measured, it shares Ulysses' layer code). XLA's
@@ -82,17 +90,31 @@ def model_head_part(model: dict) -> float:
     return model["attention"] + model["projections"]
 
 
-def _layer_fn(strategy, mesh, *, heads, kv_heads, head_dim, causal, block, d_model=None):
+def base_strategy(name: str) -> str:
+    """The strategy a benchmarked name runs (``"upipe+out"`` -> ``"upipe"``)."""
+    return SETTINGS.get(name, (name, {}))[0]
+
+
+def _layer_fn(strategy, mesh, *, heads, kv_heads, head_dim, causal, block, d_model=None,
+              value: bool = False):
+    """(init, jitted step, d_model) of one layer's fwd+bwd. ``value``: the step is
+    ``value_and_grad`` (what training runs: the forward's output is used, so XLA must run
+    the whole forward); otherwise ``grad``, whose loss value nobody reads, so XLA may drop
+    forward work the backward does not need (UPipe's recomputing backward needs none of
+    it) — the compile-only memory measurement uses it: the backward's peak, as inside a
+    network, where the layer's output is consumed elsewhere (docs/context_parallel.md)."""
     import jax
     import jax.numpy as jnp
 
     from lcjax.parallel import layer
 
     d_model = d_model or heads * head_dim
-    init, apply = layer(strategy, mesh=mesh, d_model=d_model, num_heads=heads,
+    base, options = SETTINGS.get(strategy, (strategy, {}))
+    init, apply = layer(base, mesh=mesh, d_model=d_model, num_heads=heads,
                         num_kv_heads=kv_heads, head_dim=head_dim, causal=causal,
-                        variant="blockwise", block_q=block, block_kv=block)
-    step = jax.jit(jax.grad(lambda p, x, w: jnp.sum(w * apply(p, x)), argnums=(0, 1)))
+                        variant="blockwise", block_q=block, block_kv=block, **options)
+    transform = jax.value_and_grad if value else jax.grad
+    step = jax.jit(transform(lambda p, x, w: jnp.sum(w * apply(p, x)), argnums=(0, 1)))
     return init, step, d_model
 
 
@@ -172,7 +194,8 @@ def max_length_under(strategy: str, budget: int, *, step: int, guess: int, measu
 
 def step_times(strategies, *, mesh, batch, heads, kv_heads, head_dim, seq_len, causal, block,
                repeats=3) -> dict:
-    """Median wall seconds of one fwd+bwd step per strategy (interleaved rounds)."""
+    """Median wall seconds of one training step (``value_and_grad``: forward and backward)
+    per strategy (interleaved rounds)."""
     import jax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -182,7 +205,8 @@ def step_times(strategies, *, mesh, batch, heads, kv_heads, head_dim, seq_len, c
     fns = {}
     for s in strategies:
         init, step, d_model = _layer_fn(s, mesh, heads=heads, kv_heads=kv_heads,
-                                        head_dim=head_dim, causal=causal, block=block)
+                                        head_dim=head_dim, causal=causal, block=block,
+                                        value=True)
         params = jax.device_put(init(jax.random.PRNGKey(0)), NamedSharding(mesh, P()))
         x = jax.device_put(jax.random.normal(jax.random.PRNGKey(1), (batch, seq_len, d_model)),
                            NamedSharding(mesh, P("data", "context", None)))
@@ -211,9 +235,9 @@ def run_benchmark(*, strategies=STRATEGIES, heads=32, kv_heads=8, head_dim=64, c
         for s in strategies:
             temp, compile_s = compiled_temp_bytes(s, t, mesh=mesh, causal=causal, block=block,
                                                   **shape)
-            model = memory_model(s, seq_len=t, context=context, d_model=heads * head_dim,
-                                 head_dim=head_dim, heads=heads, kv_heads=kv_heads,
-                                 batch=batch)
+            model = memory_model(base_strategy(s), seq_len=t, context=context,
+                                 d_model=heads * head_dim, head_dim=head_dim, heads=heads,
+                                 kv_heads=kv_heads, batch=batch)
             rows.append({"strategy": s, "seq_len": t, "temp_bytes": temp,
                          "compile_s": compile_s, "model": model})
             print(f"  {s:8s} T={t:7d} temp {temp / 2**20:9.1f} MiB  model "
