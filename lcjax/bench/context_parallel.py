@@ -350,7 +350,7 @@ def format_result(result: dict) -> str:
             lines.append(f"- {s}: {v['max_len']} ({'exact' if v['exact'] else 'bound'}; "
                          f"upper {v['upper']})")
     if "step_ratio_vs_ulysses" in result:
-        lines += ["", "Step time (fwd+bwd) vs Ulysses: " + ", ".join(
+        lines += ["", "Step time (value_and_grad: forward + backward) vs Ulysses: " + ", ".join(
             f"{s} {r:.2f}x" for s, r in result["step_ratio_vs_ulysses"].items())]
     return "\n".join(lines) + "\n"
 

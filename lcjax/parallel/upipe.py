@@ -12,12 +12,28 @@ T. UPipe runs the layer in P = H/C stages of C heads (one head per device per st
 
 K/V chunk c (C kv heads, one per device) is projected and all-to-all'd once and reused
 by the G' = H / max(Hkv, C) query stages j of its group (the paper's "K/V when
-s mod g = 0"). The layer is a ``custom_vjp`` whose forward keeps only its inputs (x,
-positions, the weights); the backward runs the stage loops again (``lax.scan``, so XLA
-cannot keep all stages alive), recomputing each stage's projections, all-to-alls and
-attention (through the variant's own VJP), and summing the kv cotangents over the G'
-stages of a group. Peak attention intermediates are therefore ∝ one head per device
-instead of H/C. The all-to-all volume equals Ulysses', in P pieces.
+s mod g = 0"). The layer is a ``custom_vjp`` whose forward keeps its inputs (x,
+positions, the weights) and, when there is one K/V chunk (Hkv <= C, ``save_kv``), that
+chunk's k, v in the head layout (two one-head [B, T, 1, D] tensors, live through the
+backward anyway); the backward runs the stage loops again (``lax.scan``, so XLA cannot
+keep all stages alive), recomputing each stage's query projection, RoPE and all-to-alls
+(and the K/V chunks not kept) and the attention forward (through the variant's own
+VJP), and summing the kv cotangents over the G' stages of a group. Peak attention
+intermediates are therefore ∝ one head per device instead of H/C. The all-to-all volume
+equals Ulysses', in P pieces.
+
+``save_attention_output=True`` is the paper's residual choice: the forward also keeps
+each stage's output (sequence layout, all stages together [B, T/C, H, D], the size of x)
+and its LSE, and the backward runs the FlashAttention-2 backward from them
+(:func:`lcjax.attention.core.blockwise_attention_bwd`, with delta = Σ_D dO·O formed in
+the sequence layout where dO = dy Wo_sᵀ and O both are, so O never returns to the head
+layout) — no attention forward, no output all-to-all in the backward. Only exact softmax
+by its XLA path has that backward (``"softmax"``, ``"blockwise"``); other variants
+(entmax, ...) re-run their forward. It is off by default: at H = 32, C = 8, GQA it costs
+27.5 MiB at T = 32K (43.9% of Ulysses' temp bytes instead of 36.1%, above the 40% the
+issue asks) and bought no measurable step time at T = 512 on 8 CPU devices, where the
+projections and the per-stage weight slices, not the attention, dominate
+(``docs/context_parallel.md``).
 
 What the layer does not keep (measured: ``docs/context_parallel.md``): the stages' shares
 of the output projection (forward) and of dx (backward, dq_s Wq_sᵀ, dk Wkᵀ, dv Wvᵀ) are
@@ -25,8 +41,8 @@ added into the one [B, L, d] accumulator (:func:`accumulate_matmul`; optionally 
 sequence slice at a time), and the weight gradients are contracted as dpᵀ x, not xᵀ dp
 (for which XLA's CPU dot copied x transposed) — with autodiff of a scan of
 ``jax.checkpoint``ed stages XLA kept an x-sized per-stage product beside the accumulator.
-(The paper also keeps each stage's output and LSE to skip re-running the attention
-forward; we recompute it — one more attention forward per stage.)
+The forward's residuals pass through a ``lax.optimization_barrier`` with y, so the
+backward cannot start beside the forward.
 
 Head order — standard GQA exactly, no permutation of weights. With virtual kv heads
 Hv = max(Hkv, C) (each kv head repeated R = Hv / Hkv times when Hkv < C; the gather's
@@ -119,10 +135,13 @@ def upipe_local(params: Mapping[str, jax.Array], x, positions, *, axis: str, siz
     """The UPipe layer inside ``shard_map`` over ``axis`` (``size`` = C devices): local x
     [B, L, d] (sequence slice, device order), positions [B, L] -> y [B, L, d].
 
-    A ``custom_vjp``: the forward keeps nothing but its inputs (x, positions, weights);
-    the backward loops over the stages again, recomputes each stage's projections,
-    all-to-alls and attention (the variant's own VJP), and accumulates dx and the
-    stage's output-projection share (:func:`accumulate_matmul`). ``accumulate_slices``:
+    A ``custom_vjp``: the forward keeps its inputs (x, positions, weights), with
+    ``save_kv`` the K/V chunk when there is one (n_c = 1), with ``save_attention_output``
+    each stage's output and LSE (exact softmax variants only; the module docstring); the
+    backward loops over the stages again, recomputes what was not kept (projections,
+    RoPE, all-to-alls, the attention forward through the variant's own VJP), and
+    accumulates dx and the stage's output-projection share (:func:`accumulate_matmul`).
+    ``accumulate_slices``:
     sequence slices of those additions (1, the default: one add per stage; None: slices
     no larger than a stage's [B, L, C, D] tensors; docs/context_parallel.md has the
     measurements).
@@ -344,7 +363,9 @@ def upipe_layer(params: Mapping[str, jax.Array], x, positions=None, *, mesh=None
     positions [B, T] (default ``arange(T)``), params as :class:`lcjax.nn.Attention`'s
     (``q_proj [d, H, D]``, ``k_proj``/``v_proj [d, Hkv, D]``, ``o_proj [H, D, d]``) ->
     y [B, T, d_model], same sharding. ``variant`` and ``options`` as in Ulysses;
-    ``mesh`` default the one of ``jax.set_mesh``."""
+    ``mesh`` default the one of ``jax.set_mesh``. ``accumulate_slices``,
+    ``save_attention_output`` and ``save_kv``: what the backward keeps or recomputes
+    (:func:`upipe_local`; measurements in docs/context_parallel.md)."""
     name = "upipe"
     axes = (context_axis,) if data_axis is None else (data_axis, context_axis)
     mesh = resolve_mesh(name, mesh, *axes)
