@@ -95,7 +95,7 @@ def base_strategy(name: str) -> str:
     return SETTINGS.get(name, (name, {}))[0]
 
 
-def _layer_fn(strategy, mesh, *, heads, kv_heads, head_dim, causal, block, d_model=None,
+def layer_step(strategy, mesh, *, heads, kv_heads, head_dim, causal, block, d_model=None,
               value: bool = False):
     """(init, jitted step, d_model) of one layer's fwd+bwd. ``value``: the step is
     ``value_and_grad`` (what training runs: the forward's output is used, so XLA must run
@@ -134,13 +134,14 @@ def _abstract(mesh, init, batch, seq_len, d_model):
 
 
 def compiled_temp_bytes(strategy: str, seq_len: int, *, mesh, batch=1, heads=32, kv_heads=8,
-                        head_dim=64, causal=True, block=512, d_model: int | None = None
-                        ) -> tuple[int, float]:
+                        head_dim=64, causal=True, block=512, d_model: int | None = None,
+                        value: bool = False) -> tuple[int, float]:
     """(per-device temp bytes of the compiled fwd+bwd, compile seconds); nothing runs.
-    ``d_model``: default ``heads * head_dim``."""
-    init, step, d_model = _layer_fn(strategy, mesh, heads=heads, kv_heads=kv_heads,
-                                    head_dim=head_dim, causal=causal, block=block,
-                                    d_model=d_model)
+    ``d_model``: default ``heads * head_dim``; ``value``: of ``value_and_grad``
+    (:func:`layer_step`)."""
+    init, step, d_model = layer_step(strategy, mesh, heads=heads, kv_heads=kv_heads,
+                                     head_dim=head_dim, causal=causal, block=block,
+                                     d_model=d_model, value=value)
     params, x = _abstract(mesh, init, batch, seq_len, d_model)
     start = time.perf_counter()
     compiled = step.lower(params, x, x).compile()
@@ -204,7 +205,7 @@ def step_times(strategies, *, mesh, batch, heads, kv_heads, head_dim, seq_len, c
 
     fns = {}
     for s in strategies:
-        init, step, d_model = _layer_fn(s, mesh, heads=heads, kv_heads=kv_heads,
+        init, step, d_model = layer_step(s, mesh, heads=heads, kv_heads=kv_heads,
                                         head_dim=head_dim, causal=causal, block=block,
                                         value=True)
         params = jax.device_put(init(jax.random.PRNGKey(0)), NamedSharding(mesh, P()))
@@ -219,11 +220,12 @@ def run_benchmark(*, strategies=STRATEGIES, heads=32, kv_heads=8, head_dim=64, c
                   batch=1, seq_lens=(8192, 32768), causal=True, block=512,
                   budget_mib: float | None = None, search: bool = True, max_compiles=6,
                   time_len=1024, time_head_dim=None, repeats=3,
-                  split_d_model: int | None = None) -> dict:
+                  split_d_model: int | None = None, memory_value: bool = False) -> dict:
     """The whole benchmark as a dict (see the module docstring). ``split_d_model``: also
     compile every strategy at the first and last length with this d_model (not
     ``heads * head_dim``) and split the compiled bytes per token into the part ∝ d_model
-    and the rest, the attention intermediates (:func:`split_per_token`)."""
+    and the rest, the attention intermediates (:func:`split_per_token`). ``memory_value``:
+    the memory rows of ``value_and_grad`` instead of ``grad`` (:func:`layer_step`)."""
     import jax
 
     from lcjax.parallel import make_mesh
@@ -234,7 +236,7 @@ def run_benchmark(*, strategies=STRATEGIES, heads=32, kv_heads=8, head_dim=64, c
     for t in seq_lens:
         for s in strategies:
             temp, compile_s = compiled_temp_bytes(s, t, mesh=mesh, causal=causal, block=block,
-                                                  **shape)
+                                                  value=memory_value, **shape)
             model = memory_model(base_strategy(s), seq_len=t, context=context,
                                  d_model=heads * head_dim, head_dim=head_dim, heads=heads,
                                  kv_heads=kv_heads, batch=batch)
@@ -243,7 +245,8 @@ def run_benchmark(*, strategies=STRATEGIES, heads=32, kv_heads=8, head_dim=64, c
             print(f"  {s:8s} T={t:7d} temp {temp / 2**20:9.1f} MiB  model "
                   f"{model['total'] / 2**20:9.1f} MiB  (compile {compile_s:.1f} s)", flush=True)
     result = {"config": {**shape, "context": context, "causal": causal, "block": block,
-                         "seq_lens": list(seq_lens), "variant": "blockwise"},
+                         "seq_lens": list(seq_lens), "variant": "blockwise",
+                         "memory_step": "value_and_grad" if memory_value else "grad"},
               "rows": rows}
     by = {(r["strategy"], r["seq_len"]): r for r in rows}
     if len(seq_lens) >= 2:
@@ -380,6 +383,8 @@ def _arguments(p):
     p.add_argument("--split-d-model", type=int, default=None,
                    help="also compile at this d_model to split the bytes per token into "
                         "attention intermediates and x-sized buffers")
+    p.add_argument("--memory-value-and-grad", action="store_true",
+                   help="compile value_and_grad, not grad, for the memory rows")
     p.add_argument("--json", default=None, help="write the result here")
 
 
@@ -391,7 +396,7 @@ def _run(args) -> int:
         block=args.block, budget_mib=args.budget_mib, search=args.budget_mib is not None,
         max_compiles=args.max_compiles, time_len=args.time_len,
         time_head_dim=args.time_head_dim, repeats=args.repeats,
-        split_d_model=args.split_d_model)
+        split_d_model=args.split_d_model, memory_value=args.memory_value_and_grad)
     print(format_result(result))
     if args.json:
         with open(args.json, "w") as f:
