@@ -105,11 +105,14 @@ def test_upipe_stage_heads_are_standard_gqa(heads, kv_heads, context):
 D_MODEL, T = 32, 32
 
 
-def _check_layer(strategy, mesh, heads, kv_heads, causal, variant="softmax", **opts):
+def _check_layer(strategy, mesh, heads, kv_heads, causal, variant="softmax", layer_opts=None,
+                 **opts):
+    """``opts`` go to the variant (both layers), ``layer_opts`` to the strategy only."""
     init, ref = layer("none", d_model=D_MODEL, num_heads=heads, num_kv_heads=kv_heads,
                       head_dim=8, causal=causal, variant=variant, **opts)
     _, apply = layer(strategy, mesh=mesh, d_model=D_MODEL, num_heads=heads,
-                     num_kv_heads=kv_heads, head_dim=8, causal=causal, variant=variant, **opts)
+                     num_kv_heads=kv_heads, head_dim=8, causal=causal, variant=variant,
+                     **opts, **(layer_opts or {}))
     params = init(jax.random.PRNGKey(0))
     x = jax.random.normal(jax.random.PRNGKey(1), (2, T, D_MODEL))
     w = jax.random.normal(jax.random.PRNGKey(2), x.shape)
@@ -142,6 +145,38 @@ def test_entmax_inside_equals_one_device(strategy, context):
     stage indices of the weight slices and of the dW writes move."""
     mesh = make_mesh(data=2, context=context, devices=jax.devices()[:2 * context])
     _check_layer(strategy, mesh, 8, 4, True, variant="entmax", block_q=16, block_kv=16)
+
+
+@pytest.mark.parametrize("causal,kv_heads,context,variant,save_out,save_kv", [
+    (True, 8, 4, "blockwise", True, True),  # two kv chunks: outputs saved, K/V recomputed
+    (False, 2, 8, "softmax", True, True),  # one chunk (Hkv < C): outputs and K/V saved
+    (True, 2, 8, "blockwise", False, False),  # one chunk, everything recomputed
+    (True, 2, 4, "entmax", True, True),  # no softmax backward: attention re-run, K/V saved
+])
+def test_upipe_residual_settings_equal_one_device(causal, kv_heads, context, variant,
+                                                  save_out, save_kv):
+    """UPipe's backward from saved stage outputs and LSEs (blockwise_attention_bwd, delta
+    from the sequence layout), from the forward's K/V chunk, or recomputing either: the
+    one-device layer's outputs and gradients (H = 8)."""
+    mesh = make_mesh(data=8 // context, context=context)
+    opts = {"blockwise": dict(block_q=8, block_kv=8), "entmax": dict(block_q=16, block_kv=16)}
+    _check_layer("upipe", mesh, 8, kv_heads, causal, variant=variant,
+                 layer_opts=dict(save_attention_output=save_out, save_kv=save_kv),
+                 **opts.get(variant, {}))
+
+
+def test_upipe_saves_outputs_only_for_exact_softmax_by_xla():
+    """The saved-output backward is taken for the softmax variants by their XLA path (its
+    options passed on to blockwise_attention_bwd) and never for others."""
+    from lcjax.attention import blockwise_attention, get
+    from lcjax.parallel.upipe import _softmax_backward_options as pick
+
+    assert pick(get("blockwise"), {"block_q": 8}) == {"block_q": 8}
+    assert pick(get("softmax"), {"implementation": "xla"}) == {}
+    assert pick(blockwise_attention, {}) == {}
+    assert pick(get("entmax"), {}) is None
+    assert pick(get("jax"), {}) is None
+    assert pick(get("blockwise"), {"implementation": "pallas"}) is None
 
 
 def test_usp_layer_causal_gqa_equals_one_device():

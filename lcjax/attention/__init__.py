@@ -14,6 +14,7 @@ from lcjax.attention import length_scaling, softmax  # noqa: F401
 from lcjax.attention.core import (
     block_causal_mask,
     blockwise_attention,
+    blockwise_attention_bwd,
     build_mask,
     causal_mask,
     dot_product_attention,
@@ -49,6 +50,7 @@ __all__ = [
     "attention_weights",
     "block_causal_mask",
     "blockwise_attention",
+    "blockwise_attention_bwd",
     "build_mask",
     "causal_mask",
     "dot_product_attention",

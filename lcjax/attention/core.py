@@ -47,6 +47,7 @@ from lcjax.attention.blocks import (
     group_mask,
     group_queries,
     match_varying,
+    pad_axis,
     pad_inputs,
     pad_masking,
     rows_to_heads,
@@ -75,6 +76,7 @@ __all__ = [
     "grouped_scores",
     "softmax_rows",
     "blockwise_attention",
+    "blockwise_attention_bwd",
     "merge_attention",
 ]
 
@@ -441,20 +443,19 @@ def _blockwise_forward(plan: BlockPlan, q, k, v, masking: Masking):
     return out, lse
 
 
-def _blockwise_backward(plan: BlockPlan, q, k, v, masking: Masking, out, lse, d_out, d_lse):
+def _blockwise_backward(plan: BlockPlan, q, k, v, masking: Masking, lse, d_out, delta):
     """FlashAttention-2 style backward, recomputing P block by block.
 
-    Layouts as in :func:`_blockwise_forward`; returns dq, dk, dv in the layouts of
-    q, k, v. With P = exp(S - lse),
+    Layouts as in :func:`_blockwise_forward` (lse and ``delta`` [B, Hkv, G, Tp]); returns
+    dq, dk, dv in the layouts of q, k, v. With P = exp(S - lse),
     dP = dO V^T, delta = rowsum(dO * O) - d_lse:
       dS = P * (dP - delta),  dQ = scale dS K,  dK = scale dS^T Q,  dV = P^T dO.
     """
     to_head_major = functools.partial(jnp.transpose, axes=(0, 2, 3, 1, 4))
-    q, out, d_out = to_head_major(q), to_head_major(out), to_head_major(d_out)
+    q, d_out = to_head_major(q), to_head_major(d_out)
     k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
     b, hk, g, tp, d = q.shape
     sp = k.shape[2]
-    delta = jnp.einsum("bkgtd,bkgtd->bkgt", d_out, out) - d_lse  # [B, Hkv, G, Tp]
     lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
 
     def probs_and_ds(qi, kj, masked):
@@ -488,12 +489,13 @@ def _blockwise_backward(plan: BlockPlan, q, k, v, masking: Masking, out, lse, d_
             jnp.zeros((b, hk, plan.block_kv, v.shape[-1]), plan.acc),
             dq,
         )
-        carry = match_varying(carry, q, k, v, masking, d_out, lse)
+        carry = match_varying(carry, q, k, v, masking, d_out, lse, delta)
         dk, dv, dq = fold_q_blocks(plan, kj, masking, step, carry)
         return dq, (jnp.swapaxes(dk * plan.scale, 1, 2), jnp.swapaxes(dv, 1, 2))
 
     # one pass over key blocks (FlashAttention-2): P is recomputed once per block pair
-    dq = match_varying(jnp.zeros((b, hk, g, tp, d), plan.acc), q, k, v, masking, d_out, lse)
+    dq = match_varying(jnp.zeros((b, hk, g, tp, d), plan.acc), q, k, v, masking, d_out, lse,
+                        delta)
     dq, (dk, dv) = lax.scan(dkv_for_block, dq, jnp.arange(plan.num_kv_blocks))
     dq = (dq * plan.scale).transpose(0, 3, 1, 2, 4)
     dk = jnp.moveaxis(dk, 0, 1).reshape(b, sp, hk, d)
@@ -515,9 +517,9 @@ def _blockwise_core_bwd(plan, residuals, cotangents):
     q, k, v, masking, out, lse = residuals
     d_out, d_lse = cotangents
     up = functools.partial(jnp.asarray, dtype=plan.acc)
-    dq, dk, dv = _blockwise_backward(
-        plan, up(q), up(k), up(v), masking, out, lse, up(d_out), up(d_lse)
-    )
+    delta = jnp.einsum("btkgd,btkgd->bkgt", up(d_out), out) - up(d_lse)  # [B, Hkv, G, Tp]
+    dq, dk, dv = _blockwise_backward(plan, up(q), up(k), up(v), masking, lse, up(d_out),
+                                     delta)
     d_masking = jax.tree.map(lambda x: None, masking)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), d_masking
 
@@ -556,14 +558,92 @@ def blockwise_attention(
     Returns [B, T, H, Dv] (and the float32 lse [B, T, H] when ``return_lse``).
     """
     name = "blockwise_attention"
+    shapes, plan, masking = _blockwise_setup(
+        name, q, k, v, causal=causal, mask=mask, scale=scale, q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids, q_offset=q_offset, block_q=block_q, block_kv=block_kv,
+        alibi_slopes=alibi_slopes, alibi_offset=alibi_offset)
+    out, lse = _blockwise_core(plan, *pad_inputs(plan, q, k, v), masking)
+    out = ungroup(out[:, : shapes.q_len]).astype(q.dtype)
+    if not return_lse:
+        return out
+    return out, rows_to_heads(lse, shapes.q_len)
+
+
+def _blockwise_setup(name, q, k, v, *, causal, mask, scale, q_segment_ids, kv_segment_ids,
+                     q_offset, block_q, block_kv, alibi_slopes, alibi_offset):
+    """(shapes, plan, padded masking) of a blockwise call, its arguments checked."""
     shapes = validate_qkv(q, k, v, mask=mask, name=name)
     plan = block_plan(q_len=shapes.q_len, kv_len=shapes.kv_len, head_dim=shapes.head_dim,
                       scale=scale, causal=causal, block_q=block_q, block_kv=block_kv,
                       acc_dtype=stat_dtype(q, k, v), q_offset=q_offset, name=name)
     masking = pad_masking(plan, mask, q_segment_ids, kv_segment_ids, alibi_slopes=alibi_slopes,
                           alibi_offset=alibi_offset, heads=shapes.heads, name=name)
-    out, lse = _blockwise_core(plan, *pad_inputs(plan, q, k, v), masking)
-    out = ungroup(out[:, : shapes.q_len]).astype(q.dtype)
-    if not return_lse:
-        return out
-    return out, rows_to_heads(lse, shapes.q_len)
+    return shapes, plan, masking
+
+
+def _heads_to_rows(x: jax.Array, kv_heads: int, padded: int, value) -> jax.Array:
+    """Per-row statistics [B, T, H] -> [B, Hkv, G, Tp] (padding rows ``value``); the
+    inverse of :func:`lcjax.attention.blocks.rows_to_heads`."""
+    b, t, h = x.shape
+    rows = jnp.moveaxis(x, 2, 1).reshape(b, kv_heads, h // kv_heads, t)
+    return pad_axis(rows, 3, padded, value)
+
+
+def blockwise_attention_bwd(
+    q: Float[Array, "B T H D"],
+    k: Float[Array, "B S Hkv D"],
+    v: Float[Array, "B S Hkv Dv"],
+    lse: Float[Array, "B T H"],
+    d_out: Float[Array, "B T H Dv"],
+    *,
+    out: Float[Array, "B T H Dv"] | None = None,
+    delta: Float[Array, "B T H"] | None = None,
+    causal: bool = False,
+    mask: Bool[Array, "..."] | None = None,
+    scale: float | None = None,
+    q_segment_ids: Int[Array, "B T"] | None = None,
+    kv_segment_ids: Int[Array, "B S"] | None = None,
+    q_offset: int = 0,
+    block_q: int = 512,
+    block_kv: int = 512,
+    alibi_slopes: Float[Array, " H"] | None = None,
+    alibi_offset: int | Int[Array, ""] = 0,
+) -> tuple[Float[Array, "B T H D"], Float[Array, "B S Hkv D"], Float[Array, "B S Hkv Dv"]]:
+    """The gradient (dq, dk, dv) of exact softmax attention from its forward's results,
+    without running the forward again: the FlashAttention-2 backward of
+    :func:`blockwise_attention` (Dao, 2023), P recomputed block by block from the saved
+    log-sum-exp.
+
+    ``lse`` [B, T, H] is the forward's float32 log-sum-exp (``return_lse=True`` of
+    :func:`blockwise_attention` or :func:`dot_product_attention`, which compute the same
+    function), ``d_out`` the cotangent of its output (the lse's cotangent is taken as
+    zero). The row statistic delta = Σ_d d_out · out comes from ``out`` [B, T, H, Dv], or
+    is given precomputed as ``delta`` [B, T, H] (e.g. by a caller that holds ``out`` in
+    another layout); exactly one of the two. The other arguments are those of the
+    forward call and must equal them.
+    """
+    name = "blockwise_attention_bwd"
+    if (out is None) == (delta is None):
+        raise ValueError(f"{name}: pass exactly one of `out` and `delta`")
+    shapes, plan, masking = _blockwise_setup(
+        name, q, k, v, causal=causal, mask=mask, scale=scale, q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids, q_offset=q_offset, block_q=block_q, block_kv=block_kv,
+        alibi_slopes=alibi_slopes, alibi_offset=alibi_offset)
+    want = (shapes.batch, shapes.q_len, shapes.heads)
+    for arg, x, shape in (("lse", lse, want), ("d_out", d_out, (*want, shapes.value_dim)),
+                          ("out", out, (*want, shapes.value_dim)), ("delta", delta, want)):
+        if x is not None and tuple(x.shape) != shape:
+            raise ValueError(f"{name}: `{arg}` must have shape {list(shape)} (from q "
+                             f"{q.shape}, v {v.shape}), got {list(x.shape)}")
+    up = functools.partial(jnp.asarray, dtype=plan.acc)
+    if delta is None:
+        delta = jnp.einsum("bthd,bthd->bth", up(d_out), up(out))
+    hk, tp = shapes.kv_heads, plan.q_padded
+    qp, kp, vp = pad_inputs(plan, q, k, v)
+    dop = pad_axis(group_queries(up(d_out), hk), 1, tp)
+    dq, dk, dv = _blockwise_backward(
+        plan, up(qp), up(kp), up(vp), masking, _heads_to_rows(up(lse), hk, tp, -jnp.inf),
+        dop, _heads_to_rows(up(delta), hk, tp, 0.0))
+    s = shapes.kv_len
+    return (ungroup(dq[:, : shapes.q_len]).astype(q.dtype), dk[:, :s].astype(k.dtype),
+            dv[:, :s].astype(v.dtype))

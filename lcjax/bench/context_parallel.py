@@ -11,7 +11,12 @@ For fixed B, H, Hkv, D, C and growing T it reports
   compiling again at another d_model (:func:`split_per_token`);
 - the largest T under a per-device budget for each strategy (a binary search over
   compiled memory, on multiples of the step ``2 C · block``);
-- wall time of one fwd+bwd step on C CPU devices at a short length, as ratios to Ulysses.
+- wall time of one training step (``value_and_grad``) on C CPU devices at a short length,
+  as ratios to Ulysses.
+
+Strategies are ``ulysses``, ``ring``, ``upipe`` and the UPipe settings of :data:`SETTINGS`
+(``upipe+out``: the stages' outputs and LSEs saved for the backward; ``upipe-kv``: the
+K/V chunk recomputed in the backward even when there is one), measured side by side.
 
 The memory model (bytes per device, s = bytes per element, Hv = max(Hkv, C), d = d_model):
 
@@ -43,10 +48,15 @@ import sys
 import time
 
 STRATEGIES = ("ulysses", "ring", "upipe")
+# settings of a strategy measured under their own name: (strategy, its layer options)
+SETTINGS = {"upipe+out": ("upipe", {"save_attention_output": True}),
+            "upipe-kv": ("upipe", {"save_kv": False})}
 # x-sized [T/C, d_model] temp buffers at the peak, per strategy: what the d_model split of
 # run_benchmark measured at H = 32, C = 8, D = 64, 8K -> 32K (Ulysses 1.0 GQA, 0.0 MHA;
 # UPipe -0.1 GQA, 0.4 MHA; Ring not measured, it shares Ulysses' layer code). XLA's
-# fusion and buffer assignment decide it: docs/context_parallel.md
+# fusion and buffer assignment decide it: docs/context_parallel.md. The 2026-12-04 quick
+# run, after the blockwise backward's delta change, measured Ulysses 0.37 GQA, 0.0 MHA;
+# UPipe -0.13 GQA, 0.36 MHA (the constants are not refitted to it)
 X_BUFFERS = {"ulysses": 1.0, "ring": 1.0, "upipe": 0.0}
 
 
@@ -82,17 +92,31 @@ def model_head_part(model: dict) -> float:
     return model["attention"] + model["projections"]
 
 
-def _layer_fn(strategy, mesh, *, heads, kv_heads, head_dim, causal, block, d_model=None):
+def base_strategy(name: str) -> str:
+    """The strategy a benchmarked name runs (``"upipe+out"`` -> ``"upipe"``)."""
+    return SETTINGS.get(name, (name, {}))[0]
+
+
+def layer_step(strategy, mesh, *, heads, kv_heads, head_dim, causal, block, d_model=None,
+              value: bool = False):
+    """(init, jitted step, d_model) of one layer's fwd+bwd. ``value``: the step is
+    ``value_and_grad`` (what training runs: the forward's output is used, so XLA must run
+    the whole forward); otherwise ``grad``, whose loss value nobody reads, so XLA may drop
+    forward work the backward does not need (UPipe's recomputing backward needs none of
+    it) — the compile-only memory measurement uses it: the backward's peak, as inside a
+    network, where the layer's output is consumed elsewhere (docs/context_parallel.md)."""
     import jax
     import jax.numpy as jnp
 
     from lcjax.parallel import layer
 
     d_model = d_model or heads * head_dim
-    init, apply = layer(strategy, mesh=mesh, d_model=d_model, num_heads=heads,
+    base, options = SETTINGS.get(strategy, (strategy, {}))
+    init, apply = layer(base, mesh=mesh, d_model=d_model, num_heads=heads,
                         num_kv_heads=kv_heads, head_dim=head_dim, causal=causal,
-                        variant="blockwise", block_q=block, block_kv=block)
-    step = jax.jit(jax.grad(lambda p, x, w: jnp.sum(w * apply(p, x)), argnums=(0, 1)))
+                        variant="blockwise", block_q=block, block_kv=block, **options)
+    transform = jax.value_and_grad if value else jax.grad
+    step = jax.jit(transform(lambda p, x, w: jnp.sum(w * apply(p, x)), argnums=(0, 1)))
     return init, step, d_model
 
 
@@ -112,13 +136,14 @@ def _abstract(mesh, init, batch, seq_len, d_model):
 
 
 def compiled_temp_bytes(strategy: str, seq_len: int, *, mesh, batch=1, heads=32, kv_heads=8,
-                        head_dim=64, causal=True, block=512, d_model: int | None = None
-                        ) -> tuple[int, float]:
+                        head_dim=64, causal=True, block=512, d_model: int | None = None,
+                        value: bool = False) -> tuple[int, float]:
     """(per-device temp bytes of the compiled fwd+bwd, compile seconds); nothing runs.
-    ``d_model``: default ``heads * head_dim``."""
-    init, step, d_model = _layer_fn(strategy, mesh, heads=heads, kv_heads=kv_heads,
-                                    head_dim=head_dim, causal=causal, block=block,
-                                    d_model=d_model)
+    ``d_model``: default ``heads * head_dim``; ``value``: of ``value_and_grad``
+    (:func:`layer_step`)."""
+    init, step, d_model = layer_step(strategy, mesh, heads=heads, kv_heads=kv_heads,
+                                     head_dim=head_dim, causal=causal, block=block,
+                                     d_model=d_model, value=value)
     params, x = _abstract(mesh, init, batch, seq_len, d_model)
     start = time.perf_counter()
     compiled = step.lower(params, x, x).compile()
@@ -172,7 +197,8 @@ def max_length_under(strategy: str, budget: int, *, step: int, guess: int, measu
 
 def step_times(strategies, *, mesh, batch, heads, kv_heads, head_dim, seq_len, causal, block,
                repeats=3) -> dict:
-    """Median wall seconds of one fwd+bwd step per strategy (interleaved rounds)."""
+    """Median wall seconds of one training step (``value_and_grad``: forward and backward)
+    per strategy (interleaved rounds)."""
     import jax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -181,8 +207,9 @@ def step_times(strategies, *, mesh, batch, heads, kv_heads, head_dim, seq_len, c
 
     fns = {}
     for s in strategies:
-        init, step, d_model = _layer_fn(s, mesh, heads=heads, kv_heads=kv_heads,
-                                        head_dim=head_dim, causal=causal, block=block)
+        init, step, d_model = layer_step(s, mesh, heads=heads, kv_heads=kv_heads,
+                                        head_dim=head_dim, causal=causal, block=block,
+                                        value=True)
         params = jax.device_put(init(jax.random.PRNGKey(0)), NamedSharding(mesh, P()))
         x = jax.device_put(jax.random.normal(jax.random.PRNGKey(1), (batch, seq_len, d_model)),
                            NamedSharding(mesh, P("data", "context", None)))
@@ -195,11 +222,12 @@ def run_benchmark(*, strategies=STRATEGIES, heads=32, kv_heads=8, head_dim=64, c
                   batch=1, seq_lens=(8192, 32768), causal=True, block=512,
                   budget_mib: float | None = None, search: bool = True, max_compiles=6,
                   time_len=1024, time_head_dim=None, repeats=3,
-                  split_d_model: int | None = None) -> dict:
+                  split_d_model: int | None = None, memory_value: bool = False) -> dict:
     """The whole benchmark as a dict (see the module docstring). ``split_d_model``: also
     compile every strategy at the first and last length with this d_model (not
     ``heads * head_dim``) and split the compiled bytes per token into the part ∝ d_model
-    and the rest, the attention intermediates (:func:`split_per_token`)."""
+    and the rest, the attention intermediates (:func:`split_per_token`). ``memory_value``:
+    the memory rows of ``value_and_grad`` instead of ``grad`` (:func:`layer_step`)."""
     import jax
 
     from lcjax.parallel import make_mesh
@@ -210,16 +238,17 @@ def run_benchmark(*, strategies=STRATEGIES, heads=32, kv_heads=8, head_dim=64, c
     for t in seq_lens:
         for s in strategies:
             temp, compile_s = compiled_temp_bytes(s, t, mesh=mesh, causal=causal, block=block,
-                                                  **shape)
-            model = memory_model(s, seq_len=t, context=context, d_model=heads * head_dim,
-                                 head_dim=head_dim, heads=heads, kv_heads=kv_heads,
-                                 batch=batch)
+                                                  value=memory_value, **shape)
+            model = memory_model(base_strategy(s), seq_len=t, context=context,
+                                 d_model=heads * head_dim, head_dim=head_dim, heads=heads,
+                                 kv_heads=kv_heads, batch=batch)
             rows.append({"strategy": s, "seq_len": t, "temp_bytes": temp,
                          "compile_s": compile_s, "model": model})
             print(f"  {s:8s} T={t:7d} temp {temp / 2**20:9.1f} MiB  model "
                   f"{model['total'] / 2**20:9.1f} MiB  (compile {compile_s:.1f} s)", flush=True)
     result = {"config": {**shape, "context": context, "causal": causal, "block": block,
-                         "seq_lens": list(seq_lens), "variant": "blockwise"},
+                         "seq_lens": list(seq_lens), "variant": "blockwise",
+                         "memory_step": "value_and_grad" if memory_value else "grad"},
               "rows": rows}
     by = {(r["strategy"], r["seq_len"]): r for r in rows}
     if len(seq_lens) >= 2:
@@ -326,7 +355,7 @@ def format_result(result: dict) -> str:
             lines.append(f"- {s}: {v['max_len']} ({'exact' if v['exact'] else 'bound'}; "
                          f"upper {v['upper']})")
     if "step_ratio_vs_ulysses" in result:
-        lines += ["", "Step time (fwd+bwd) vs Ulysses: " + ", ".join(
+        lines += ["", "Step time (value_and_grad: forward + backward) vs Ulysses: " + ", ".join(
             f"{s} {r:.2f}x" for s, r in result["step_ratio_vs_ulysses"].items())]
     return "\n".join(lines) + "\n"
 
@@ -356,6 +385,8 @@ def _arguments(p):
     p.add_argument("--split-d-model", type=int, default=None,
                    help="also compile at this d_model to split the bytes per token into "
                         "attention intermediates and x-sized buffers")
+    p.add_argument("--memory-value-and-grad", action="store_true",
+                   help="compile value_and_grad, not grad, for the memory rows")
     p.add_argument("--json", default=None, help="write the result here")
 
 
@@ -367,7 +398,7 @@ def _run(args) -> int:
         block=args.block, budget_mib=args.budget_mib, search=args.budget_mib is not None,
         max_compiles=args.max_compiles, time_len=args.time_len,
         time_head_dim=args.time_head_dim, repeats=args.repeats,
-        split_d_model=args.split_d_model)
+        split_d_model=args.split_d_model, memory_value=args.memory_value_and_grad)
     print(format_result(result))
     if args.json:
         with open(args.json, "w") as f:

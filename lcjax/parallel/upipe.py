@@ -12,12 +12,29 @@ T. UPipe runs the layer in P = H/C stages of C heads (one head per device per st
 
 K/V chunk c (C kv heads, one per device) is projected and all-to-all'd once and reused
 by the G' = H / max(Hkv, C) query stages j of its group (the paper's "K/V when
-s mod g = 0"). The layer is a ``custom_vjp`` whose forward keeps only its inputs (x,
-positions, the weights); the backward runs the stage loops again (``lax.scan``, so XLA
-cannot keep all stages alive), recomputing each stage's projections, all-to-alls and
-attention (through the variant's own VJP), and summing the kv cotangents over the G'
-stages of a group. Peak attention intermediates are therefore ∝ one head per device
-instead of H/C. The all-to-all volume equals Ulysses', in P pieces.
+s mod g = 0"). The layer is a ``custom_vjp`` whose forward keeps its inputs (x,
+positions, the weights) and, when there is one K/V chunk (Hkv <= C, ``save_kv``), that
+chunk's k, v in the head layout (two one-head [B, T, 1, D] tensors, live through the
+backward anyway); the backward runs the stage loops again (``lax.scan``, so XLA cannot
+keep all stages alive), recomputing each stage's query projection, RoPE and all-to-alls
+(and the K/V chunks not kept) and the attention forward (through the variant's own
+VJP), and summing the kv cotangents over the G' stages of a group. Peak attention
+intermediates are therefore ∝ one head per device instead of H/C. The all-to-all volume
+equals Ulysses', in P pieces.
+
+``save_attention_output=True`` is the paper's residual choice: the forward also keeps
+each stage's output (sequence layout, all stages together [B, T/C, H, D], the size of x)
+and its LSE, and the backward runs the FlashAttention-2 backward from them
+(:func:`lcjax.attention.core.blockwise_attention_bwd`, with delta = Σ_D dO·O formed in
+the sequence layout where dO = dy Wo_sᵀ and O both are, so O never returns to the head
+layout) — no attention forward, no output all-to-all in the backward. Only exact softmax
+by its XLA path has that backward (``"softmax"``, ``"blockwise"``); other variants
+(entmax, ...) re-run their forward. It is off by default: at H = 32, C = 8, GQA it costs
+27.5 MiB at T = 32K (43.9% of Ulysses' temp bytes instead of 36.1%, above the 40% the
+issue asks) and bought no measurable step time at T = 512 on 8 CPU devices, where the
+projections and the per-stage weight slices, not the attention, dominate; at T = 1024 it
+gained 0.06–0.11 of Ulysses' step in one loaded run each (GQA 1.22× vs 1.33×, MHA 1.30×
+vs 1.36×; ``docs/context_parallel.md``).
 
 What the layer does not keep (measured: ``docs/context_parallel.md``): the stages' shares
 of the output projection (forward) and of dx (backward, dq_s Wq_sᵀ, dk Wkᵀ, dv Wvᵀ) are
@@ -25,8 +42,8 @@ added into the one [B, L, d] accumulator (:func:`accumulate_matmul`; optionally 
 sequence slice at a time), and the weight gradients are contracted as dpᵀ x, not xᵀ dp
 (for which XLA's CPU dot copied x transposed) — with autodiff of a scan of
 ``jax.checkpoint``ed stages XLA kept an x-sized per-stage product beside the accumulator.
-(The paper also keeps each stage's output and LSE to skip re-running the attention
-forward; we recompute it — one more attention forward per stage.)
+The forward's residuals pass through a ``lax.optimization_barrier`` with y, so the
+backward cannot start beside the forward.
 
 Head order — standard GQA exactly, no permutation of weights. With virtual kv heads
 Hv = max(Hkv, C) (each kv head repeated R = Hv / Hkv times when Hkv < C; the gather's
@@ -51,7 +68,9 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from lcjax.attention import blockwise_attention, dot_product_attention, get
 from lcjax.attention.blocks import match_varying, varying_axes
+from lcjax.attention.core import blockwise_attention_bwd
 from lcjax.parallel.common import resolve_mesh, resolve_variant
 from lcjax.parallel.mesh import CONTEXT, DATA
 from lcjax.parallel.ulysses import heads_to_seq, seq_to_heads
@@ -112,14 +131,18 @@ def _weight_grad(dp: jax.Array, x: jax.Array) -> jax.Array:
 
 def upipe_local(params: Mapping[str, jax.Array], x, positions, *, axis: str, size: int,
                 attn: Callable, causal: bool, scale=None, rope_base: float | None = 10000.0,
-                accumulate_slices: int | None = 1, **options):
+                accumulate_slices: int | None = 1, save_attention_output: bool = False,
+                save_kv: bool = True, **options):
     """The UPipe layer inside ``shard_map`` over ``axis`` (``size`` = C devices): local x
     [B, L, d] (sequence slice, device order), positions [B, L] -> y [B, L, d].
 
-    A ``custom_vjp``: the forward keeps nothing but its inputs (x, positions, weights);
-    the backward loops over the stages again, recomputes each stage's projections,
-    all-to-alls and attention (the variant's own VJP), and accumulates dx and the
-    stage's output-projection share (:func:`accumulate_matmul`). ``accumulate_slices``:
+    A ``custom_vjp``: the forward keeps its inputs (x, positions, weights), with
+    ``save_kv`` the K/V chunk when there is one (n_c = 1), with ``save_attention_output``
+    each stage's output and LSE (exact softmax variants only; the module docstring); the
+    backward loops over the stages again, recomputes what was not kept (projections,
+    RoPE, all-to-alls, the attention forward through the variant's own VJP), and
+    accumulates dx and the stage's output-projection share (:func:`accumulate_matmul`).
+    ``accumulate_slices``:
     sequence slices of those additions (1, the default: one add per stage; None: slices
     no larger than a stage's [B, L, C, D] tensors; docs/context_parallel.md has the
     measurements).
@@ -145,6 +168,13 @@ def upipe_local(params: Mapping[str, jax.Array], x, positions, *, axis: str, siz
 
     def attend(q, k, v):
         return attn(q, k, v, causal=causal, scale=scale, **options)  # [B, T, 1, D]
+
+    bwd_options = _softmax_backward_options(attn, options)
+    save = save_attention_output and bwd_options is not None
+    keep_kv = save_kv and n_c == 1
+
+    def attend_lse(q, k, v):  # ([B, T, 1, D], lse [B, T, 1])
+        return attn(q, k, v, causal=causal, scale=scale, return_lse=True, **options)
 
     def rope(t, positions):
         return t if rope_base is None else apply_rope(t, positions, base=rope_base)
@@ -175,18 +205,26 @@ def upipe_local(params: Mapping[str, jax.Array], x, positions, *, axis: str, siz
             return jnp.repeat(w, repeats, axis=1)
         return lax.dynamic_slice_in_dim(w, c * size, size, axis=1)
 
-    def forward(wq, wk, wv, wo, x, positions):
-        def group(y, c):
+    def forward(wq, wk, wv, wo, x, positions, keep: bool, keep_kv: bool):
+        """y, and the backward's residuals stacked [n_c, ...]: with ``keep`` each stage's
+        output (sequence layout) and LSE (head layout) [n_c, g, ...], with ``keep_kv``
+        each chunk's k, v (head layout)."""
+        def group(y, c_xs):
+            c, _ = c_xs
             k, v = kv_heads(proj(x, kv_weights(wk, c)), proj(x, kv_weights(wv, c)),
                             positions)
 
-            def stage(y, j):
+            def stage(y, j_xs):
+                j, _ = j_xs
                 wq_s, wo_s = q_weights(wq, wo, c, j)
-                o = attend(q_heads(proj(x, wq_s), positions), k, v)
-                return accumulate_matmul(y, heads_to_seq(o, axis), wo_s, "BTNH,NHD->BTD",
-                                         chunks), None
+                q = q_heads(proj(x, wq_s), positions)
+                o, lse = attend_lse(q, k, v) if keep else (attend(q, k, v), None)
+                o = heads_to_seq(o, axis)  # [B, L, C, D]
+                y = accumulate_matmul(y, o, wo_s, "BTNH,NHD->BTD", chunks)
+                return y, ((o, lse) if keep else None)
 
-            return _loop(stage, y, g), None
+            y, stages = _loop(stage, y, g)
+            return y, (stages, (k, v) if keep_kv else None)
 
         y = match_varying(jnp.zeros_like(x), x, wq)
         return _loop(group, y, n_c)
@@ -196,31 +234,57 @@ def upipe_local(params: Mapping[str, jax.Array], x, positions, *, axis: str, siz
 
     @jax.custom_vjp
     def layer(wq, wk, wv, wo, x, positions):
-        return forward(wq, wk, wv, wo, x, positions)
+        return forward(wq, wk, wv, wo, x, positions, False, False)[0]
 
     def layer_fwd(wq, wk, wv, wo, x, positions):
-        return forward(wq, wk, wv, wo, x, positions), (wq, wk, wv, wo, x, positions)
+        y, saved = forward(wq, wk, wv, wo, x, positions, save, keep_kv)
+        # x (which every recomputed projection reads) tied to y: XLA runs the backward
+        # after the forward, not beside it (which kept both loops' buffers alive at once
+        # under value_and_grad: 169 vs 113 MiB, GQA, T = 32K)
+        y, x, saved = lax.optimization_barrier((y, x, saved))
+        return y, (wq, wk, wv, wo, x, positions, saved)
 
     def layer_bwd(res, dy):
-        wq, wk, wv, wo, x, positions = res
+        wq, wk, wv, wo, x, positions, saved = res
         dy = dy.astype(x.dtype)
 
-        def group(carry, c):
+        def stage_grads(q, k, v, wo_s, saved_s):
+            """(dq, dk, dv, dWo_s) of a stage from its recomputed q, k, v: from the saved
+            output and LSE (``save``), else through the variant's VJP after its forward."""
+            d_o = jnp.einsum("BTD,NHD->BTNH", dy, wo_s.astype(dy.dtype))  # [B, L, C, D]
+            if saved_s is None:
+                o, attn_pull = jax.vjp(attend, q, k, v)
+                o = heads_to_seq(o, axis)
+                return *attn_pull(seq_to_heads(d_o, axis).astype(o.dtype)), _out_grad(o, dy)
+            o, lse = saved_s
+            # delta = Σ_D dO·O per token and head, where both live: the sequence layout
+            delta = jnp.sum(d_o * o.astype(d_o.dtype), -1, keepdims=True)  # [B, L, C, 1]
+            delta = seq_to_heads(delta, axis)[..., 0]  # [B, T, 1]
+            dq, dk, dv = blockwise_attention_bwd(q, k, v, lse, seq_to_heads(d_o, axis),
+                                                 delta=delta, causal=causal, scale=scale,
+                                                 **bwd_options)
+            return dq, dk, dv, _out_grad(o, dy)
+
+        def group(carry, c_xs):
+            c, (saved_c, saved_kv) = c_xs
             dx, dwq, dwk, dwv, dwo = carry
             wk_c, wv_c = kv_weights(wk, c), kv_weights(wv, c)
-            (k, v), kv_pull = jax.vjp(lambda kp, vp: kv_heads(kp, vp, positions),
-                                      proj(x, wk_c), proj(x, wv_c))
+            if saved_kv is None:
+                (k, v), kv_pull = jax.vjp(lambda kp, vp: kv_heads(kp, vp, positions),
+                                          proj(x, wk_c), proj(x, wv_c))
+            else:  # RoPE and the all-to-alls are linear: transpose them, no forward
+                k, v = saved_kv
+                like = match_varying(jnp.zeros((*x.shape[:2], size, hd), x.dtype), x)
+                kv_pull = jax.linear_transpose(
+                    lambda kp, vp: kv_heads(kp, vp, positions), like, like)
 
-            def stage(carry, j):
+            def stage(carry, j_xs):
+                j, saved_s = j_xs
                 dx, dk, dv, dwq, dwo = carry
                 wq_s, wo_s = q_weights(wq, wo, c, j)
                 q, q_pull = jax.vjp(lambda qp: q_heads(qp, positions), proj(x, wq_s))
-                o, attn_pull = jax.vjp(attend, q, k, v)
-                dwo_s = jnp.einsum("BTNH,BTD->NHD", heads_to_seq(o, axis), dy)
-                d_o = seq_to_heads(jnp.einsum("BTD,NHD->BTNH", dy, wo_s.astype(dy.dtype)),
-                                   axis)
-                dq, dk_s, dv_s = attn_pull(d_o.astype(o.dtype))
-                (dqp,) = q_pull(dq)  # [B, L, C, D]
+                dq, dk_s, dv_s, dwo_s = stage_grads(q, k, v, wo_s, saved_s)
+                (dqp,) = q_pull(dq.astype(q.dtype))  # [B, L, C, D]
                 dwq_s, dwo_s = reduce((_weight_grad(dqp, x).astype(dwq.dtype),
                                        dwo_s.astype(dwo.dtype)))
                 dwq = lax.dynamic_update_slice(dwq, dwq_s.reshape(d, 1, size, 1, hd),
@@ -232,7 +296,7 @@ def upipe_local(params: Mapping[str, jax.Array], x, positions, *, axis: str, siz
                         dwo), None
 
             zeros = match_varying((jnp.zeros_like(k), jnp.zeros_like(v)), k, v, x)
-            dx, dk, dv, dwq, dwo = _loop(stage, (dx, *zeros, dwq, dwo), g)
+            dx, dk, dv, dwq, dwo = _loop(stage, (dx, *zeros, dwq, dwo), g, saved_c)[0]
             dkp, dvp = kv_pull((dk, dv))
             dwk_c, dwv_c = reduce((_weight_grad(dkp, x).astype(dwk.dtype),
                                    _weight_grad(dvp, x).astype(dwv.dtype)))
@@ -250,7 +314,7 @@ def upipe_local(params: Mapping[str, jax.Array], x, positions, *, axis: str, siz
         dws = tuple(jnp.zeros_like(w) for w in (q_view(wq), wk, wv, o_view(wo)))
         if not reduce_axes:  # partials: varying like x (a no-op without check_vma)
             dws = match_varying(dws, x)
-        dx, dwq, dwk, dwv, dwo = _loop(group, (dx, *dws), n_c)
+        dx, dwq, dwk, dwv, dwo = _loop(group, (dx, *dws), n_c, saved)[0]
         return dwq.reshape(wq.shape), dwk, dwv, dwo.reshape(wo.shape), dx, None
 
     layer.defvjp(layer_fwd, layer_bwd)
@@ -261,24 +325,48 @@ def upipe_local(params: Mapping[str, jax.Array], x, positions, *, axis: str, siz
     return layer(wq, wk, wv, wo, x, positions)
 
 
-def _loop(body, carry, n: int):
-    """``lax.scan(body, carry, arange(n))[0]``, or one direct call when n == 1 (a
-    one-trip loop only adds carry copies)."""
+def _softmax_backward_options(attn, options: Mapping) -> dict | None:
+    """The options of :func:`blockwise_attention_bwd` that differentiate ``attn`` from its
+    saved output and LSE, or None when it cannot: ``attn`` must be exact softmax attention
+    by its XLA path (the ``"softmax"`` or ``"blockwise"`` spec, or their functions;
+    ``implementation`` None or ``"xla"``, no ``config=``). Other variants (entmax, ...)
+    have no such backward and are differentiated by re-running their forward."""
+    exact = (get("softmax"), get("blockwise"), dot_product_attention, blockwise_attention)
+    if not any(attn is f for f in exact) or "config" in options:
+        return None
+    if options.get("implementation") not in (None, "xla"):
+        return None
+    return {k: v for k, v in options.items() if k != "implementation"}
+
+
+def _loop(body, carry, n: int, xs=None):
+    """``lax.scan(body, carry, (arange(n), xs))`` -> (carry, stacked ys), or one direct
+    call when n == 1 (a one-trip loop only adds carry copies; ys get their axis of 1)."""
+    index = jnp.arange(n, dtype=jnp.int32)
     if n == 1:
-        return body(carry, jnp.int32(0))[0]
-    return lax.scan(body, carry, jnp.arange(n, dtype=jnp.int32))[0]
+        carry, ys = body(carry, jax.tree.map(lambda a: a[0], (index, xs)))
+        return carry, jax.tree.map(lambda a: a[None], ys)
+    return lax.scan(body, carry, (index, xs))
+
+
+def _out_grad(o: jax.Array, dy: jax.Array) -> jax.Array:
+    """dWo share [C, D, d] of a stage from its output o [B, L, C, D] and dy [B, L, d]."""
+    return jnp.einsum("BTNH,BTD->NHD", o.astype(dy.dtype), dy)
 
 
 def upipe_layer(params: Mapping[str, jax.Array], x, positions=None, *, mesh=None,
                 causal: bool = True, variant: str | Callable = "softmax",
                 scale: float | None = None, rope_base: float | None = 10000.0,
                 data_axis: str | None = DATA, context_axis: str = CONTEXT,
-                accumulate_slices: int | None = 1, **options):
+                accumulate_slices: int | None = 1, save_attention_output: bool = False,
+                save_kv: bool = True, **options):
     """The attention layer by UPipe: x [B, T, d_model] sharded ``P(data, context, None)``,
     positions [B, T] (default ``arange(T)``), params as :class:`lcjax.nn.Attention`'s
     (``q_proj [d, H, D]``, ``k_proj``/``v_proj [d, Hkv, D]``, ``o_proj [H, D, d]``) ->
     y [B, T, d_model], same sharding. ``variant`` and ``options`` as in Ulysses;
-    ``mesh`` default the one of ``jax.set_mesh``."""
+    ``mesh`` default the one of ``jax.set_mesh``. ``accumulate_slices``,
+    ``save_attention_output`` and ``save_kv``: what the backward keeps or recomputes
+    (:func:`upipe_local`; measurements in docs/context_parallel.md)."""
     name = "upipe"
     axes = (context_axis,) if data_axis is None else (data_axis, context_axis)
     mesh = resolve_mesh(name, mesh, *axes)
@@ -291,7 +379,9 @@ def upipe_layer(params: Mapping[str, jax.Array], x, positions=None, *, mesh=None
     attn, check_vma = resolve_variant(variant, options)
     local = functools.partial(upipe_local, axis=context_axis, size=c, attn=attn,
                               causal=causal, scale=scale, rope_base=rope_base,
-                              accumulate_slices=accumulate_slices, **options)
+                              accumulate_slices=accumulate_slices,
+                              save_attention_output=save_attention_output, save_kv=save_kv,
+                              **options)
     spec = P(data_axis, context_axis, None)
     fn = jax.shard_map(local, mesh=mesh, in_specs=(P(), spec, P(data_axis, context_axis)),
                        out_specs=spec, check_vma=check_vma)
