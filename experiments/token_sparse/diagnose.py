@@ -192,9 +192,11 @@ def selection_stats(dense_model, layers, opts, prompts: Sequence[bytes], batch: 
 
 def diagnose(dense_model, *, length: int, tasks, depths, n_per_cell: int,
              coverages: Sequence[float], layers: Sequence[int], modes=MODES,
-             log=None) -> dict:
+             overrides: Mapping | None = None, log=None) -> dict:
     """Accuracy (string_match_all: the reference in the answer) of each ablation mode at
-    each coverage, and the selection statistics, on the experiment's evaluation items."""
+    each coverage, and the selection statistics, on the experiment's evaluation items;
+    ``overrides`` replace options of the experiment's ``sparse_options`` (e.g. ``window``,
+    ``pool``: a sensitivity check, not the experiment's setting)."""
     from experiments.token_sparse.experiment import EVAL_BATCH, EVAL_SEED, SUITE, sparse_options
     from lcjax.eval import build_items, max_answer_tokens
 
@@ -209,7 +211,7 @@ def diagnose(dense_model, *, length: int, tasks, depths, n_per_cell: int,
     out = {"dense": score(dense), "layers": list(layers), "points": []}
     log(f"dense {out['dense']:.1f}%")
     for c in coverages:
-        opts = sparse_options(length, c)
+        opts = {**sparse_options(length, c), **dict(overrides or {})}
         row = {"coverage": c, "options": opts, "accuracy": {},
                "selection": selection_stats(dense_model, layers, opts, prompts, EVAL_BATCH)}
         for mode in modes:
@@ -237,6 +239,8 @@ def main(argv=None):
     parser.add_argument("--coverages", type=float, nargs="+", default=[0.05, 0.2, 0.5])
     parser.add_argument("--layers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--modes", nargs="+", default=list(MODES))
+    parser.add_argument("--window", type=int, help="override the experiment's L/16")
+    parser.add_argument("--pool", type=int, help="override the experiment's 7")
     parser.add_argument("--out", type=Path, default=Path("/tmp/token_sparse_diagnosis.json"))
     args = parser.parse_args(argv)
     s = SETTINGS[True]
@@ -256,7 +260,8 @@ def main(argv=None):
             args.save.write_bytes(pickle.dumps({"state": state, "config": model.config}))
     res = diagnose(model, length=s["length"], tasks=s["tasks"], depths=s["depths"],
                    n_per_cell=s["n_per_cell"], coverages=args.coverages, layers=args.layers,
-                   modes=args.modes)
+                   modes=args.modes, overrides={k: v for k, v in (("window", args.window),
+                                                                  ("pool", args.pool)) if v})
     args.out.write_text(json.dumps(res, indent=1))
     return res
 
