@@ -49,11 +49,21 @@ At L = 128 the attention step is tiny, so the method's fixed costs (the scoring 
 sort, gathers and a scatter) are not amortised: the speed-up column says what they cost
 at the experiment's lengths; ``lcjax bench token_sparse`` measures T = 4K–32K.
 
-Quick mode (a 160 s budget on 2 CPUs, everything included): 320 steps × 32 rows at
+Quick mode (a 140 s budget on 2 CPUs, everything included): 320 steps × 32 rows at
 L = 128 on ``niah_single_1``, evaluation at 5 depths × 8 items, coverages 0.05, 0.2, 0.5.
-Full mode: 1,500 steps × 32 rows at L = 256 on three single-needle haystacks (noise,
-Shakespeare, distractor needles), 5 depths × 40 items per task, coverages 0.01–0.5, and
-also every layer sparse at each coverage.
+Full mode: 1,500 steps × 32 rows on three single-needle haystacks (noise, Shakespeare,
+distractor needles) — the first 300 at 128 bytes (the warm-up of ``experiments/long_eval``,
+whose 2-layer model trained at 256 from the start sat on a format plateau), the other 1,200
+at L = 256 — 5 depths × 40 items per task, coverages 0.01–0.5, and also every layer sparse
+at each coverage; then the diagnosis of ``experiments/token_sparse/diagnose.py`` (4 items
+per task and depth: the method against keys-only, zeroed-queries-only and needle-oracle
+masks, and whether the needle is selected per layer and head).
+
+Why accuracy is lost (``docs/token_sparse.md``, "Why the accuracy drops"): on the quick
+model the method as implemented agrees with the public code and with an independent
+mask-based path; adding the needle sentence to the selection restores 100% at every
+coverage, and all the loss comes from layer 1, the model's retrieval layer, whose
+window-scored selection drops the needle's key bytes.
 """
 
 from __future__ import annotations
