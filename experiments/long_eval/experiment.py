@@ -157,11 +157,9 @@ def curriculum_dataset(stages, batch: int, *, seed: int = DATA_SEED):
     ``k`` = ``(length, steps, tasks)`` gives ``steps`` batches of :func:`training_dataset`
     at ``length`` from TaskSource seed ``seed + k``; the train loop compiles once per row
     width."""
-    import grain
+    from lcjax.data.sources import stage_batches
 
-    parts = [training_dataset(tasks, steps, batch, seed=seed + k, length=length)
-             for k, (length, steps, tasks) in enumerate(stages)]
-    return parts[0] if len(parts) == 1 else grain.MapDataset.concatenate(parts)
+    return stage_batches(SUITE, stages, batch=batch, seed=seed)
 
 
 def train_model(stages, *, batch: int = 32, seed: int = 0, other_weight: float = OTHER_WEIGHT,

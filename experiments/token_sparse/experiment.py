@@ -49,11 +49,30 @@ At L = 128 the attention step is tiny, so the method's fixed costs (the scoring 
 sort, gathers and a scatter) are not amortised: the speed-up column says what they cost
 at the experiment's lengths; ``lcjax bench token_sparse`` measures T = 4K–32K.
 
-Quick mode (a 160 s budget on 2 CPUs, everything included): 320 steps × 32 rows at
+Quick mode (a 140 s budget on 2 CPUs, everything included): 320 steps × 32 rows at
 L = 128 on ``niah_single_1``, evaluation at 5 depths × 8 items, coverages 0.05, 0.2, 0.5.
-Full mode: 1,500 steps × 32 rows at L = 256 on three single-needle haystacks (noise,
-Shakespeare, distractor needles), 5 depths × 40 items per task, coverages 0.01–0.5, and
-also every layer sparse at each coverage.
+Full mode: 1,500 steps × 32 rows on three single-needle haystacks (noise, Shakespeare,
+distractor needles) — the first 300 at 128 bytes (the warm-up of ``experiments/long_eval``,
+whose 2-layer model trained at 256 from the start sat on a format plateau), the other 1,200
+at L = 256 — 5 depths × 40 items per task, coverages 0.01–0.5, and also every layer sparse
+at each coverage; then the diagnosis of ``experiments/token_sparse/diagnose.py`` (4 items
+per task and depth: the method against keys-only, zeroed-queries-only and needle-oracle
+masks, and whether the needle is selected per layer and head).
+
+Why accuracy is lost (``docs/token_sparse.md``, "Why the accuracy drops"): on the quick
+model the method as implemented agrees with the public code and with an independent
+mask-based path; adding the needle sentence to the selection restores 100% at every
+coverage, and all the loss comes from layer 1, the model's retrieval layer, whose
+window-scored selection drops the needle's key bytes.
+
+Measured (``docs/token_sparse.md``; both runs on a loaded 2-CPU machine): quick
+(``python experiments/reproduce.py --quick --only token_sparse``) dense 100%, token-sparse
+80.0 / 27.5 / 10.0% at coverage 0.05 / 0.2 / 0.5 — the 1-point claim fails; full
+(``python experiments/reproduce.py --only token_sparse``, 2026-12-04, 1,726 CPU s) dense
+67.8% (``niah_single_1`` 99.0, ``niah_single_2`` 97.0, ``niah_multikey_2`` 7.5: the
+distractor task not learned), the drift-chosen layers 66.8–67.7% at every coverage down to
+kept 0.19 (7.76x at T = 253) — both claims hold as computed, exactly at the 1-point edge;
+every layer sparse collapses (64.0% at coverage 0.01, 0% at 0.5).
 """
 
 from __future__ import annotations
@@ -118,11 +137,13 @@ SUITE = Suite("token_sparse_niah", ruler.generate, TASKS)
 SETTINGS = {
     True: dict(length=128, steps=320, batch=32, tasks=("niah_single_1",),
                depths=(0.0, 0.25, 0.5, 0.75, 1.0), n_per_cell=8,
-               coverages=(0.05, 0.2, 0.5), all_layers=False, repeats=20),
+               coverages=(0.05, 0.2, 0.5), all_layers=False, repeats=20, warmup=None,
+               diagnose_per_cell=0),
     False: dict(length=256, steps=1500, batch=32,
                 tasks=("niah_single_1", "niah_single_2", "niah_multikey_2"),
                 depths=(0.0, 0.25, 0.5, 0.75, 1.0), n_per_cell=40,
-                coverages=(0.01, 0.05, 0.1, 0.2, 0.3, 0.5), all_layers=True, repeats=50),
+                coverages=(0.01, 0.05, 0.1, 0.2, 0.3, 0.5), all_layers=True, repeats=50,
+                warmup=(128, 300), diagnose_per_cell=4),
 }
 
 
@@ -136,19 +157,34 @@ def sparse_options(length: int, coverage: float) -> dict:
 # ----------------------------------------------------------------------------
 # Training (dense)
 # ----------------------------------------------------------------------------
-def training_dataset(tasks, length: int, steps: int, batch: int, *, seed: int = DATA_SEED):
-    """``steps`` batches of ``batch`` rows: a grain ``MapDataset`` over a
-    :class:`lcjax.data.sources.TaskSource` of ``tasks`` at ``length`` bytes (rows of
-    ``length + 1`` positions: BOS + prompt + answer + EOS)."""
-    from lcjax.data.sources import task_batches
+def training_stages(tasks, length: int, steps: int, warmup=None) -> tuple:
+    """``(length, steps, tasks)`` stages: ``steps`` at ``length``, or with ``warmup`` =
+    ``(warmup_length, warmup_steps)`` the first ``warmup_steps`` of them at
+    ``warmup_length`` (the curriculum of ``experiments/long_eval``)."""
+    if not warmup:
+        return ((length, steps, tuple(tasks)),)
+    w_len, w_steps = warmup
+    if not 0 < w_steps < steps:
+        raise ValueError(f"training_stages: warm-up steps {w_steps} must be in (0, {steps})")
+    return ((w_len, w_steps, tuple(tasks)), (length, steps - w_steps, tuple(tasks)))
 
-    return task_batches(SUITE, list(tasks), length=length, steps=steps, batch=batch, seed=seed)
+
+def training_dataset(tasks, length: int, steps: int, batch: int, *, seed: int = DATA_SEED,
+                     warmup=None):
+    """``steps`` batches of ``batch`` rows (:func:`training_stages`): grain
+    ``MapDataset``s over :class:`lcjax.data.sources.TaskSource` of ``tasks`` (rows of
+    ``length + 1`` positions: BOS + prompt + answer + EOS), one after the other."""
+    from lcjax.data.sources import stage_batches
+
+    return stage_batches(SUITE, training_stages(tasks, length, steps, warmup), batch=batch,
+                         seed=seed)
 
 
 def train_dense(tasks, length: int, steps: int, *, batch: int = 32, seed: int = 0,
-                model: Mapping | None = None, log=print) -> dict:
-    """Train the dense DecoderLM through ``lcjax.train.train``; returns the model, the loss
-    history, wall and CPU seconds and the parameter count."""
+                model: Mapping | None = None, warmup=None, log=print) -> dict:
+    """Train the dense DecoderLM through ``lcjax.train.train`` (``warmup``: see
+    :func:`training_stages`); returns the model, the loss history, wall and CPU seconds and
+    the parameter count."""
     import jax
     from flax import nnx
 
@@ -162,8 +198,9 @@ def train_dense(tasks, length: int, steps: int, *, batch: int = 32, seed: int = 
                           warmup_steps=min(100, steps // 5), seed=seed,
                           log_every=max(1, min(25, steps // 4)), eval_batches=0,
                           progress=False)
+    dataset = training_dataset(tasks, length, steps, batch, warmup=warmup)
     start, cpu = time.perf_counter(), time.process_time()
-    result = train(cfg, run_cfg, dataset=training_dataset(tasks, length, steps, batch),
+    result = train(cfg, run_cfg, dataset=dataset,
                    loss_fn=answer_weighted_loss(OTHER_WEIGHT))
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     history = [{"step": r["step"], "loss": float(r["loss"]),
@@ -513,10 +550,30 @@ def _table(dense: dict, points: Sequence[Mapping], tasks) -> str:
     return "\n".join(lines)
 
 
+def _diagnosis_table(diag: Mapping) -> str:
+    """Markdown of :func:`experiments.token_sparse.diagnose.diagnose`: accuracy per
+    ablation, and per sparse layer the share of items whose needle value bytes were all
+    kept and the needle value's share of the score mass (means over heads)."""
+    layers = diag["layers"]
+    head = ("| coverage | method | keys only | zeroed queries only | method + needle kept | "
+            + " | ".join(f"L{i}: value kept / value mass" for i in layers) + " |")
+    lines = [head, "|---" * (5 + len(layers)) + "|",
+             "| dense | " + " | ".join([f"{diag['dense']:.1f}"] * 4) + " |"
+             + " - |" * len(layers)]
+    for p in diag["points"]:
+        acc = p["accuracy"]
+        sel = [p["selection"][str(i)] for i in layers]
+        lines.append(f"| {p['coverage']:g} | " + " | ".join(
+            f"{acc[m]:.1f}" for m in ("paper", "keys", "queries", "oracle")) + " | " + " | ".join(
+            f"{np.mean(x['all_kept']['needle_value']):.2f} / "
+            f"{np.mean(x['mass']['needle_value']):.3f}" for x in sel) + " |")
+    return "\n".join(lines)
+
+
 def run(quick: bool, out_dir: Path, *, steps: int | None = None, length: int | None = None,
         tasks=None, depths=None, n_per_cell: int | None = None, coverages=None,
         batch: int | None = None, all_layers: bool | None = None, repeats: int | None = None,
-        model: Mapping | None = None, log=None) -> Result:
+        model: Mapping | None = None, warmup=None, log=None) -> Result:
     """The experiment; keywords override the quick or full setting (a smoke run:
     ``python -m experiments.token_sparse.experiment --steps 20 --n-per-cell 1``)."""
     from lcjax.attention.token_sparse import drift_per_layer, layer_attention, sparse_layers
@@ -534,7 +591,9 @@ def run(quick: bool, out_dir: Path, *, steps: int | None = None, length: int | N
     out_dir = Path(out_dir)
     cpu0 = time.process_time()
 
-    trained = train_dense(tasks, length, steps, batch=batch, model=model, log=log)
+    warmup = pick(warmup, "warmup")
+    trained = train_dense(tasks, length, steps, batch=batch, model=model, warmup=warmup,
+                          log=log)
     dense_model = trained["model"]
     cfg = dense_model.config
     log(f"   trained {trained['params'] / 1e3:.0f}k parameters, {steps} steps x {batch} at "
@@ -589,6 +648,15 @@ def run(quick: bool, out_dir: Path, *, steps: int | None = None, length: int | N
                            "budget_max": int(budget_max)})
             log(f"      kept fraction per layer {kept_layer}, budget K max {budget_max}")
 
+    diagnosis = None
+    if s["diagnose_per_cell"]:  # why accuracy is lost: experiments/token_sparse/diagnose.py
+        from experiments.token_sparse.diagnose import diagnose
+
+        diagnosis = diagnose(dense_model, length=length, tasks=tasks, depths=depths,
+                             n_per_cell=s["diagnose_per_cell"], coverages=coverages,
+                             layers=chosen, modes=("paper", "keys", "queries", "oracle"),
+                             log=log)
+
     # attention time at the evaluation shapes, capacity = the model's largest budget
     variants = {}
     for p in points:
@@ -630,6 +698,9 @@ def run(quick: bool, out_dir: Path, *, steps: int | None = None, length: int | N
         + _table(dense_acc, points, tasks)
         + f"\n\nCPU time of the whole run: {cpu_total:.0f} s. Dense evaluation report: "
         "eval_dense/results.md.")
+    if warmup:
+        notes += (f" Training ran {warmup[1]} of the {steps} steps at {warmup[0]} bytes first "
+                  "(the warm-up of experiments/long_eval).")
     if tuple(chosen) == (cfg.num_layers - 1,):
         notes += (" Caveat: the drift rule chose only the last layer, whose sparsity changes "
                   "the prefill's last-position output (the first answer byte) but not the K/V "
@@ -643,6 +714,15 @@ def run(quick: bool, out_dir: Path, *, steps: int | None = None, length: int | N
         notes += (f" At L = {length} the attention step is too small for the method's fixed "
                   "costs (scoring pass, sort, gathers, scatter) to pay off; `lcjax bench "
                   "token_sparse` measures the speed-up at T = 4K-32K.")
+    if diagnosis:
+        notes += (
+            f"\n\nDiagnosis (experiments/token_sparse/diagnose.py, {s['diagnose_per_cell']} "
+            "items per (task, depth), string_match_all in %): the method (query and key both "
+            "selected), only the keys restricted (every query computed), only the dropped "
+            "queries zeroed (every key visible), and the method with the needle sentence "
+            "added to every head's selection; per sparse layer, the share of items whose "
+            "needle value bytes were all kept and their share of the pooled score mass "
+            "(means over heads).\n\n" + _diagnosis_table(diagnosis))
     timing_rows = timing
     return Result(claims=claims, notes=notes, figures=[fig], numbers={
         "length": length, "prompt_tokens": n_prompt, "tasks": list(tasks),
@@ -655,7 +735,8 @@ def run(quick: bool, out_dir: Path, *, steps: int | None = None, length: int | N
         "drift": drift.tolist(), "sparse_layers": list(chosen),
         "dense_accuracy": dense_acc, "points": points, "timing": timing_rows,
         "paper_speedup": PAPER_SPEEDUP, "tolerance_points": TOLERANCE,
-        "bench_kept_at_2x": BENCH_KEPT_AT_2X, "dense_report_files": report_paths})
+        "bench_kept_at_2x": BENCH_KEPT_AT_2X, "dense_report_files": report_paths,
+        "warmup": warmup, "diagnosis": diagnosis})
 
 
 EXPERIMENT = Experiment(

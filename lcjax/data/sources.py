@@ -25,7 +25,7 @@ import numpy as np
 from lcjax.data.ruler import make_batch
 from lcjax.data.suites import Suite, get_suite
 
-__all__ = ["TaskSource", "task_batches"]
+__all__ = ["TaskSource", "stage_batches", "task_batches"]
 
 TRAIN_KEYS = ("inputs", "targets", "loss_mask")
 
@@ -97,3 +97,18 @@ def task_batches(suite: str | Suite, tasks: str | Sequence[str] | None, *, lengt
                      eos=True, seq_len=length + 1)
     return (grain.MapDataset.source(src).batch(batch, drop_remainder=True)
             .map(lambda b: {k: b[k] for k in TRAIN_KEYS}))
+
+
+def stage_batches(suite: str | Suite, stages: Sequence[tuple[int, int, Any]], *, batch: int,
+                  seed: int = 0):
+    """A curriculum in one dataset: the stages' :func:`task_batches` one after the other
+    (``grain.MapDataset.concatenate``). Stage ``k`` = ``(length, steps, tasks)`` gives
+    ``steps`` batches of ``tasks`` at ``length`` bytes from TaskSource seed ``seed + k``;
+    the train loop compiles once per row width (give it ``seq_len`` = the widest + 1)."""
+    import grain
+
+    parts = [task_batches(suite, tasks, length=length, steps=steps, batch=batch, seed=seed + k)
+             for k, (length, steps, tasks) in enumerate(stages)]
+    if not parts:
+        raise ValueError("stage_batches: `stages` is empty")
+    return parts[0] if len(parts) == 1 else grain.MapDataset.concatenate(parts)
