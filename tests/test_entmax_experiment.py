@@ -96,10 +96,10 @@ def test_exact_eval_hook_matches_answer_accuracy():
     assert float(mets["loss_weight"]) == batch["loss_mask"].sum()
 
 
-def test_tiny_run_end_to_end(tmp_path, monkeypatch):
-    """4 steps of a 1-layer model on 8-byte flip-flop; 'learned' forced (threshold 0) so the
-    scoring (at 1× and 2× here, to compile less), the figure and the claims run; a missing
-    variant is 'not run'."""
+@pytest.fixture
+def tiny_task(monkeypatch):
+    """An 8-byte flip-flop task "tiny", a one-layer model, 'learned' forced (threshold 0)
+    and scoring at 1× and 2× only (to compile less)."""
     monkeypatch.setitem(E.TASKS, "tiny", E.Task(
         "tiny", 8, functools.partial(E._synthetic, "flip_flop"), "8-byte flip-flop"))
     monkeypatch.setattr(E, "LEARNED", 0.0)
@@ -107,6 +107,12 @@ def test_tiny_run_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setattr(E, "MODEL", dict(d_model=16, num_layers=1, num_heads=2,
                                          num_kv_heads=2, head_dim=8, mlp_hidden=32))
     monkeypatch.setattr(E, "VALID_ITEMS", 8)
+
+
+def test_tiny_run_end_to_end(tmp_path, monkeypatch, tiny_task):
+    """4 steps of a 1-layer model on 8-byte flip-flop; 'learned' forced (threshold 0) so the
+    scoring (at 1× and 2× here, to compile less), the figure and the claims run; a missing
+    variant is 'not run'."""
     monkeypatch.setitem(E.VARIANTS, "ghost", "no-such-attention")
     setting = dataclasses.replace(E.QUICK, tasks=("tiny",), variants=("softmax", "ghost"),
                                   max_steps=4, eval_items=4)
@@ -125,17 +131,10 @@ def test_tiny_run_end_to_end(tmp_path, monkeypatch):
     assert any("held-out exact" in line for line in lines)
 
 
-def test_full_run_keeps_records_and_resumes_from_them(tmp_path, monkeypatch):
+def test_full_run_keeps_records_and_resumes_from_them(tmp_path, monkeypatch, tiny_task):
     """The full path saves each finished run; a rerun with the same setting reuses it (no
     training: train_until_learned would raise) with the same per-item scores, a rerun with
     another step cap does not, and the quick path keeps nothing."""
-    monkeypatch.setitem(E.TASKS, "tiny", E.Task(
-        "tiny", 8, functools.partial(E._synthetic, "flip_flop"), "8-byte flip-flop"))
-    monkeypatch.setattr(E, "LEARNED", 0.0)
-    monkeypatch.setattr(E, "EVAL_MULTS", (1, 2))
-    monkeypatch.setattr(E, "MODEL", dict(d_model=16, num_layers=1, num_heads=2,
-                                         num_kv_heads=2, head_dim=8, mlp_hidden=32))
-    monkeypatch.setattr(E, "VALID_ITEMS", 8)
     setting = dataclasses.replace(E.FULL, seeds=(0,), tasks=("tiny",), variants=("softmax",),
                                   positions=("rope",), max_steps=4, eval_items=16)
     first = E.run(False, tmp_path, setting=setting, log=lambda *a, **k: None)
