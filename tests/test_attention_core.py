@@ -228,6 +228,13 @@ def test_blockwise_bwd_from_saved_out_and_lse_equals_dense_vjp(causal, given):
         blockwise_attention_bwd(q, k, v, lse, d_out)
     with pytest.raises(ValueError, match="`lse` must have shape"):
         blockwise_attention_bwd(q, k, v, lse[:, :5], d_out, out=out_b)
+    # accumulators: dk, dv added into them (S = 29 not a multiple of the 8-key blocks)
+    dk0, dv0 = (jax.random.normal(jax.random.PRNGKey(i), x.shape) for i, x in ((5, k), (6, v)))
+    acc = jax.jit(functools.partial(blockwise_attention_bwd, block_q=8, block_kv=8, **opts))(
+        q, k, v, lse, d_out, dk_acc=dk0, dv_acc=dv0, **saved)
+    chex.assert_trees_all_close(acc, (want[0], want[1] + dk0, want[2] + dv0), atol=2e-5)
+    with pytest.raises(ValueError, match="`dk_acc` must have shape"):
+        blockwise_attention_bwd(q, k, v, lse, d_out, dk_acc=dk0[:, :5], **saved)
 
 
 def test_lse_gradient_flows_through_blockwise():

@@ -443,13 +443,18 @@ def _blockwise_forward(plan: BlockPlan, q, k, v, masking: Masking):
     return out, lse
 
 
-def _blockwise_backward(plan: BlockPlan, q, k, v, masking: Masking, lse, d_out, delta):
+def _blockwise_backward(plan: BlockPlan, q, k, v, masking: Masking, lse, d_out, delta,
+                        dk_init=None, dv_init=None):
     """FlashAttention-2 style backward, recomputing P block by block.
 
     Layouts as in :func:`_blockwise_forward` (lse and ``delta`` [B, Hkv, G, Tp]); returns
     dq, dk, dv in the layouts of q, k, v. With P = exp(S - lse),
     dP = dO V^T, delta = rowsum(dO * O) - d_lse:
       dS = P * (dP - delta),  dQ = scale dS K,  dK = scale dS^T Q,  dV = P^T dO.
+    dk and dv are the loop's carries, each key block's share written into its slice in
+    place; ``dk_init``/``dv_init`` (layouts of k, v, or None: zeros) are what they start
+    from, so a caller that sums several backward passes (UPipe's query stages sharing one
+    K/V chunk) adds into its accumulators without a second dk, dv buffer.
     """
     to_head_major = functools.partial(jnp.transpose, axes=(0, 2, 3, 1, 4))
     q, d_out = to_head_major(q), to_head_major(d_out)
@@ -471,8 +476,10 @@ def _blockwise_backward(plan: BlockPlan, q, k, v, masking: Masking, lse, d_out, 
         ds = p * (dp - delta_b[..., None])
         return qb, kb, dob, p, ds
 
-    def dkv_for_block(dq, kj):
-        """Key block ``kj``: its dk, dv, and its contribution added into the full dq."""
+    def dkv_for_block(carry, kj):
+        """Key block ``kj``: its dk, dv added into their slices, its contribution into
+        the full dq."""
+        dq, dk_all, dv_all = carry
 
         def step(qi, carry, masked):
             dk, dv, dq = carry
@@ -491,16 +498,26 @@ def _blockwise_backward(plan: BlockPlan, q, k, v, masking: Masking, lse, d_out, 
         )
         carry = match_varying(carry, q, k, v, masking, d_out, lse, delta)
         dk, dv, dq = fold_q_blocks(plan, kj, masking, step, carry)
-        return dq, (jnp.swapaxes(dk * plan.scale, 1, 2), jnp.swapaxes(dv, 1, 2))
+        start = kj * plan.block_kv
+        dk_all = lax.dynamic_update_slice_in_dim(dk_all, lax.dynamic_slice_in_dim(
+            dk_all, start, plan.block_kv, axis=2) + dk * plan.scale, start, axis=2)
+        dv_all = lax.dynamic_update_slice_in_dim(dv_all, lax.dynamic_slice_in_dim(
+            dv_all, start, plan.block_kv, axis=2) + dv, start, axis=2)
+        return (dq, dk_all, dv_all), None
+
+    def start_from(init, like):  # [B, S, Hkv, D] (or None) -> the carry [B, Hkv, Sp, D]
+        if init is None:
+            return jnp.zeros(like.shape, plan.acc)
+        init = jnp.swapaxes(init.astype(plan.acc), 1, 2)
+        return jnp.pad(init, ((0, 0), (0, 0), (0, sp - init.shape[2]), (0, 0)))
 
     # one pass over key blocks (FlashAttention-2): P is recomputed once per block pair
-    dq = match_varying(jnp.zeros((b, hk, g, tp, d), plan.acc), q, k, v, masking, d_out, lse,
-                        delta)
-    dq, (dk, dv) = lax.scan(dkv_for_block, dq, jnp.arange(plan.num_kv_blocks))
+    carry = (jnp.zeros((b, hk, g, tp, d), plan.acc), start_from(dk_init, k),
+             start_from(dv_init, v))
+    carry = match_varying(carry, q, k, v, masking, d_out, lse, delta)
+    (dq, dk, dv), _ = lax.scan(dkv_for_block, carry, jnp.arange(plan.num_kv_blocks))
     dq = (dq * plan.scale).transpose(0, 3, 1, 2, 4)
-    dk = jnp.moveaxis(dk, 0, 1).reshape(b, sp, hk, d)
-    dv = jnp.moveaxis(dv, 0, 1).reshape(b, sp, hk, v.shape[-1])
-    return dq, dk, dv
+    return dq, jnp.swapaxes(dk, 1, 2), jnp.swapaxes(dv, 1, 2)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -608,6 +625,8 @@ def blockwise_attention_bwd(
     block_kv: int = 512,
     alibi_slopes: Float[Array, " H"] | None = None,
     alibi_offset: int | Int[Array, ""] = 0,
+    dk_acc: Float[Array, "B S Hkv D"] | None = None,
+    dv_acc: Float[Array, "B S Hkv Dv"] | None = None,
 ) -> tuple[Float[Array, "B T H D"], Float[Array, "B S Hkv D"], Float[Array, "B S Hkv Dv"]]:
     """The gradient (dq, dk, dv) of exact softmax attention from its forward's results,
     without running the forward again: the FlashAttention-2 backward of
@@ -619,8 +638,11 @@ def blockwise_attention_bwd(
     function), ``d_out`` the cotangent of its output (the lse's cotangent is taken as
     zero). The row statistic delta = Σ_d d_out · out comes from ``out`` [B, T, H, Dv], or
     is given precomputed as ``delta`` [B, T, H] (e.g. by a caller that holds ``out`` in
-    another layout); exactly one of the two. The other arguments are those of the
-    forward call and must equal them.
+    another layout); exactly one of the two. ``dk_acc``, ``dv_acc`` (optional, shapes of
+    k, v): accumulators the key and value gradients are added into, block by block in
+    the loop's carry — (dq, dk_acc + dk, dv_acc + dv) in the accumulators' dtype, without
+    a separate dk, dv buffer (a caller summing several passes over one K/V). The other
+    arguments are those of the forward call and must equal them.
     """
     name = "blockwise_attention_bwd"
     if (out is None) == (delta is None):
@@ -630,8 +652,11 @@ def blockwise_attention_bwd(
         kv_segment_ids=kv_segment_ids, q_offset=q_offset, block_q=block_q, block_kv=block_kv,
         alibi_slopes=alibi_slopes, alibi_offset=alibi_offset)
     want = (shapes.batch, shapes.q_len, shapes.heads)
+    kv_want = (shapes.batch, shapes.kv_len, shapes.kv_heads)
     for arg, x, shape in (("lse", lse, want), ("d_out", d_out, (*want, shapes.value_dim)),
-                          ("out", out, (*want, shapes.value_dim)), ("delta", delta, want)):
+                          ("out", out, (*want, shapes.value_dim)), ("delta", delta, want),
+                          ("dk_acc", dk_acc, (*kv_want, k.shape[-1])),
+                          ("dv_acc", dv_acc, (*kv_want, shapes.value_dim))):
         if x is not None and tuple(x.shape) != shape:
             raise ValueError(f"{name}: `{arg}` must have shape {list(shape)} (from q "
                              f"{q.shape}, v {v.shape}), got {list(x.shape)}")
@@ -643,7 +668,9 @@ def blockwise_attention_bwd(
     dop = pad_axis(group_queries(up(d_out), hk), 1, tp)
     dq, dk, dv = _blockwise_backward(
         plan, up(qp), up(kp), up(vp), masking, _heads_to_rows(up(lse), hk, tp, -jnp.inf),
-        dop, _heads_to_rows(up(delta), hk, tp, 0.0))
+        dop, _heads_to_rows(up(delta), hk, tp, 0.0), dk_init=dk_acc, dv_init=dv_acc)
     s = shapes.kv_len
-    return (ungroup(dq[:, : shapes.q_len]).astype(q.dtype), dk[:, :s].astype(k.dtype),
-            dv[:, :s].astype(v.dtype))
+    dk_dtype = k.dtype if dk_acc is None else dk_acc.dtype
+    dv_dtype = v.dtype if dv_acc is None else dv_acc.dtype
+    return (ungroup(dq[:, : shapes.q_len]).astype(q.dtype), dk[:, :s].astype(dk_dtype),
+            dv[:, :s].astype(dv_dtype))

@@ -11,8 +11,8 @@ For fixed B, H, Hkv, D, C and growing T it reports
   compiling again at another d_model (:func:`split_per_token`);
 - the largest T under a per-device budget for each strategy (a binary search over
   compiled memory, on multiples of the step ``2 C · block``);
-- wall time of one training step (``value_and_grad``) on C CPU devices at a short length,
-  as ratios to Ulysses.
+- wall time of one training step (``value_and_grad``) on C CPU devices at each of
+  ``time_lens``, as ratios to Ulysses (interleaved rounds, medians).
 
 Strategies are ``ulysses``, ``ring``, ``upipe`` and the UPipe settings of :data:`SETTINGS`
 (``upipe+out``: the stages' outputs and LSEs saved for the backward; ``upipe-kv``: the
@@ -221,7 +221,7 @@ def step_times(strategies, *, mesh, batch, heads, kv_heads, head_dim, seq_len, c
 def run_benchmark(*, strategies=STRATEGIES, heads=32, kv_heads=8, head_dim=64, context=8,
                   batch=1, seq_lens=(8192, 32768), causal=True, block=512,
                   budget_mib: float | None = None, search: bool = True, max_compiles=6,
-                  time_len=1024, time_head_dim=None, repeats=3,
+                  time_lens=(1024,), time_head_dim=None, repeats=3,
                   split_d_model: int | None = None, memory_value: bool = False) -> dict:
     """The whole benchmark as a dict (see the module docstring). ``split_d_model``: also
     compile every strategy at the first and last length with this d_model (not
@@ -305,14 +305,17 @@ def run_benchmark(*, strategies=STRATEGIES, heads=32, kv_heads=8, head_dim=64, c
                                                            block=block, **shape)[0])
             print(f"  {s:8s} largest T under {budget_mib:.0f} MiB: "
                   f"{result['max_len'][s]['max_len']}", flush=True)
-    if time_len:
-        hd = time_head_dim or head_dim
+    hd = time_head_dim or head_dim
+    for t in time_lens:
         times = step_times(strategies, mesh=mesh, batch=batch, heads=heads, kv_heads=kv_heads,
-                           head_dim=hd, seq_len=time_len, causal=causal,
-                           block=min(block, time_len // context), repeats=repeats)
-        result["step_s"] = times
+                           head_dim=hd, seq_len=t, causal=causal,
+                           block=min(block, t // context), repeats=repeats)
+        result.setdefault("step_s", {})[str(t)] = times
         if "ulysses" in times:
-            result["step_ratio_vs_ulysses"] = {s: v / times["ulysses"] for s, v in times.items()}
+            result.setdefault("step_ratio_vs_ulysses", {})[str(t)] = {
+                s: v / times["ulysses"] for s, v in times.items()}
+        print(f"  step T={t}: " + ", ".join(f"{s} {v:.3f} s" for s, v in times.items()),
+              flush=True)
     return result
 
 
@@ -354,9 +357,9 @@ def format_result(result: dict) -> str:
         for s, v in result["max_len"].items():
             lines.append(f"- {s}: {v['max_len']} ({'exact' if v['exact'] else 'bound'}; "
                          f"upper {v['upper']})")
-    if "step_ratio_vs_ulysses" in result:
-        lines += ["", "Step time (value_and_grad: forward + backward) vs Ulysses: " + ", ".join(
-            f"{s} {r:.2f}x" for s, r in result["step_ratio_vs_ulysses"].items())]
+    for t, ratios in result.get("step_ratio_vs_ulysses", {}).items():
+        lines += ["", f"Step time (value_and_grad: forward + backward) vs Ulysses, T = {t}: "
+                  + ", ".join(f"{s} {r:.2f}x" for s, r in ratios.items())]
     return "\n".join(lines) + "\n"
 
 
@@ -379,7 +382,8 @@ def _arguments(p):
     p.add_argument("--budget-mib", type=float, default=None,
                    help="per-device budget for the largest-T search (none: no search)")
     p.add_argument("--max-compiles", type=int, default=6)
-    p.add_argument("--time-len", type=int, default=1024, help="T of the timed step (0: none)")
+    p.add_argument("--time-lens", default="1024",
+                   help="comma-separated T of the timed steps (empty or 0: none)")
     p.add_argument("--time-head-dim", type=int, default=None)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--split-d-model", type=int, default=None,
@@ -396,7 +400,8 @@ def _run(args) -> int:
         kv_heads=args.kv_heads, head_dim=args.head_dim, context=args.context,
         batch=args.batch, seq_lens=tuple(int(t) for t in args.seq_lens.split(",")),
         block=args.block, budget_mib=args.budget_mib, search=args.budget_mib is not None,
-        max_compiles=args.max_compiles, time_len=args.time_len,
+        max_compiles=args.max_compiles,
+        time_lens=tuple(int(t) for t in args.time_lens.split(",") if t and int(t)),
         time_head_dim=args.time_head_dim, repeats=args.repeats,
         split_d_model=args.split_d_model, memory_value=args.memory_value_and_grad)
     print(format_result(result))

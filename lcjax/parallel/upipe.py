@@ -248,21 +248,31 @@ def upipe_local(params: Mapping[str, jax.Array], x, positions, *, axis: str, siz
         wq, wk, wv, wo, x, positions, saved = res
         dy = dy.astype(x.dtype)
 
-        def stage_grads(q, k, v, wo_s, saved_s):
-            """(dq, dk, dv, dWo_s) of a stage from its recomputed q, k, v: from the saved
-            output and LSE (``save``), else through the variant's VJP after its forward."""
+        def stage_grads(q, k, v, wo_s, saved_s, dk, dv):
+            """(dq, dk + dk_s, dv + dv_s, dWo_s) of a stage from its recomputed q, k, v and
+            the chunk's kv cotangent accumulators dk, dv. Exact softmax: the
+            FlashAttention-2 backward from the stage's output and LSE — saved
+            (``save``) or from its forward run again, the output moved to the sequence
+            layout at once — adding dk_s, dv_s into the accumulators block by block (no
+            dk_s, dv_s buffers). Other variants: through their VJP after their forward."""
             d_o = jnp.einsum("BTD,NHD->BTNH", dy, wo_s.astype(dy.dtype))  # [B, L, C, D]
-            if saved_s is None:
+            if bwd_options is None:
                 o, attn_pull = jax.vjp(attend, q, k, v)
                 o = heads_to_seq(o, axis)
-                return *attn_pull(seq_to_heads(d_o, axis).astype(o.dtype)), _out_grad(o, dy)
-            o, lse = saved_s
+                dq, dk_s, dv_s = attn_pull(seq_to_heads(d_o, axis).astype(o.dtype))
+                return (dq, dk + dk_s.astype(dk.dtype), dv + dv_s.astype(dv.dtype),
+                        _out_grad(o, dy))
+            if saved_s is None:
+                o, lse = attend_lse(q, k, v)
+                o = heads_to_seq(o, axis)
+            else:
+                o, lse = saved_s
             # delta = Σ_D dO·O per token and head, where both live: the sequence layout
             delta = jnp.sum(d_o * o.astype(d_o.dtype), -1, keepdims=True)  # [B, L, C, 1]
             delta = seq_to_heads(delta, axis)[..., 0]  # [B, T, 1]
             dq, dk, dv = blockwise_attention_bwd(q, k, v, lse, seq_to_heads(d_o, axis),
                                                  delta=delta, causal=causal, scale=scale,
-                                                 **bwd_options)
+                                                 dk_acc=dk, dv_acc=dv, **bwd_options)
             return dq, dk, dv, _out_grad(o, dy)
 
         def group(carry, c_xs):
@@ -283,7 +293,7 @@ def upipe_local(params: Mapping[str, jax.Array], x, positions, *, axis: str, siz
                 dx, dk, dv, dwq, dwo = carry
                 wq_s, wo_s = q_weights(wq, wo, c, j)
                 q, q_pull = jax.vjp(lambda qp: q_heads(qp, positions), proj(x, wq_s))
-                dq, dk_s, dv_s, dwo_s = stage_grads(q, k, v, wo_s, saved_s)
+                dq, dk, dv, dwo_s = stage_grads(q, k, v, wo_s, saved_s, dk, dv)
                 (dqp,) = q_pull(dq.astype(q.dtype))  # [B, L, C, D]
                 dwq_s, dwo_s = reduce((_weight_grad(dqp, x).astype(dwq.dtype),
                                        dwo_s.astype(dwo.dtype)))
@@ -292,8 +302,7 @@ def upipe_local(params: Mapping[str, jax.Array], x, positions, *, axis: str, siz
                 dwo = lax.dynamic_update_slice(dwo, dwo_s.reshape(1, size, 1, hd, d),
                                                (c, 0, j, 0, 0))
                 dx = accumulate_matmul(dx, dqp, wq_s, "BTNH,DNH->BTD", chunks)
-                return (dx, dk + dk_s.astype(dk.dtype), dv + dv_s.astype(dv.dtype), dwq,
-                        dwo), None
+                return (dx, dk, dv, dwq, dwo), None
 
             zeros = match_varying((jnp.zeros_like(k), jnp.zeros_like(v)), k, v, x)
             dx, dk, dv, dwq, dwo = _loop(stage, (dx, *zeros, dwq, dwo), g, saved_c)[0]
