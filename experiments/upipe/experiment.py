@@ -144,7 +144,7 @@ EXPERIMENT = Experiment(
     summary="per-device compiled memory of one layer's fwd+bwd, UPipe vs Ulysses, H=32, C=8, "
             "GQA and MHA: reduction, largest-T gain, step-time ratio",
     run=run,
-    quick_budget_s=110,  # 61 s quiet (2026-12-02); 113 s on the 2026-12-01 machine
+    quick_budget_s=110,  # 82 s quiet (2026-12-05, step timed at T = 2048); 61 s at T = 512
 )
 
 

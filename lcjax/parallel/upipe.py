@@ -17,24 +17,25 @@ positions, the weights) and, when there is one K/V chunk (Hkv <= C, ``save_kv``)
 chunk's k, v in the head layout (two one-head [B, T, 1, D] tensors, live through the
 backward anyway); the backward runs the stage loops again (``lax.scan``, so XLA cannot
 keep all stages alive), recomputing each stage's query projection, RoPE and all-to-alls
-(and the K/V chunks not kept) and the attention forward (through the variant's own
-VJP), and summing the kv cotangents over the G' stages of a group. Peak attention
-intermediates are therefore ∝ one head per device instead of H/C. The all-to-all volume
-equals Ulysses', in P pieces.
+(and the K/V chunks not kept) and the attention forward, and summing the kv cotangents
+over the G' stages of a group. For exact softmax by its XLA path (``"softmax"``,
+``"blockwise"``) the stage's forward is run with its LSE, its output moved to the
+sequence layout at once, and the FlashAttention-2 backward
+(:func:`lcjax.attention.core.blockwise_attention_bwd`, delta = Σ_D dO·O formed in the
+sequence layout where dO = dy Wo_sᵀ and O both are) adds the stage's dk, dv into the
+chunk's accumulators block by block, so no stage-sized dk, dv (nor a head-layout O) sits
+beside them; other variants (entmax, ...) go through their own VJP and the sums. Peak
+attention intermediates are therefore ∝ one head per device instead of H/C. The
+all-to-all volume equals Ulysses', in P pieces.
 
 ``save_attention_output=True`` is the paper's residual choice: the forward also keeps
 each stage's output (sequence layout, all stages together [B, T/C, H, D], the size of x)
-and its LSE, and the backward runs the FlashAttention-2 backward from them
-(:func:`lcjax.attention.core.blockwise_attention_bwd`, with delta = Σ_D dO·O formed in
-the sequence layout where dO = dy Wo_sᵀ and O both are, so O never returns to the head
-layout) — no attention forward, no output all-to-all in the backward. Only exact softmax
-by its XLA path has that backward (``"softmax"``, ``"blockwise"``); other variants
-(entmax, ...) re-run their forward. It is off by default: at H = 32, C = 8, GQA it costs
-27.5 MiB at T = 32K (43.9% of Ulysses' temp bytes instead of 36.1%, above the 40% the
-issue asks) and bought no measurable step time at T = 512 on 8 CPU devices, where the
-projections and the per-stage weight slices, not the attention, dominate; at T = 1024 it
-gained 0.06–0.11 of Ulysses' step in one loaded run each (GQA 1.22× vs 1.33×, MHA 1.30×
-vs 1.36×; ``docs/context_parallel.md``).
+and its LSE, and the backward starts from them — no attention forward, no output
+all-to-all in the backward (exact softmax only; other variants re-run their forward).
+It is off by default: it costs about an x-sized buffer (H = 32, C = 8, GQA: 125.5 against
+97.3 MiB at T = 32K, 40.1% of Ulysses' temp bytes instead of 31.1%; 470 against 369 MiB,
+36.9% instead of 29.0%, at 128K) for the attention forward's share of a step, which is
+small at the lengths timed on CPU (``docs/context_parallel.md``).
 
 What the layer does not keep (measured: ``docs/context_parallel.md``): the stages' shares
 of the output projection (forward) and of dx (backward, dq_s Wq_sᵀ, dk Wkᵀ, dv Wvᵀ) are
