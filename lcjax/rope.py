@@ -30,7 +30,7 @@ import numpy as np
 Layout = Literal["half", "interleaved"]
 
 __all__ = ["inv_freq", "rope_angles", "apply_rope", "Layout", "scaled_inv_freq",
-           "check_rope_scaling", "ROPE_SCALING_TYPES"]
+           "check_rope_scaling", "ROPE_SCALING_TYPES", "sinusoidal_embedding"]
 
 # scaling types scaled_inv_freq implements -> the keys each one needs
 ROPE_SCALING_TYPES = {
@@ -99,6 +99,17 @@ def scaled_inv_freq(head_dim: int, base: float = 10000.0,
 def rope_angles(positions: jax.Array, frequencies: jax.Array) -> jax.Array:
     """n θ_m: positions [..., T] x frequencies [d/2] -> float32 [..., T, d/2]."""
     return positions.astype(jnp.float32)[..., None] * frequencies
+
+
+def sinusoidal_embedding(positions: jax.Array, dim: int, base: float = 10000.0) -> jax.Array:
+    """The absolute sinusoidal position embedding of Vaswani et al. (2017), added to the
+    token embeddings (``DecoderConfig(position="absolute")``): positions [..., T] ->
+    float32 [..., T, dim] with e[n, m] = sin(n θ_m), e[n, m + dim/2] = cos(n θ_m),
+    θ_m = base^{-2m/dim} (the half layout of the RoPE angles; ``dim`` even)."""
+    if dim % 2:
+        raise ValueError(f"sinusoidal_embedding: `dim` must be even, got {dim}")
+    angles = rope_angles(positions, inv_freq(dim, base))
+    return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
 
 
 def apply_rope(

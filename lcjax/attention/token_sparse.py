@@ -673,8 +673,9 @@ def drift_per_layer(model, batch: Int[Array, "B T"], *, positions=None) -> np.nd
     """Mean representation drift of each decoder layer, d_l = mean_{b,t} ‖h_out - h_in‖ /
     ‖h_in‖ (h_in, h_out: the residual stream [B, T, D] before and after block l).
 
-    ``model`` is an ``lcjax.nn.DecoderLM`` (duck-typed: ``embed``, ``blocks``, ``config``;
-    each block maps (x, positions) to (x, cache)). Returns float64 [num_layers]."""
+    ``model`` is an ``lcjax.nn.DecoderLM`` (duck-typed: ``embed``, ``embed_inputs``,
+    ``blocks``, ``config``; each block maps (x, positions) to (x, cache)). Returns
+    float64 [num_layers]."""
     tokens = jnp.asarray(batch)
     if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
         raise ValueError(f"drift_per_layer: `batch` must be int tokens [batch, len], got "
@@ -686,7 +687,7 @@ def drift_per_layer(model, batch: Int[Array, "B T"], *, positions=None) -> np.nd
 
     @nnx.jit
     def drifts(model, tokens, positions):
-        x = jnp.take(model.embed[...], tokens, axis=0).astype(model.config.dtype)
+        x = model.embed_inputs(jnp.take(model.embed[...], tokens, axis=0), positions)
         out = []
         for block in model.blocks:
             y, _ = block(x, positions)

@@ -29,12 +29,15 @@ from flax import nnx
 from flax.core import FrozenDict
 
 from lcjax.attention import get
-from lcjax.nn.attention import Attention, KVCache
+from lcjax.nn.attention import POSITIONS, Attention, KVCache
 from lcjax.nn.contextlm import ContextLM, ContextLMConfig, check_context_lm
 from lcjax.nn.layers import RMSNorm, SwiGLU, dense_init
 from lcjax.nn.trsp import CONTEXTS as TRSP_CONTEXTS
 from lcjax.nn.trsp import TRSPCache, TRSPGate, init_trsp_state, trsp_side_path
-from lcjax.rope import check_rope_scaling
+from lcjax.rope import check_rope_scaling, sinusoidal_embedding
+
+# DecoderConfig.position: the Attention module's positions, and absolute sinusoidal
+DECODER_POSITIONS = (*POSITIONS, "absolute")
 
 __all__ = ["DecoderConfig", "DecoderBlock", "DecoderLM", "DecoderCache"]
 
@@ -62,7 +65,10 @@ class DecoderConfig:
     ``P("data", "context")``; "usp": a ``make_mesh(data=, ring=, context=)`` mesh, tokens
     ``P("data", ("ring", "context"))``).
     ``position``: "rope" (default), "nape" (no RoPE; half the heads ALiBi, half NoPE, as
-    in ASEntmax) or "none" (NoPE); see ``lcjax.nn.Attention``.
+    in ASEntmax), "none" (NoPE; see ``lcjax.nn.Attention``) or "absolute" (no RoPE; the
+    sinusoidal embedding of the positions, ``lcjax.rope.sinusoidal_embedding``, added to
+    the token embeddings, as in the original Transformer: every layer can read a token's
+    absolute position from the residual stream).
     ``trsp``: add TRSP's side path γ_ℓ·Tri_ℓ(x) to every layer's attention residual, with
     one gate shared by all layers (``model.trsp_gate``; ``lcjax.nn.trsp``, ``docs/trsp.md``);
     ``trsp_context``: its L_ctx, "causal" (per position; decoding with the cache equals the
@@ -148,9 +154,12 @@ class DecoderConfig:
                 f"DecoderConfig: num_heads ({self.num_heads}) must be a multiple of "
                 f"num_kv_heads ({self.num_kv_heads})"
             )
-        if self.position not in ("rope", "nape", "none"):
-            raise ValueError(f"DecoderConfig: `position` must be 'rope', 'nape' or 'none', "
+        if self.position not in DECODER_POSITIONS:
+            raise ValueError(f"DecoderConfig: `position` must be one of {DECODER_POSITIONS}, "
                              f"got {self.position!r}")
+        if self.position == "absolute" and self.d_model % 2:
+            raise ValueError(f"DecoderConfig: position='absolute' needs an even d_model, "
+                             f"got {self.d_model}")
         if self.position == "rope" and self.head_dim % 2:
             raise ValueError(f"DecoderConfig: RoPE needs an even head_dim, got {self.head_dim}")
         if self.rope_layout not in ("half", "interleaved"):
@@ -184,7 +193,8 @@ class DecoderBlock(nnx.Module):
             c.d_model, c.num_heads, c.num_kv_heads, c.head_dim,
             attention=attention, attention_options=attention_options, causal=c.causal,
             learn=c.attention_learn, capture_weights=c.capture_attention_weights,
-            rope_base=c.rope_base, rope_layout=c.rope_layout, position=c.position,
+            rope_base=c.rope_base, rope_layout=c.rope_layout,
+            position="none" if c.position == "absolute" else c.position,
             context_parallel=c.context_parallel,
             qkv_bias=c.attention_bias, out_bias=c.attention_out_bias, qk_norm=c.qk_norm,
             norm_eps=c.norm_eps, rope_scaling=c.rope_scaling,
@@ -256,6 +266,14 @@ class DecoderLM(nnx.Module):
             caches = (*caches, self.context_lm.init_state(batch, max_len, dtype=dtype))
         return caches
 
+    def embed_inputs(self, embeddings: jax.Array, positions: jax.Array) -> jax.Array:
+        """The first residual stream h_0 [B, T, D] (compute dtype) from token embeddings
+        [B, T, D]: with ``position="absolute"`` plus the sinusoidal embedding of
+        ``positions`` [B, T], else the embeddings as they are."""
+        if self.config.position == "absolute":
+            embeddings = embeddings + sinusoidal_embedding(positions, self.config.d_model)
+        return embeddings.astype(self.config.dtype)
+
     def logits(self, x: jax.Array) -> jax.Array:
         """Final hidden states [B, T, D] (already normed) -> float32 logits [B, T, V]."""
         dt = self.config.dtype
@@ -314,7 +332,7 @@ class DecoderLM(nnx.Module):
         if positions is None:
             start = 0 if cache is None else cache[0].index
             positions = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32), (b, t))
-        x = jnp.take(self.embed[...], tokens, axis=0).astype(c.dtype)
+        x = self.embed_inputs(jnp.take(self.embed[...], tokens, axis=0), positions)
         new_cache, aux, ctx_state = [], {}, None
         for i, block in enumerate(self.blocks):
             if ctx is not None and i == ctx.layer:  # the context branch (lcjax.nn.contextlm)
@@ -335,21 +353,23 @@ class DecoderLM(nnx.Module):
                       embeddings: jax.Array | None = None, positions: jax.Array | None = None,
                       segment_ids: jax.Array | None = None) -> list[jax.Array]:
         """The residual stream of a full pass (no cache): ``[h_0, h_1, ..., h_L]``, each
-        [B, T, D] in the compute dtype — h_0 the embeddings, h_l block l's output (h_L
-        before the final norm: ``logits(final_norm(h_L))`` is the call's logits).
-        ``embeddings`` [B, T, D] replaces ``E[tokens]`` (e.g. perturbed embeddings, for
-        ``lcjax.analysis.spectral``); positions default to ``arange(T)``."""
+        [B, T, D] in the compute dtype — h_0 the embeddings (:meth:`embed_inputs`), h_l
+        block l's output (h_L before the final norm: ``logits(final_norm(h_L))`` is the
+        call's logits). ``embeddings`` [B, T, D] replaces h_0 (e.g. a perturbed h_0, for
+        ``lcjax.analysis.spectral``; E[tokens] unless ``position="absolute"``); positions
+        default to ``arange(T)``."""
         c = self.config
         if (tokens is None) == (embeddings is None):
             raise ValueError("DecoderLM.hidden_states: pass `tokens` or `embeddings`")
         x = (jnp.take(self.embed[...], tokens, axis=0) if embeddings is None
-             else embeddings).astype(c.dtype)
+             else embeddings)
         if x.ndim != 3 or x.shape[-1] != c.d_model:
             raise ValueError(f"DecoderLM.hidden_states: embeddings must be [batch, len, "
                              f"{c.d_model}], got {x.shape}")
         b, t = x.shape[:2]
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        x = self.embed_inputs(x, positions) if embeddings is None else x.astype(c.dtype)
         states = [x]
         for i, block in enumerate(self.blocks):
             if self.context_lm is not None and i == self.context_lm.layer:
