@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from decoding import cached_logits
 from flax import nnx
 
 from lcjax import attention
@@ -155,18 +156,9 @@ def _decode_matches_full(config, steps=(6, 1, 1, 1)):
     def full(m, toks):
         return m(toks)
 
-    @nnx.jit
-    def step(m, toks, cache):
-        return m(toks, cache=cache)
-
     want = full(model, tokens)
-    cache, outs, start = model.init_cache(B, 16), [], 0
-    for n in steps:
-        logits, cache = step(model, tokens[:, start:start + n], cache)
-        outs.append(logits)
-        start += n
-    np.testing.assert_allclose(np.asarray(jnp.concatenate(outs, 1)), np.asarray(want),
-                               atol=2e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(cached_logits(model, tokens, steps, 16)),
+                               np.asarray(want), atol=2e-5, rtol=0)
     return model, tokens
 
 
