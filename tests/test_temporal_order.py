@@ -48,6 +48,10 @@ def test_item_fields_agree_with_text(items):
             assert start <= off < start + 40
         assert it.distance == abs(it.passages[0] - it.passages[1]) >= 1
         assert it.prompt.startswith(it.context)
+        question = it.prompt.rindex(b"Question:")
+        for snip, off, label in zip(it.snippets, it.quote_offsets, b"AB"):
+            assert off > question and it.prompt[off:off + 12] == snip
+            assert it.prompt[off - 4:off] == bytes([label]) + b': "'
 
 
 def test_balance_of_answers_and_distances(items):

@@ -98,6 +98,13 @@ class OrderItem:
         """0 when A came first, 1 when B did."""
         return 0 if self.answer == b"A" else 1
 
+    @property
+    def quote_offsets(self) -> tuple[int, int]:
+        """Byte offset in ``prompt`` of snippet A and of snippet B as quoted in the question
+        (``snippet_offsets`` are their occurrences in the book)."""
+        a = len(self.context) + len(QUESTION) + len(b'A: "')
+        return a, a + len(self.snippets[0]) + len(b'"\nB: "')
+
     def as_sample(self) -> Sample:
         """The item as a :class:`lcjax.data.ruler.Sample` (needles = the two snippets at
         their places in the book), for ``make_batch``, suites and the evaluator."""
