@@ -17,9 +17,10 @@ device, :mod:`lcjax.bench.context_parallel`):
    ``value_and_grad`` (with ``grad`` alone XLA dropped the forward work nobody reads:
    all of UPipe's recomputing forward, Ulysses' output projection).
 
-Quick: D = 64 (d_model 2048), T = 8K and 32K, UPipe's largest T from the per-token fit
-checked by one compile (a proven lower bound). Full: T = 32K and 128K (the issue's
-setting; each compile ≈ 45 s on a loaded 2-CPU machine), a search of up to 3 compiles.
+Quick: D = 64 (d_model 2048), T = 32K and 128K (the issue's lengths: the memory claims
+are compile-only, and between 8K and 32K the GQA split was not physical — a few MiB against
+the buffer packing's noise), UPipe's largest T from the per-token fit checked by one compile
+(a proven lower bound). Full: the same lengths, a search of up to 3 compiles.
 Step times at T = 2048 (quick) / 512, 1024, 2048 and 4096 (full), interleaved in
 one process; claim 4 is judged at the longest timed T and prints every ratio. At short T
 with d_model = 2048 the projections are most of a step (at T = 512: ≈ 4.0 of 4.5 GFLOP per
@@ -42,7 +43,7 @@ from pathlib import Path
 
 from experiments.common import Claim, Experiment, Result, machine_info, write_json
 
-SETTINGS = {True: dict(head_dim=64, seq_lens=(8192, 32768), block=512,
+SETTINGS = {True: dict(head_dim=64, seq_lens=(32768, 131072), block=512,
                        time_lens=(2048,), search_compiles=1, repeats=2),
             False: dict(head_dim=64, seq_lens=(32768, 131072), block=512,
                         time_lens=(512, 1024, 2048, 4096), search_compiles=3, repeats=3)}
@@ -144,7 +145,7 @@ EXPERIMENT = Experiment(
     summary="per-device compiled memory of one layer's fwd+bwd, UPipe vs Ulysses, H=32, C=8, "
             "GQA and MHA: reduction, largest-T gain, step-time ratio",
     run=run,
-    quick_budget_s=110,  # 82 s quiet (2026-12-05, step timed at T = 2048); 61 s at T = 512
+    quick_budget_s=110,  # 85 s quiet (2026-12-05 08:50, T = 32K and 128K, step at T = 2048)
 )
 
 
