@@ -17,7 +17,7 @@ def test_slope_and_se_equal_linregress_and_the_per_distance_fit():
     rng = np.random.default_rng(3)
     d = np.tile(np.arange(1, 6), 40)                       # balanced, as order_item makes them
     correct = rng.random(d.size) < 0.4 + 0.08 * d
-    b, se = E.slope(correct, _items(d))
+    b, se = E.slope(correct, d)
     ref = stats.linregress(d, correct.astype(float))
     np.testing.assert_allclose([b, se], [ref.slope, ref.stderr], rtol=1e-10)
     acc = E.by_distance(correct, _items(d))
@@ -40,20 +40,40 @@ def _run(accuracy, slope=0.05, se=0.01, drop_top=0.2, drop_random=0.0, long_accu
             "long_distance_slope_se": se,
             "probe_r2_by_layer": [0.1, 0.9],
             "probe_r2_by_layer_at_init": [0.0, 0.5],
+            "learning_curve": [{"step": 5, "accuracy": 0.5, "distance_slope": 0.0,
+                                "distance_slope_se": 0.01, "accuracy_by_distance": {1: 0.5}},
+                               {"step": 10, "accuracy": accuracy, "distance_slope": slope,
+                                "distance_slope_se": se, "accuracy_by_distance": {1: 0.8}}],
             "ablation": {"answer": ablation, "quotes": {**ablation, "top_head": (0, 1)}}}
 
 
 def test_claims_need_a_model_above_chance():
     learned = [c.holds for c in E.claims_of(_run(0.8), 400)]
     chance = [c.holds for c in E.claims_of(_run(0.5, long_accuracy=0.5), 400)]
-    assert learned == [True] * 6
-    assert chance == [False, False, False, True, False, False]  # the probe claim stands alone
+    assert learned == [True] * 7
+    assert chance == [False, False, False, False, True, False, False]  # the probe stands alone
     assert not E.claims_of(_run(0.8, slope=0.015, se=0.01), 400)[1].holds   # < 2 SE
-    assert not E.claims_of(_run(0.8, long_accuracy=0.55), 400)[2].holds      # long at chance
+    assert not E.claims_of(_run(0.8, slope=0.015, se=0.01), 400)[2].holds   # mid-learning too
+    assert not E.claims_of(_run(0.8, long_accuracy=0.55), 400)[3].holds      # long at chance
     assert not any(c.holds for c in E.claims_of(_run(0.8, drop_top=0.1, drop_random=0.15),
-                                                400)[4:])
-    assert not E.claims_of({**_run(0.8), "probe_r2_by_layer_at_init": [0.95, 0.1]}, 400)[3].holds
-    assert not E.claims_of({**_run(0.8), "probe_r2_by_layer": [0.1, 0.45]}, 400)[3].holds
+                                                400)[5:])
+    assert not E.claims_of({**_run(0.8), "probe_r2_by_layer_at_init": [0.95, 0.1]}, 400)[4].holds
+    assert not E.claims_of({**_run(0.8), "probe_r2_by_layer": [0.1, 0.45]}, 400)[4].holds
+
+
+def test_learning_curve_rebuilds_the_per_item_fit_and_picks_the_midpoint():
+    rng = np.random.default_rng(4)
+    d = np.tile([1, 2, 3], 40)
+    correct = rng.random(d.size) < 0.3 + 0.2 * d
+    acc = {k: correct[d == k].mean() for k in (1, 2, 3)}
+    evals = [{"step": 7, **{f"eval_acc_d{k}": v for k, v in acc.items()}},
+             {"step": 9, **{f"eval_acc_d{k}": 1.0 for k in (1, 2, 3)}}]
+    curve = E.learning_curve(evals, {1: 40, 2: 40, 3: 40})
+    ref = stats.linregress(d, correct.astype(float))
+    np.testing.assert_allclose([curve[0]["distance_slope"], curve[0]["distance_slope_se"]],
+                               [ref.slope, ref.stderr], rtol=1e-10)
+    assert curve[0]["accuracy"] == correct.mean() and curve[1]["accuracy"] == 1.0
+    assert E.mid_learning(curve)["step"] == (7 if abs(correct.mean() - 0.75) < 0.25 else 9)
 
 
 def test_top_vs_random_reads_the_drop_table():

@@ -44,9 +44,10 @@ BOOK = dict(num_passages=4, passage_bytes=8, snippet_bytes=8)  # quote whole pas
 MODEL = dict(d_model=64, num_layers=3, num_heads=4, num_kv_heads=4, head_dim=16, mlp_hidden=256,
              max_len=256, position="rope", attention="jax")
 SETTINGS = {
-    True: dict(sources=("random",), seeds=(0,), steps=12, batch=8, n_eval=32, n_heads_eval=16),
+    True: dict(sources=("random",), seeds=(0,), steps=12, batch=8, n_eval=32, n_heads_eval=16,
+               eval_every=6),
     False: dict(sources=("random", "shakespeare"), seeds=(0,), steps=3000, batch=32,
-                n_eval=400, n_heads_eval=64),
+                n_eval=400, n_heads_eval=64, eval_every=125),
 }
 EVAL_SEED = 1000  # held-out books: no training seed reaches it
 RANDOM_HEADS = 3
@@ -64,23 +65,80 @@ def model_config():
     return DecoderConfig(vocab_size=VOCAB_SIZE, **MODEL)
 
 
+def distance_accuracy_eval(model, batch, rng):
+    """Eval hook for ``lcjax.train.train``: (answer-byte NLL, ``{"acc_d<d>": (accuracy of
+    the items at distance d, their count)}``); correct = the right letter's logit beats the
+    other's at the answer position (as :func:`accuracy`). ``batch``: ``TemporalOrderSource``
+    rows (``inputs``, ``targets``, ``loss_mask`` on the answer byte, ``distance``)."""
+    import jax
+    import jax.numpy as jnp
+
+    del rng
+    logits = model(batch["inputs"]).astype(jnp.float32)            # [B, T, V]
+    rows = jnp.arange(logits.shape[0])
+    pos = jnp.argmax(batch["loss_mask"] > 0, axis=1)                # the answer byte
+    at = logits[rows, pos]                                          # [B, V]
+    target = batch["targets"][rows, pos]
+    other = jnp.where(target == ord("A"), ord("B"), ord("A"))
+    correct = (at[rows, target] > at[rows, other]).astype(jnp.float32)
+    nll = -jnp.mean(jax.nn.log_softmax(at)[rows, target])
+    mets = {}
+    for d in range(1, BOOK["num_passages"]):
+        sel = (batch["distance"] == d).astype(jnp.float32)
+        n = sel.sum()
+        mets[f"acc_d{d}"] = (jnp.sum(correct * sel) / jnp.maximum(n, 1.0), n)
+    return nll, mets
+
+
 def train_model(source: str, s: dict, seed: int):
     """``MODEL`` trained from scratch (init seed ``seed``) on
-    ``TemporalOrderSource(seed=seed)`` rows with ``answer_weighted_loss(OTHER_WEIGHT)``."""
+    ``TemporalOrderSource(seed=seed)`` rows with ``answer_weighted_loss(OTHER_WEIGHT)``;
+    every ``s["eval_every"]`` steps the held-out items' accuracy by distance
+    (:func:`distance_accuracy_eval`) goes into ``TrainResult.evals``."""
     import grain
 
     from lcjax.data import TemporalOrderSource
     from lcjax.train import TrainConfig, train
     from lcjax.train.losses import answer_weighted_loss
 
-    src = TemporalOrderSource(s["steps"] * s["batch"], seed=seed, source=source, **BOOK)
     keep = ("inputs", "targets", "loss_mask")
+    src = TemporalOrderSource(s["steps"] * s["batch"], seed=seed, source=source, **BOOK)
     ds = grain.MapDataset.source(src).map(lambda r: {k: r[k] for k in keep}).batch(s["batch"])
+    held_out = TemporalOrderSource(s["n_eval"], seed=EVAL_SEED, source=source, **BOOK)
+    eval_batch_rows = min(50, s["n_eval"])
+    eval_ds = grain.MapDataset.source(held_out).map(
+        lambda r: {k: r[k] for k in (*keep, "distance")}).batch(eval_batch_rows)
     tcfg = TrainConfig(steps=s["steps"], batch_size=s["batch"], seq_len=src.seq_len, lr=LR,
                        warmup_steps=max(1, min(100, s["steps"] // 4)), seed=seed,
-                       eval_every=0, eval_batches=0, progress=False,
+                       eval_every=s["eval_every"],
+                       eval_batches=-(-s["n_eval"] // eval_batch_rows), progress=False,
                        log_every=max(1, s["steps"] // 60))
-    return train(model_config(), tcfg, dataset=ds, loss_fn=answer_weighted_loss(OTHER_WEIGHT))
+    return train(model_config(), tcfg, dataset=ds, eval_dataset=eval_ds,
+                 eval_fn=distance_accuracy_eval, loss_fn=answer_weighted_loss(OTHER_WEIGHT))
+
+
+def learning_curve(evals: list[dict], counts: dict[int, int]) -> list[dict]:
+    """Per evaluation: step, accuracy by distance, overall accuracy and the distance slope
+    ± SE of :func:`slope` on the per-item 0/1 outcomes that those accuracies and the
+    held-out items' ``counts`` per distance imply."""
+    out = []
+    dists = sorted(counts)
+    for e in evals:
+        acc = {d: float(e[f"eval_acc_d{d}"]) for d in dists}
+        correct = np.concatenate([np.arange(counts[d]) < round(acc[d] * counts[d])
+                                  for d in dists])
+        distances = np.concatenate([np.full(counts[d], d) for d in dists])
+        b, se = slope(correct, distances)
+        out.append({"step": int(e["step"]), "accuracy_by_distance": acc,
+                    "accuracy": float(correct.mean()), "distance_slope": b,
+                    "distance_slope_se": se})
+    return out
+
+
+def mid_learning(curve: list[dict]) -> dict:
+    """The evaluation whose accuracy is closest to 0.75, half-way from chance to perfect
+    (the earliest on ties)."""
+    return min(curve, key=lambda c: (abs(c["accuracy"] - 0.75), c["step"]))
 
 
 def initial_model(seed: int = 0):
@@ -127,13 +185,13 @@ def by_distance(correct, items) -> dict[int, float]:
     return {int(k): float(correct[d == k].mean()) for k in np.unique(d)}
 
 
-def slope(correct, items) -> tuple[float, float]:
-    """Least-squares slope of per-item correctness (0/1) on distance, and its standard
-    error (``scipy.stats.linregress``; balanced distances: the same slope as the
+def slope(correct, distances) -> tuple[float, float]:
+    """Least-squares slope of per-item correctness (0/1) on distance (per item), and its
+    standard error (``scipy.stats.linregress``; balanced distances: the same slope as the
     per-distance accuracies')."""
     from scipy import stats
 
-    fit = stats.linregress([it.distance for it in items], np.asarray(correct, float))
+    fit = stats.linregress(np.asarray(distances, float), np.asarray(correct, float))
     return float(fit.slope), float(fit.stderr)
 
 
@@ -208,11 +266,11 @@ def study(source: str, s: dict, seed: int) -> dict:
     items, rows = eval_batch(source, s["n_eval"])
     correct = accuracy(model, rows, items)
     acc = float(correct.mean())
-    b, se = slope(correct, items)
+    b, se = slope(correct, [it.distance for it in items])
     long_items, long_rows = eval_batch(source, s["n_eval"], LONG_PASSAGES)
     long_correct = accuracy(model, long_rows, long_items)
-    long_b, long_se = slope(long_correct, long_items)
-    k = s["n_heads_eval"]
+    long_b, long_se = slope(long_correct, [it.distance for it in long_items])
+    k, n = s["n_heads_eval"], BOOK["num_passages"]
     mass = {q: head_scores(model, rows[:k], items[:k], q) for q in ("answer", "quotes")}
     drops = ablation_drops(model, rows, items, acc, mass["answer"].shape)
     answer_nll = [h["answer_nll"] for h in res.history if "answer_nll" in h]
@@ -231,6 +289,8 @@ def study(source: str, s: dict, seed: int) -> dict:
             "ablation": {q: top_vs_random(m, drops) for q, m in mass.items()},
             "final_train_loss": res.losses[-1], "answer_nll_history": answer_nll,
             "history_steps": [h["step"] for h in res.history if "answer_nll" in h],
+            "learning_curve": learning_curve(
+                res.evals, {d: sum(it.distance == d for it in items) for d in range(1, n)}),
             "steps": s["steps"], "wall_s": time.perf_counter() - start,
             "cpu_s": time.process_time() - cpu}
 
@@ -241,6 +301,7 @@ def claims_of(r: dict, n: int) -> list:
     best = max(r["probe_r2_by_layer"])
     before = max(r["probe_r2_by_layer_at_init"])
     long_learned = above_chance(r["long_accuracy"], n)
+    mid = mid_learning(r["learning_curve"])
     claims = [
         Claim(f"{tag} accuracy above chance", f"> 0.5 + {Z99}·sqrt(0.25/n) (one-sided 99%)",
               f"{r['accuracy']:.3f} (untrained {r['untrained_accuracy']:.3f})",
@@ -249,6 +310,13 @@ def claims_of(r: dict, n: int) -> list:
               "accuracy above chance and slope > 2 SE",
               f"{r['distance_slope']:+.4f} ± {r['distance_slope_se']:.4f} per passage",
               learned and r["distance_slope"] > 2 * r["distance_slope_se"]),
+        Claim(f"{tag} distance effect while learning: at the evaluation nearest 0.75 "
+              f"accuracy (step {mid['step']})", "accuracy there above chance and slope > 2 SE",
+              f"{mid['distance_slope']:+.4f} ± {mid['distance_slope_se']:.4f} per passage "
+              f"(accuracy {mid['accuracy']:.3f}, by distance "
+              + " / ".join(f"{v:.2f}" for v in mid["accuracy_by_distance"].values()) + ")",
+              above_chance(mid["accuracy"], n)
+              and mid["distance_slope"] > 2 * mid["distance_slope_se"]),
         Claim(f"{tag} distance effect on books of {r['long_passages']} passages (twice the "
               "training book)", "accuracy there above chance and slope > 2 SE",
               f"{r['long_distance_slope']:+.4f} ± {r['long_distance_slope_se']:.4f} per "
