@@ -19,11 +19,15 @@ quotes, the Shakespeare base fine-tuned, NoPE, NAPE, absolute positions, a curri
 * the temporal code: a ridge probe (``lcjax.analysis.probes.linear_probe``) from the hidden
   state at each passage's last byte to its index ``k / (n - 1)``, per layer, held out by
   book (``groups``): R², also for the same architecture at its random initialisation;
-* per-head attribution: the attention mass from the last prompt position (the one that
-  predicts the answer) to the two quoted passages' original occurrences in the book
-  (``attention_mass``), averaged over items; the top head is ablated (``ablate_heads``)
-  and the accuracy drop compared with that of ablating each of ``RANDOM_HEADS`` random other
-  heads.
+* the distance effect while learning: the held-out accuracy by distance every
+  ``eval_every`` steps (the train loop's eval hook, :func:`distance_accuracy_eval`), and the
+  slope at the evaluation nearest 0.75 accuracy (:func:`mid_learning`); and on books of
+  ``LONG_PASSAGES`` passages;
+* per-head attribution: the attention mass to the two quoted passages' original occurrences
+  in the book, from the last prompt position (the one that predicts the answer) and from the
+  quotes' bytes in the question (``attention_mass``), averaged over items; every head's
+  ablation drop (``ablate_heads``); for each attribution, the top head's drop against the
+  mean drop of ``RANDOM_HEADS`` random other heads.
 
 Every claim but the probe's needs the accuracy above chance by a one-sided 99% binomial
 margin, so none holds on a model that has not learned the task. Quick mode (a few steps)
