@@ -85,3 +85,13 @@ def test_top_vs_random_reads_the_drop_table():
     assert len(set(out["random_heads"])) == E.RANDOM_HEADS
     assert (2, 1) not in out["random_heads"]
     assert out["drop_random_mean"] == np.mean([drops[h] for h in out["random_heads"]])
+
+
+def test_right_letter_wins_picks_a_on_ties_and_ignores_other_bytes():
+    logits = np.zeros((4, 256), np.float32)
+    logits[0, ord("B")] = 1.0              # B larger
+    logits[2, ord("A")] = 1.0              # A larger
+    logits[:, ord("C")] = 5.0              # a third letter never counts
+    target = np.array([ord("B"), ord("A"), ord("B"), ord("A")])  # row 1: tie -> A
+    got = np.asarray(E.right_letter_wins(logits, target))
+    assert got.tolist() == [True, True, False, True]

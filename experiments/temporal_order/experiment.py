@@ -71,8 +71,8 @@ def model_config():
 
 def distance_accuracy_eval(model, batch, rng):
     """Eval hook for ``lcjax.train.train``: (answer-byte NLL, ``{"acc_d<d>": (accuracy of
-    the items at distance d, their count)}``); correct = the right letter's logit beats the
-    other's at the answer position (as :func:`accuracy`). ``batch``: ``TemporalOrderSource``
+    the items at distance d, their count)}``); correct by :func:`right_letter_wins` at the
+    answer position, as :func:`accuracy`. ``batch``: ``TemporalOrderSource``
     rows (``inputs``, ``targets``, ``loss_mask`` on the answer byte, ``distance``)."""
     import jax
     import jax.numpy as jnp
@@ -83,8 +83,7 @@ def distance_accuracy_eval(model, batch, rng):
     pos = jnp.argmax(batch["loss_mask"] > 0, axis=1)                # the answer byte
     at = logits[rows, pos]                                          # [B, V]
     target = batch["targets"][rows, pos]
-    other = jnp.where(target == ord("A"), ord("B"), ord("A"))
-    correct = (at[rows, target] > at[rows, other]).astype(jnp.float32)
+    correct = right_letter_wins(at, target).astype(jnp.float32)
     nll = -jnp.mean(jax.nn.log_softmax(at)[rows, target])
     mets = {}
     for d in range(1, BOOK["num_passages"]):
@@ -179,9 +178,16 @@ def accuracy(model, rows, items) -> np.ndarray:
     if _last_logits is None:
         _last_logits = nnx.jit(lambda m, x: m(x)[:, -1])
     logits = np.asarray(_last_logits(model, jnp.asarray(rows)))
-    a, b = ord("A"), ord("B")
-    pred = np.where(logits[:, a] >= logits[:, b], b"A", b"B")
-    return pred == np.array([it.answer for it in items])
+    return np.asarray(right_letter_wins(logits, np.array([ord(it.answer) for it in items])))
+
+
+def right_letter_wins(logits, target):
+    """[B] bool: at answer-position logits [B, V], the model's pick between ``A`` and ``B``
+    (``A`` unless ``B``'s logit is larger) is ``target`` [B] (byte values)."""
+    import jax.numpy as jnp
+
+    pick = jnp.where(logits[:, ord("A")] >= logits[:, ord("B")], ord("A"), ord("B"))
+    return pick == target
 
 
 def by_distance(correct, items) -> dict[int, float]:
