@@ -85,6 +85,10 @@ def test_top_vs_random_reads_the_drop_table():
     assert len(set(out["random_heads"])) == E.RANDOM_HEADS
     assert (2, 1) not in out["random_heads"]
     assert out["drop_random_mean"] == np.mean([drops[h] for h in out["random_heads"]])
+    for top in range(4):                   # 3 of the 3 other heads: never the top one
+        scores = np.eye(4)[top][None]
+        picks = E.top_vs_random(scores, np.ones((1, 4)))["random_heads"]
+        assert sorted(picks) == [(0, h) for h in range(4) if h != top]
 
 
 def test_right_letter_wins_picks_a_on_ties_and_ignores_other_bytes():
@@ -95,3 +99,22 @@ def test_right_letter_wins_picks_a_on_ties_and_ignores_other_bytes():
     target = np.array([ord("B"), ord("A"), ord("B"), ord("A")])  # row 1: tie -> A
     got = np.asarray(E.right_letter_wins(logits, target))
     assert got.tolist() == [True, True, False, True]
+
+
+def test_eval_hook_equals_the_held_out_accuracy_by_distance():
+    # the train loop's per-distance hook on padded grain rows = accuracy() on prompt rows
+    import jax.numpy as jnp
+
+    from lcjax.data import TemporalOrderSource
+
+    model = E.initial_model(3)
+    src = TemporalOrderSource(12, seed=E.EVAL_SEED, source="random", **E.BOOK)
+    batch = {k: jnp.asarray(np.stack([src[i][k] for i in range(12)]))
+             for k in ("inputs", "targets", "loss_mask", "distance")}
+    _, mets = E.distance_accuracy_eval(model, batch, None)
+    items, rows = E.eval_batch("random", 12)
+    want = E.by_distance(E.accuracy(model, rows, items), items)
+    for d, acc in want.items():
+        value, count = mets[f"acc_d{d}"]
+        assert int(count) == sum(it.distance == d for it in items)
+        np.testing.assert_allclose(float(value), acc)
