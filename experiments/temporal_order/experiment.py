@@ -7,7 +7,7 @@ and distances; the synthetic random-word control (only position tells the order)
 Shakespeare text. The model is ``MODEL`` (``lcjax.nn.DecoderLM``: 3 layers, d = 64, RoPE),
 trained from scratch by ``lcjax.train.train`` with ``answer_weighted_loss(OTHER_WEIGHT)``:
 weight 1 on the answer byte and ``OTHER_WEIGHT`` on every other byte (the book and the quotes,
-so the copying heads that find a quote in the book get trained). Ten earlier set-ups (4-byte
+so the copying heads that find a quote in the book get trained). Eleven earlier set-ups (4-byte
 quotes, the Shakespeare base fine-tuned, NoPE, NAPE, absolute positions, a curriculum, up to
 3,000 steps) stayed at chance; quoting the whole passage is what made the task learnable
 (``docs/temporal_order.md``). On held-out items (seed ``EVAL_SEED``: new books) we measure:
