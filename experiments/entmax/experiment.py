@@ -602,13 +602,17 @@ if __name__ == "__main__":
     parser.add_argument("--eval-items", type=int, help="items per length")
     parser.add_argument("--tasks", help="comma-separated tasks (default: the setting's)")
     parser.add_argument("--variants", help="comma-separated variants (default: the setting's)")
+    parser.add_argument("--seeds", help="comma-separated seeds (default: the setting's); runs "
+                        "of other seeds in --out are left alone, so seeds can train in "
+                        "parallel processes")
     parser.add_argument("--out", type=Path, default=Path("reports/entmax"))
     args = parser.parse_args()
     base = FULL if args.full else QUICK
     over = {k: v for k, v in {
         "max_steps": args.steps, "eval_items": args.eval_items,
         "tasks": tuple(args.tasks.split(",")) if args.tasks else None,
-        "variants": tuple(args.variants.split(",")) if args.variants else None}.items()
+        "variants": tuple(args.variants.split(",")) if args.variants else None,
+        "seeds": tuple(int(x) for x in args.seeds.split(",")) if args.seeds else None}.items()
         if v is not None}
     result = run(not args.full, args.out, setting=dataclasses.replace(base, **over))
     for c in result.claims:
