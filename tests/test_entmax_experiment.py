@@ -65,6 +65,8 @@ def test_verdict_holds_only_for_a_real_gain_after_a_match():
     held = E.verdict(task, "rope", "entmax", cells, rng)
     same = E.verdict(task, "rope", "asentmax", cells, rng)
     assert held.holds and "gain +" in held.ours
+    n_e, n_s = (len(cells[v, "rope"]["seeds"]) for v in ("entmax", "softmax"))
+    assert f"learned seeds {n_e}/{n_e} vs {n_s}/{n_s}" in held.ours
     assert not same.holds
     # a gain at long context without a match at 1× does not hold
     cells[("entmax", "rope")] = _cell(_runs({**better, 1: 0.90}, seed=4))

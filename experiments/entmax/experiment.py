@@ -367,7 +367,8 @@ def _plot(path: Path, task: Task, cells: dict, positions) -> None:
         ax.set_xlabel("length (× L, bytes)")
         ax.set_ylabel("exact match of greedy answer (%)")
         ax.set_title(f"{task.name}, {pos}, trained at L = {task.train_len}")
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.suptitle("learned models only; bands: 95% bootstrap over seeds and items", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -413,7 +414,9 @@ def verdict(task: Task, pos: str, sparse: str, cells: dict, rng) -> Claim | None
     lo, hi = interval(diff)
     gain = float(s["long"].mean() - b["long"].mean())
     match = s["mean"][1] >= b["mean"][1] - MATCH_TOL
-    ours = (f"1×: {100 * s['mean'][1]:.1f}% vs {100 * b['mean'][1]:.1f}%; 2×–16× mean "
+    seeds = (f"learned seeds {len(s['learned_seeds'])}/{len(s['seeds'])} vs "
+             f"{len(b['learned_seeds'])}/{len(b['seeds'])}; ")
+    ours = (seeds + f"1×: {100 * s['mean'][1]:.1f}% vs {100 * b['mean'][1]:.1f}%; 2×–16× mean "
             f"{100 * s['long'].mean():.1f}% vs {100 * b['long'].mean():.1f}% (gain "
             f"{100 * gain:+.1f} pts, 95% [{100 * lo:+.1f}, {100 * hi:+.1f}])")
     return Claim(name, target, ours, bool(match and lo > 0))
