@@ -263,6 +263,29 @@ def test_block_sparsity_on_clustered_input(causal, expected):
     assert float(aux0["block_sparsity"]) == 0.0
 
 
+@pytest.mark.parametrize("alpha,solver,causal", [(1.5, "histogram", True),
+                                                  (1.5, "histogram", False),
+                                                  (2.0, "newton", True), (1.3, "bisect", True)])
+def test_solve_passes_skipping_blocks_stay_exact(alpha, solver, causal):
+    """Local (RoPE'd, λ = 2) inputs: most 4 x 4 tiles hold no weight, so the histogram and
+    solver passes skip the key blocks whose every z is at or below the row's lower bound
+    (origin, bracket lo). τ and the output still equal the dense reference's (float64: the
+    scores reach ~30 here, where float32 rounding alone moves τ by ~1e-5). Skipping above
+    origin·0.3, lo + 0.2 or even the bracket's hi instead breaks it (checked by mutation)."""
+    from lcjax.bench.entmax import locality_inputs
+
+    with jax.enable_x64(True):
+        q, k, v, _ = (x.astype(jnp.float64) for x in locality_inputs(64, 2, 16, 2.0, seed=3))
+        out, aux = entmax_attention(q, k, v, alpha=alpha, causal=causal, solver=solver,
+                                    return_aux=True, block_q=4, block_kv=4, tol=1e-12)
+        method = "sort" if alpha in (1.5, 2.0) else "bisect"
+        ref, sc = dense(q, k, v, alpha, method, causal=causal)
+        tau_ref = jnp.moveaxis(threshold(sc, alpha, axis=-1, method=method)[0][..., 0], 1, 2)
+    assert float(aux["block_sparsity"]) >= 0.5
+    np.testing.assert_allclose(out, ref, atol=1e-9, rtol=0)
+    np.testing.assert_allclose(aux["tau"], tau_ref, atol=1e-9)
+
+
 def test_blockwise_memory_is_not_quadratic():
     """The compiled forward + backward needs temporaries well below one float32 [H, T, S]
     score matrix (8 MiB here; dense attention needs about twice that for the forward

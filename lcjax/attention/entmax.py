@@ -200,13 +200,22 @@ def _solve_block(cfg: _Cfg, qi, qb, k, masking: Masking, alpha, refs) -> _RowSta
         carry = match_varying(carry, *refs)
         return fold_kv_blocks(plan, qi, qb, k, masking, body, carry, live=live)
 
-    # 1. one pass: row max and the power-mean origin (online, docs/entmax.md)
+    # 1. one pass: row max and the power-mean origin (online, docs/entmax.md), and each
+    #    row's max score per key block (what lets the later passes skip blocks)
+    def with_tile_max(update):
+        def body(kj, s, c):
+            tmax = lax.dynamic_update_index_in_dim(c[1], jnp.max(s, -1).astype(dt), kj, -1)
+            return update(s, c[0]), tmax
+        return body
+
+    tile_max0 = jnp.full(row[:-1] + (nk,), -jnp.inf, dt)  # [B, Hkv, G, bq, nk]
     if sol.init == "bracket":
-        xmax = fold(lambda kj, s, c: jnp.maximum(c, jnp.max(s, -1, keepdims=True)),
-                    jnp.full(row, -jnp.inf, dt))
+        xmax, tile_max = fold(with_tile_max(lambda s, c: jnp.maximum(
+            c, jnp.max(s, -1, keepdims=True))), (jnp.full(row, -jnp.inf, dt), tile_max0))
         acc = None
     else:
-        acc = fold(lambda kj, s, c: origin_sums_update(c, s, am1, dt), origin_sums_init(row, dt))
+        acc, tile_max = fold(with_tile_max(lambda s, c: origin_sums_update(c, s, am1, dt)),
+                             (origin_sums_init(row, dt), tile_max0))
         xmax = acc.xmax
     valid_q = (qi * plan.block_q + jnp.arange(plan.block_q) < plan.q_len)[:, None]
     xmax = jnp.where(valid_q, xmax, -jnp.inf)  # padded query rows are empty
@@ -215,6 +224,13 @@ def _solve_block(cfg: _Cfg, qi, qb, k, masking: Masking, alpha, refs) -> _RowSta
     def zfun(s):
         return shifted_scores(s, m, am1, dt)
 
+    tile_zmax = jnp.where(valid_q, zfun(tile_max), -jnp.inf)  # [B, Hkv, G, bq, nk]
+
+    def above(theta):
+        """Key blocks holding some z > θ (θ [B, Hkv, G, bq, 1], per row), for any row and
+        head: the others add nothing to a pass whose terms vanish at z ≤ θ."""
+        return jnp.any(tile_zmax > theta, axis=(0, 1, 2, 3))
+
     hi = -jnp.power(jnp.asarray(float(plan.kv_len), dt), -jnp.asarray(am1, dt)) + jnp.zeros(row, dt)
     lo = jnp.full(row, -1.0, dt)
     if sol.init == "bracket":
@@ -222,7 +238,8 @@ def _solve_block(cfg: _Cfg, qi, qb, k, masking: Masking, alpha, refs) -> _RowSta
     else:
         origin = power_mean_origin(acc.n, acc.s, am1)
         if sol.init == "histogram":  # 2. histogram bracket and Hermite initial iterate
-            lo, hi, t0 = _histogram_pass(cfg, fold, zfun, origin)
+            lo, hi, t0 = _histogram_pass(
+                cfg, functools.partial(fold, live=above(origin)), zfun, origin)
         else:
             lo, t0 = origin, origin
     t0 = jnp.where(dead, jnp.inf, t0)
@@ -242,9 +259,11 @@ def _solve_block(cfg: _Cfg, qi, qb, k, masking: Masking, alpha, refs) -> _RowSta
                                                   axis=-1)
             return _add(acc[0], p), _add(acc[1], stats), gap
 
+        # a block with every z ≤ lo ≤ τ adds nothing, and stays dead at the final τ (≥ lo)
         zero = jnp.zeros(row, dt)
         p, stats, gap = fold(acc_stats, (zero, (zero, zero, zero),
-                                         jnp.full((b, hk, g, nk), -jnp.inf, dt)))
+                                         jnp.full((b, hk, g, nk), -jnp.inf, dt)),
+                             live=above(lo))
         f = p - 1.0
         new_tau, lo, hi = solver_step(sol.kind, tau, f, stats, lo, hi)
         polished = jnp.clip(polish_step(sol.kind, tau, f, stats), lo, hi)
