@@ -10,10 +10,13 @@ v2, AdaSplash-2, with the histogram-initialised threshold). Per query row i of h
     p_ij = [z_ij - τ_i]₊^{1/(α_h-1)},  τ_i such that Σ_j p_ij = 1,   out_i = Σ_j p_ij v_j.
 
 The [T, S] scores are never built: per query block, one pass over key blocks gives the row
-max and the power-mean origin together, one the histogram (α ∈ {1.5, 2}), one each solver
-step (:func:`lcjax.entmax.solver_step`; a converged row takes :func:`lcjax.entmax.polish_step`
-from the same sums), and the output pass visits only the tiles the τ_build/τ_final rule
-keeps live. ``docs/entmax.md`` has the derivation (edges, per-edge sums, Hermite root,
+max and the power-mean origin together (and keeps each row's max per key block), one the
+histogram (α ∈ {1.5, 2}), one each solver step (:func:`lcjax.entmax.solver_step`; a
+converged row takes :func:`lcjax.entmax.polish_step` from the same sums), and the output
+pass visits only the tiles the τ_build/τ_final rule keeps live. The histogram and solver
+passes skip the key blocks in which, for every row of the query block, the largest z is at
+or below the row's lower bound of τ (the histogram origin; the bracket's lo): their terms
+[z - e]₊ and [z - τ]₊ vanish there, and such a block holds no weight at the final τ. ``docs/entmax.md`` has the derivation (edges, per-edge sums, Hermite root,
 steps, the tile rule, the backward and dα); the step and histogram rules are those of
 :mod:`lcjax.entmax`, the tiling that of :mod:`lcjax.attention.blocks`.
 
