@@ -16,8 +16,9 @@ converged row takes :func:`lcjax.entmax.polish_step` from the same sums), and th
 pass visits only the tiles the τ_build/τ_final rule keeps live. The histogram and solver
 passes skip the key blocks in which, for every row of the query block, the largest z is at
 or below the row's lower bound of τ (the histogram origin; the bracket's lo): their terms
-[z - e]₊ and [z - τ]₊ vanish there, and such a block holds no weight at the final τ. ``docs/entmax.md`` has the derivation (edges, per-edge sums, Hermite root,
-steps, the tile rule, the backward and dα); the step and histogram rules are those of
+[z - e]₊ and [z - τ]₊ vanish there, and such a block holds no weight at the final τ.
+``docs/entmax.md`` has the derivation (edges, per-edge sums, Hermite root, steps, the tile
+rule, the backward and dα); the step and histogram rules are those of
 :mod:`lcjax.entmax`, the tiling that of :mod:`lcjax.attention.blocks`.
 
 Registered specs: ``"entmax"`` and ``"sparsemax"`` (α = 2), implementations ``"pallas"``
