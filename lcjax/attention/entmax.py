@@ -204,23 +204,15 @@ def _solve_block(cfg: _Cfg, qi, qb, k, masking: Masking, alpha, refs) -> _RowSta
         carry = match_varying(carry, *refs)
         return fold_kv_blocks(plan, qi, qb, k, masking, body, carry, live=live)
 
-    # 1. one pass: row max and the power-mean origin (online, docs/entmax.md), and each
-    #    row's max score per key block (what lets the later passes skip blocks)
-    def with_tile_max(update):
-        def body(kj, s, c):
-            tmax = lax.dynamic_update_index_in_dim(c[1], jnp.max(s, -1).astype(dt), kj, -1)
-            return update(s, c[0]), tmax
-        return body
+    # 1. one pass: each row's max score per key block (what lets the later passes skip
+    #    blocks; the row max is their max) and the power-mean origin (online, docs/entmax.md)
+    def first_pass(kj, s, c):
+        tile_max = lax.dynamic_update_index_in_dim(c[0], jnp.max(s, -1).astype(dt), kj, -1)
+        return tile_max, (None if c[1] is None else origin_sums_update(c[1], s, am1, dt))
 
-    tile_max0 = jnp.full(row[:-1] + (nk,), -jnp.inf, dt)  # [B, Hkv, G, bq, nk]
-    if sol.init == "bracket":
-        xmax, tile_max = fold(with_tile_max(lambda s, c: jnp.maximum(
-            c, jnp.max(s, -1, keepdims=True))), (jnp.full(row, -jnp.inf, dt), tile_max0))
-        acc = None
-    else:
-        acc, tile_max = fold(with_tile_max(lambda s, c: origin_sums_update(c, s, am1, dt)),
-                             (origin_sums_init(row, dt), tile_max0))
-        xmax = acc.xmax
+    acc0 = None if sol.init == "bracket" else origin_sums_init(row, dt)
+    tile_max, acc = fold(first_pass, (jnp.full(row[:-1] + (nk,), -jnp.inf, dt), acc0))
+    xmax = jnp.max(tile_max, -1, keepdims=True)  # [B, Hkv, G, bq, 1]
     valid_q = (qi * plan.block_q + jnp.arange(plan.block_q) < plan.q_len)[:, None]
     xmax = jnp.where(valid_q, xmax, -jnp.inf)  # padded query rows are empty
     m, dead = max_shift(xmax, dt), xmax == -jnp.inf
