@@ -1,5 +1,10 @@
-"""What every experiment returns: claims checked (claim, our number, holds or not),
-numbers for the JSON report and figure paths for the markdown report."""
+"""What every experiment returns: claims checked (claim, our number, a verdict), numbers for
+the JSON report and figure paths for the markdown report.
+
+A verdict is one of three (``VERDICTS``): **holds**, **fails**, or **not tested** — the
+claim's precondition (e.g. "both arms learned the task: >= 90% at 1x L") was not met, so our
+number says nothing about the claim. A claim whose precondition is unmet is never "fails".
+"""
 
 from __future__ import annotations
 
@@ -10,15 +15,44 @@ from pathlib import Path
 
 from lcjax.bench.timing import json_default, machine_info  # noqa: F401 (re-exported)
 
+VERDICTS = ("holds", "fails", "not tested")
+
 
 @dataclass(frozen=True)
 class Claim:
-    """One checkable statement: what is claimed, the target, what we measured, verdict."""
+    """One checkable statement: what is claimed, the target, what we measured, the verdict.
+
+    ``holds``: True (holds), False (fails) or None (not tested: ``precondition`` unmet, and
+    ``ours`` says why). ``precondition``: what must be true for the number to test the
+    claim (empty when the check needs none beyond the run finishing).
+    """
 
     claim: str
     target: str
     ours: str
-    holds: bool
+    holds: bool | None
+    precondition: str = ""
+
+    @property
+    def verdict(self) -> str:
+        """"holds", "fails" or "not tested"."""
+        return verdict_of(self.holds)
+
+
+def verdict_of(holds: bool | None) -> str:
+    """The verdict word of a claim's ``holds`` value (True / False / None)."""
+    return "not tested" if holds is None else ("holds" if holds else "fails")
+
+
+def not_tested(claim: str, target: str, why: str, precondition: str) -> Claim:
+    """A claim whose ``precondition`` is unmet: verdict "not tested", ``why`` as our number."""
+    return Claim(claim, target, f"not tested: {why}", None, precondition)
+
+
+def claim_line(c: Claim) -> str:
+    """One printed line per claim: ``[HOLDS|FAILS|NOT TESTED] claim: ours ... (target ...)``."""
+    pre = f"; precondition: {c.precondition}" if c.precondition else ""
+    return f"[{c.verdict.upper()}] {c.claim}: ours {c.ours} (target {c.target}{pre})"
 
 
 @dataclass
@@ -73,8 +107,7 @@ def main(experiment: Experiment, argv=None) -> Result:
     res = experiment.run(not args.full, args.out)
     print(res.notes)
     for c in res.claims:
-        print(f"[{'HOLDS' if c.holds else 'FAILS'}] {c.claim}: ours {c.ours} "
-              f"(target {c.target})")
+        print(claim_line(c))
     return res
 
 

@@ -34,10 +34,13 @@ if str(ROOT) not in sys.path:
 
 from experiments.common import (  # noqa: E402
     TOTAL_QUICK_BUDGET_S,
+    VERDICTS,
     Claim,
     Experiment,
     Result,
+    claim_line,
     machine_info,
+    verdict_of,
     write_json,
 )
 
@@ -122,8 +125,7 @@ def run_one(exp: Experiment, quick: bool, out: Path, command: str) -> tuple[dict
         res = Result(claims=[Claim("experiment ran", "no exception", "crashed", False)])
     seconds = time.perf_counter() - start
     for c in res.claims:
-        print(f"   [{'HOLDS' if c.holds else 'FAILS'}] {c.claim}: ours {c.ours} "
-              f"(target {c.target})", flush=True)
+        print("   " + claim_line(c), flush=True)
     verdict = budget_verdict(seconds, exp.quick_budget_s, quick)
     print(f"   wall time {seconds:.0f} s ({verdict})", flush=True)
     record = {
@@ -161,12 +163,31 @@ def load_records(out: Path, experiments: list[Experiment]) -> dict[str, dict[str
 
 
 def _claims_table(records: dict[str, dict[str, dict]]) -> list[str]:
-    lines = ["| experiment | run | claim | target | ours | holds |", "|---|---|---|---|---|---|"]
+    lines = ["| experiment | run | claim | precondition | target | ours | verdict |",
+             "|---|---|---|---|---|---|---|"]
     for name, by_mode in records.items():
         for mode, rec in by_mode.items():
             for c in rec.get("claims", []):
-                lines.append(f"| {name} | {mode} | {c['claim']} | {c['target']} | {c['ours']} | "
-                             f"{'yes' if c['holds'] else '**no**'} |")
+                verdict = verdict_of(c["holds"])
+                shown = {"holds": "holds", "fails": "**fails**",
+                         "not tested": "*not tested*"}[verdict]
+                lines.append(f"| {name} | {mode} | {c['claim']} | {c.get('precondition') or '-'}"
+                             f" | {c['target']} | {c['ours']} | {shown} |")
+    return lines
+
+
+def verdict_counts(records: dict[str, dict[str, dict]], paper_of: dict[str, str]
+                   ) -> list[str]:
+    """Per paper and run mode, how many claims hold, fail and were not tested."""
+    lines = ["| paper | experiment | run | " + " | ".join(VERDICTS) + " |",
+             "|---|---|---|" + "---|" * len(VERDICTS)]
+    for name, by_mode in records.items():
+        for mode, rec in by_mode.items():
+            counts = dict.fromkeys(VERDICTS, 0)
+            for c in rec.get("claims", []):
+                counts[verdict_of(c["holds"])] += 1
+            lines.append(f"| {paper_of.get(name, '?')} | {name} | {mode} | "
+                         + " | ".join(str(counts[v]) for v in VERDICTS) + " |")
     return lines
 
 
@@ -208,8 +229,12 @@ def write_index(out: Path, experiments: list[Experiment]) -> Path:
              f"Index rebuilt {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M UTC} from "
              "`reports/<experiment>/results.json` (full runs) and "
              "`reports/<experiment>/quick/results.json` (quick runs, `make reproduce`); each "
-             "section names the command, machine and date of its numbers.", ""]
-    lines += _claims_table(records) + [""]
+             "section names the command, machine and date of its numbers.", "",
+             "A verdict is **holds**, **fails** or **not tested**: a claim whose precondition "
+             "(e.g. both arms learned the task) was not met is not tested, with the reason, "
+             "never \"fails\".", "", "## Verdicts per paper", ""]
+    lines += verdict_counts(records, {e.name: e.paper for e in experiments}) + [""]
+    lines += ["## Claims", ""] + _claims_table(records) + [""]
     for exp in experiments:
         lines += _section(exp, records[exp.name], out)
     path = out / "index.md"

@@ -71,10 +71,11 @@ def test_verdict_holds_only_for_a_real_gain_after_a_match():
     # a gain at long context without a match at 1× does not hold
     cells[("entmax", "rope")] = _cell(_runs({**better, 1: 0.90}, seed=4))
     assert not E.verdict(task, "rope", "entmax", cells, rng).holds
-    # a variant that did not learn: not checked; a variant that did not run: no claim
+    # a variant that did not learn: not tested (never "fails"); one that did not run: no claim
     cells[("entmax", "rope")] = {**cells[("entmax", "rope")], "learned_seeds": []}
     c = E.verdict(task, "rope", "entmax", cells, rng)
-    assert not c.holds and c.ours.startswith("not checked") and "entmax" in c.ours
+    assert c.holds is None and c.verdict == "not tested"
+    assert c.ours.startswith("not tested") and "entmax" in c.ours and "learned" in c.precondition
     assert E.verdict(task, "nape", "entmax", cells, rng) is None
 
 

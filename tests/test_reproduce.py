@@ -63,7 +63,7 @@ def test_only_runs_the_named_ones_and_the_index_keeps_the_others(capsys, tmp_pat
     assert rec["figures"] == ["alpha/quick/curve.png"]
     assert not (tmp_path / "beta").exists()
     index = (tmp_path / "index.md").read_text()
-    assert "| alpha | quick | alpha claim | x > 1 | x = 5 | yes |" in index
+    assert "| alpha | quick | alpha claim | - | x > 1 | x = 5 | holds |" in index
     assert "Not run yet: `python experiments/reproduce.py --quick --only beta`" in index
     assert "![curve](alpha/quick/curve.png)" in index
     # a second --only run refreshes beta and keeps alpha's and gamma's sections
@@ -110,7 +110,7 @@ def test_a_crash_is_reported_and_the_others_still_run(tmp_path):
     assert [c[0] for c in calls] == ["bad", "good"]
     rec = json.loads((tmp_path / "bad" / "quick" / "results.json").read_text())
     assert rec["crashed"] and rec["claims"][0]["holds"] is False
-    assert "| bad | quick | experiment ran | no exception | crashed | **no** |" in (
+    assert "| bad | quick | experiment ran | - | no exception | crashed | **fails** |" in (
         (tmp_path / "index.md").read_text())
 
 
@@ -158,3 +158,31 @@ def test_the_real_experiments_fit_make_reproduce():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert all(e.name in out.stdout for e in exps) and "warning" not in out.stdout
+
+
+def test_three_verdicts_not_tested_is_never_fails(capsys, tmp_path):
+    """A claim whose precondition is unmet is "not tested" in the printout, the JSON and the
+    index, and the per-paper counts split holds / fails / not tested."""
+    from experiments.common import not_tested
+
+    def run(quick, out_dir):
+        return Result(claims=[
+            Claim("gain", "> 0", "+3", True, "both arms learned"),
+            Claim("speed", ">= 2x", "1.5x", False),
+            not_tested("extrapolation", "> 0", "softmax 12% at 1x", "both arms >= 90% at 1x"),
+        ])
+
+    exp = Experiment(name="tri", paper="Paper T", summary="three verdicts", run=run,
+                     quick_budget_s=60)
+    assert reproduce.main(["--quick", "--out", str(tmp_path)], experiments=[exp]) == 0
+    out = capsys.readouterr().out
+    assert "[NOT TESTED] extrapolation: ours not tested: softmax 12% at 1x" in out
+    assert "[HOLDS] gain" in out and "[FAILS] speed" in out
+    rec = json.loads((tmp_path / "tri" / "quick" / "results.json").read_text())
+    assert [c["holds"] for c in rec["claims"]] == [True, False, None]
+    assert rec["claims"][2]["precondition"] == "both arms >= 90% at 1x"
+    index = (tmp_path / "index.md").read_text()
+    assert ("| tri | quick | extrapolation | both arms >= 90% at 1x | > 0 | "
+            "not tested: softmax 12% at 1x | *not tested* |") in index
+    assert "| Paper T | tri | quick | 1 | 1 | 1 |" in index
+    assert "**fails** |" in index and index.count("*not tested* |") == 1

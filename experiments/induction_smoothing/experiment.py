@@ -61,7 +61,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.common import Claim, Experiment, Result, machine_info
+from experiments.common import Claim, Experiment, Result, claim_line, machine_info
 
 VOCAB = 3
 ALPHA = 1.0
@@ -379,7 +379,7 @@ def main(argv=None) -> None:
                "wall_s": time.perf_counter() - start, "overrides": over, "quick": args.quick}
     write_json(Path(args.out) / "results.json", payload)
     for c in res.claims:
-        print(f"[{'HOLDS' if c.holds else 'FAILS'}] {c.claim}: {c.ours}")
+        print(claim_line(c))
     print(json.dumps({"wall_s": payload["wall_s"]}, default=json_default))
 
 

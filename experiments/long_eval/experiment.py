@@ -74,7 +74,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.common import Claim, Experiment, Result, machine_info
+from experiments.common import Claim, Experiment, Result, claim_line, machine_info
 from lcjax.data import ruler
 from lcjax.data.suites import Suite, SuiteTask
 
@@ -374,5 +374,4 @@ if __name__ == "__main__":
     args = parser.parse_args()
     res = run(not args.full, args.out, steps=args.steps, n_per_cell=args.n_per_cell)
     for c in res.claims:
-        print(f"[{'HOLDS' if c.holds else 'FAILS'}] {c.claim}: ours {c.ours} "
-              f"(target {c.target})")
+        print(claim_line(c))
