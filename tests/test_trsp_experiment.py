@@ -64,10 +64,18 @@ def test_mean_interval_is_the_student_t_interval():
     ({1: 0.8, 8: 0.72}, {1: 0.8, 8: 0.5}, True),    # 0.72 = 0.9 × 0.8, above the baseline
     ({1: 0.8, 8: 0.71}, {1: 0.8, 8: 0.5}, False),   # below 0.9 × 1×
     ({1: 0.8, 8: 0.75}, {1: 0.8, 8: 0.75}, False),  # not above the baseline
-    ({1: 0.4, 8: 0.4}, {1: 0.4, 8: 0.1}, False),    # not learned at 1×
+    ({1: 0.4, 8: 0.4}, {1: 0.4, 8: 0.1}, None),     # not learned at 1×: not tested
+    ({1: 0.8, 8: 0.8}, {1: 0.3, 8: 0.1}, None),     # baseline not learned: not tested
 ])
 def test_keeps_accuracy_by_hand(trsp, base, holds):
     assert exp.keeps_accuracy(trsp, base, 8) is holds
+
+
+def test_collapse_claim_needs_learned_models_and_an_open_gate():
+    assert exp.counters_collapse(3.0, 2.0, True, 0.5) is True
+    assert exp.counters_collapse(2.0, 3.0, True, 0.5) is False
+    assert exp.counters_collapse(3.0, 2.0, False, 0.5) is None  # not learned
+    assert exp.counters_collapse(3.0, 2.0, True, 1e-4) is None  # side path off (γ ≈ 0)
 
 
 def _tiny_model(trsp=True):
@@ -123,7 +131,8 @@ def test_run_end_to_end_on_a_tiny_setting(tmp_path):
     _, setting = _tiny_model()
     res = exp.run(True, tmp_path, setting=setting, log=lambda *a, **k: None)
     assert [c.claim.split(" ")[0] for c in res.claims] == ["TRSP", "TRSP"]
-    assert all(isinstance(c.holds, bool) for c in res.claims)
+    assert all(c.holds is None or isinstance(c.holds, bool) for c in res.claims)
+    assert all("learned" in c.precondition for c in res.claims)
     runs = res.numbers["runs"]
     assert set(runs) == {"baseline", "trsp"}
     assert runs["trsp"][0]["params"] == runs["baseline"][0]["params"] + 50
