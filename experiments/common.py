@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from lcjax.bench.timing import json_default, machine_info  # noqa: F401 (re-exported)
 
 VERDICTS = ("holds", "fails", "not tested")
@@ -47,6 +49,28 @@ def verdict_of(holds: bool | None) -> str:
 def not_tested(claim: str, target: str, why: str, precondition: str) -> Claim:
     """A claim whose ``precondition`` is unmet: verdict "not tested", ``why`` as our number."""
     return Claim(claim, target, f"not tested: {why}", None, precondition)
+
+
+def mean_interval(x, level: float = 0.95) -> tuple[float, float, float]:
+    """``(mean, lo, hi)`` of per-seed values ``x``: the Student-t interval
+    mean ± t_{(1+level)/2, n−1} · s / √n (s: the sample standard deviation); lo = hi = NaN
+    for one value."""
+    from scipy import stats  # scipy: the t quantile (statsmodels brings it)
+
+    x = np.asarray(x, np.float64)
+    mean = float(x.mean())
+    if x.size < 2:
+        return mean, float("nan"), float("nan")
+    half = float(stats.t.ppf((1 + level) / 2, x.size - 1) * x.std(ddof=1) / np.sqrt(x.size))
+    return mean, mean - half, mean + half
+
+
+def interval_verdict(lo: float, hi: float) -> bool | None:
+    """A one-sided "mean > 0" claim from its interval: True when lo > 0, False when not,
+    None (not tested) when there is no interval (one seed: lo = hi = NaN)."""
+    if np.isnan(lo) or np.isnan(hi):
+        return None
+    return bool(lo > 0)
 
 
 def claim_line(c: Claim) -> str:

@@ -9,6 +9,8 @@ end-to-end numbers.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -37,19 +39,31 @@ def _run(rho, top, mean, base, enh, k=2):
 
 
 def test_claims_from_per_seed_runs():
-    runs = [_run(0.3, 0.9, 0.2, [90, 10, 0], [80, 20, 0]),
-            _run(-0.1, 0.5, 0.3, [80, 30, 0], [80, 30, 0])]
+    """Verdicts follow the 95% t-interval over seeds; unmet preconditions are not tested."""
+    runs = [_run(0.3, 0.9, 0.2, [90, 40, 0], [90, 50, 0]),
+            _run(0.5, 0.8, 0.3, [80, 30, 0], [80, 45, 0]),
+            _run(0.4, 0.7, 0.1, [85, 35, 0], [85, 50, 0])]
     claims = E.claims_from(runs)
-    assert [c.holds for c in claims] == [True, True, True, False]
-    assert "0.100" in claims[0].ours  # mean Spearman of 0.3 and -0.1
-    assert "per seed 0.300, -0.100" in claims[0].ours
-    assert "per seed 0.900 vs 0.200, 0.500 vs 0.300" in claims[1].ours
-    assert "per seed 20.0 vs 10.0, 30.0 vs 30.0" in claims[2].ours
-    assert "25.0% vs 20.0%" in claims[2].ours and "2×" in claims[2].claim
-    assert "0.0% vs 0.0%" in claims[3].ours and "4×" in claims[3].claim
-    flipped = E.claims_from([_run(-0.2, 0.1, 0.2, [50, 5, 5], [50, 4, 6])])
-    assert [c.holds for c in flipped] == [False, False, False, True]
-    assert "per seed" not in flipped[0].ours  # one seed: the mean is the value
+    assert [c.holds for c in claims] == [True, True, True, None]
+    half = 4.302652729911275 * 0.1 / math.sqrt(3)  # t(0.975, 2) · sd 0.1 / √3
+    assert f"+0.400 [{0.4 - half:+.3f}, {0.4 + half:+.3f}] over 3 seeds" in claims[0].ours
+    assert "per seed 0.300, 0.500, 0.400" in claims[0].ours
+    assert "per seed 0.900 vs 0.200, 0.800 vs 0.300, 0.700 vs 0.100" in claims[1].ours
+    assert "per seed 50.0 vs 40.0, 45.0 vs 30.0, 50.0 vs 35.0" in claims[2].ours
+    assert "2×" in claims[2].claim and "4×" in claims[3].claim
+    assert claims[3].ours.startswith("not tested: original accuracy 0.0% at 4× L")
+    # the sign flips between seeds (0.39 / -0.10): the interval holds 0, so it fails
+    unstable = E.claims_from([_run(0.39, 0.9, 0.2, [90, 40, 0], [90, 50, 0]),
+                              _run(-0.10, 0.9, 0.2, [90, 40, 0], [90, 50, 0])])
+    assert unstable[0].holds is False and unstable[0].verdict == "fails"
+    # a model that does not retrieve at 1x: the head claims are not tested, never "fails"
+    weak = E.claims_from([_run(0.5, 0.9, 0.2, [30, 20, 10], [30, 25, 12]),
+                          _run(0.6, 0.8, 0.2, [20, 20, 10], [20, 30, 14])])
+    assert [c.holds for c in weak[:2]] == [None, None]
+    assert "1× accuracy 25.0%" in weak[0].ours and "retrieves" in weak[0].precondition
+    # one seed: no interval, not tested
+    one = E.claims_from([_run(0.5, 0.9, 0.2, [90, 40, 5], [90, 50, 9])])
+    assert all(c.holds is None and "one seed" in c.ours for c in one)
 
 
 def test_unknown_setting_is_an_error(tmp_path):

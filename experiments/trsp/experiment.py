@@ -61,7 +61,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.common import Claim, Experiment, Result, machine_info
+from experiments.common import Claim, Experiment, Result, machine_info, mean_interval
 from lcjax.data import nolima
 from lcjax.data.suites import Suite, SuiteTask
 
@@ -215,20 +215,6 @@ def choice_scores(model, items, rows: int = 8) -> np.ndarray:
 
 
 # --- statistics ------------------------------------------------------------------------------
-
-
-def mean_interval(x, level: float = 0.95) -> tuple[float, float, float]:
-    """``(mean, lo, hi)`` of per-seed values ``x``: the Student-t interval
-    mean ± t_{(1+level)/2, n−1} · s / √n (s: the sample standard deviation); lo = hi = NaN
-    for one value."""
-    from scipy import stats
-
-    x = np.asarray(x, np.float64)
-    mean = float(x.mean())
-    if x.size < 2:
-        return mean, float("nan"), float("nan")
-    half = float(stats.t.ppf((1 + level) / 2, x.size - 1) * x.std(ddof=1) / np.sqrt(x.size))
-    return mean, mean - half, mean + half
 
 
 def accuracy_by_length(summary: dict, lengths) -> list[float]:
