@@ -132,3 +132,17 @@ def test_evaluate_one_bucket_gives_the_same_greedy_answers():
     b = evaluate(model, "nolima", min_bucket=512, **kw)
     assert [r["prediction"] for r in a.records] == [r["prediction"] for r in b.records]
     assert any(r["prediction"] for r in a.records)
+
+
+def test_rl_claims_need_a_learning_signal():
+    """No verified answer, or too few GRPO steps with reward spread: not tested (the old
+    report said "fails" for a policy that never answered)."""
+    counts = {"hits": {"table": 3, "text": 0}, "samples": {"table": 288, "text": 288},
+              "updated": {"table": tl.MIN_SPREAD_STEPS, "text": 9}}
+    held = tl.rl_signal_claim("c", "t", "+2 pts", True, ("table",), counts)
+    assert held.holds is True and "signal" in held.precondition
+    assert tl.rl_signal_claim("c", "t", "-1 pts", False, ("table",), counts).holds is False
+    both = tl.rl_signal_claim("c", "t", "x", True, ("table", "text"), counts)
+    assert both.holds is None and "text RL: 0 verified of 288 samples" in both.ours
+    few = {**counts, "updated": {"table": tl.MIN_SPREAD_STEPS - 1, "text": 9}}
+    assert tl.rl_signal_claim("c", "t", "x", True, ("table",), few).verdict == "not tested"
