@@ -83,7 +83,9 @@ def test_a_tie_at_zero_is_not_matching_the_baseline():
     def split(ours, base):
         return {"paratool": {"call_acc": ours}, "docs": {"call_acc": base}}
 
-    assert not ex.matches_or_beats(split(0.0, 0.0), "call_acc")
+    assert ex.matches_or_beats(split(0.0, 0.0), "call_acc") is None  # neither answers
+    assert ex.matches_or_beats(split(0.0, 0.03), "call_acc") is None  # 0.00 vs 0.03
+    assert ex.matches_or_beats(split(0.0, 0.2), "call_acc") is False
     assert ex.matches_or_beats(split(0.5, 0.5), "call_acc")
     assert ex.matches_or_beats(split(0.6, 0.5), "call_acc")
     assert not ex.matches_or_beats(split(0.4, 0.5), "call_acc")

@@ -222,11 +222,16 @@ def plot(res: dict, path: Path) -> Path:
     return path
 
 
-def matches_or_beats(split: dict, metric: str) -> bool:
-    """ParaTool's ``metric`` is at least the in-context baseline's and above 0: a tie at
-    zero (neither method learned anything) is not "matches"."""
+ANSWERS = 0.10  # precondition of the accuracy claims: one method reaches this accuracy
+
+
+def matches_or_beats(split: dict, metric: str) -> bool | None:
+    """ParaTool's ``metric`` is at least the in-context baseline's: None (not tested) when
+    neither method reaches ANSWERS — two models that never answer cannot be compared."""
     ours, base = split["paratool"][metric], split["docs"][metric]
-    return bool(ours >= base and ours > 0)
+    if max(ours, base) < ANSWERS:
+        return None
+    return bool(ours >= base)
 
 
 def run(quick: bool, out_dir: Path) -> Result:
@@ -247,6 +252,7 @@ def run(quick: bool, out_dir: Path) -> Result:
     res = evaluate_methods(paratool, docs, tools, evals, max_new)
     fig = plot(res, out_dir / "paratool.png")
     h, se = res["heldout"], res["seen"]
+    answers = f"a method answers: accuracy ≥ {ANSWERS} for ParaTool or in-context docs"
     claims = [
         Claim("ParaTool puts no tool documents in the context: fewer context tokens per "
               "query", "ParaTool < in-context docs",
@@ -255,18 +261,18 @@ def run(quick: bool, out_dir: Path) -> Result:
               bool(se["token_saving"] > 0)),
         Claim("held-out templates: ParaTool's AST call accuracy >= in-context docs' "
               "(paper: parameterized tools match or beat documents in context)",
-              ">= baseline and > 0",
+              ">= baseline",
               f"{h['paratool']['call_acc']:.3f} vs {h['docs']['call_acc']:.3f}",
-              matches_or_beats(h, "call_acc")),
+              matches_or_beats(h, "call_acc"), answers),
         Claim("seen templates: ParaTool's AST call accuracy >= in-context docs'",
-              ">= baseline and > 0",
+              ">= baseline",
               f"{se['paratool']['call_acc']:.3f} vs {se['docs']['call_acc']:.3f}",
-              matches_or_beats(se, "call_acc")),
+              matches_or_beats(se, "call_acc"), answers),
         Claim("held-out templates: ParaTool's tool selection >= in-context docs'",
-              ">= baseline and > 0",
+              ">= baseline",
               f"{h['paratool']['select_acc']:.3f} vs {h['docs']['select_acc']:.3f} (gate "
               f"top-1 {h['paratool']['gate_top1']:.3f})",
-              matches_or_beats(h, "select_acc")),
+              matches_or_beats(h, "select_acc"), answers),
     ]
     numbers = {"settings": s, "base": base_info,
                "paratool_train": para_log, "paratool_train_s": para_s,
