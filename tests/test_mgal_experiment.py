@@ -80,3 +80,14 @@ def test_overall_table_lists_every_target():
                exact_match=None, consistency_f1=None, fluent=None, fluent_but_drifting=None)
     table = ex.overall_table({"a": {"overall": row}, "b": {"overall": row}})
     assert table.count("\n") == 3 and "| a | 3 (2/1) | 50.0% | 50.0% | 25.0% | – |" in table
+
+
+def test_beats_chance_needs_a_model_that_names_options():
+    """A model that names no option is not tested on "beats chance" (the old report said it
+    fails); one that answers is judged on accuracy vs chance."""
+    mute = {"mc_accuracy": 0.0, "mc_chance": 0.25, "mc_answered": 0.0}
+    assert ex.beats_chance_claim("shakespeare", mute).verdict == "not tested"
+    talks = {"mc_accuracy": 0.4, "mc_chance": 0.25, "mc_answered": 0.9}
+    assert ex.beats_chance_claim("ruler", talks).holds is True
+    wrong = {"mc_accuracy": 0.2, "mc_chance": 0.25, "mc_answered": 0.9}
+    assert ex.beats_chance_claim("ruler", wrong).holds is False

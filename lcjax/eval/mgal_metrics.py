@@ -164,7 +164,8 @@ def summarize(records: Sequence[Mapping], by: Sequence[str] = ("language", "gran
               ) -> dict[tuple, dict]:
     """Per group (``by`` tags): ``n``, ``accuracy`` (mean of ``correct`` / ``exact`` over
     all items), ``mc_accuracy`` with ``mc_chance`` (its expectation for a uniformly random
-    choice: the mean of ``1 / n_options``), ``exact_match``, ``consistency_f1``, ``fluent`` and
+    choice: the mean of ``1 / n_options``) and ``mc_answered`` (the share of multiple-choice
+    replies that name an option at all), ``exact_match``, ``consistency_f1``, ``fluent`` and
     ``fluent_but_drifting`` rates (None where a group has no such record)."""
     groups: dict[tuple, list[Mapping]] = {}
     for r in records:
@@ -179,6 +180,7 @@ def summarize(records: Sequence[Mapping], by: Sequence[str] = ("language", "gran
                                       for r in rs),
                     "mc_accuracy": _mean(r["correct"] for r in mc),
                     "mc_chance": _mean(1.0 / r["n_options"] for r in mc),
+                    "mc_answered": _mean(r["choice"] is not None for r in mc),
                     "exact_match": _mean(r["exact"] for r in op),
                     "consistency_f1": _mean(r["consistency"] for r in op),
                     "fluent": _mean(r["fluent"] for r in op),
