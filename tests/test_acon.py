@@ -40,7 +40,7 @@ from lcjax.agents.scripted import (
     scripted_compress,
     scripted_reply,
 )
-from lcjax.eval.endpoint import EndpointConfig
+from lcjax.eval.endpoint import EndpointConfig, EndpointError
 
 T_OBS, T_HIST = 160, 260
 
@@ -212,7 +212,26 @@ def test_optimised_guideline_fixes_the_contrasted_failures(scripted):
     assert state.success and state.metrics()["compressions"] > 0
 
 
-@pytest.mark.parametrize("fault, message", [("timeout", "Timeout"), ("500", "HTTP 500"),
+def test_optimiser_keeps_finished_runs_and_resumes(scripted, tmp_path):
+    url, server = scripted
+    tasks = make_tasks(2, seed=10)
+    agent = agent_for(url, t_obs=T_OBS, t_hist=T_HIST)
+    reset(server)
+    clean = optimise_guideline(agent, tasks, rounds=1)
+    clean_calls = server.requests
+    for fault_at in (clean_calls // 3, clean_calls - 2):  # in a task run; in the rewrite
+        reset(server)
+        server.faults[fault_at] = "500"
+        state_dir = tmp_path / f"at{fault_at}"
+        with pytest.raises((AgentError, EndpointError), match="HTTP 500"):
+            optimise_guideline(agent, tasks, rounds=1, state_dir=state_dir)
+        assert server.requests == fault_at + 1
+        resumed = optimise_guideline(agent, tasks, rounds=1, state_dir=state_dir)
+        assert server.requests == clean_calls + 1  # only the failed call is asked again
+        assert resumed == clean
+
+
+@pytest.mark.parametrize("fault, message", [("timeout", "timed out|deadline"), ("500", "HTTP 500"),
                                             ("malformed", "malformed reply"),
                                             ("not_json", "not JSON")])
 def test_failures_leave_history_intact_and_resume(scripted, tmp_path, fault, message):
