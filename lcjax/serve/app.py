@@ -272,6 +272,7 @@ async def _generate_all(batcher: Batcher, prompts: list[np.ndarray], max_tokens:
                               seed=None if req.seed is None else (req.seed + i) % SEED_LIMIT)
                for ids, m in zip(prompts, max_tokens) for i in range(req.n)]
     gathered = asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+    gathered.add_done_callback(_retrieve)  # a cancelled or abandoned gather logs nothing
     loop = asyncio.get_running_loop()
     end = loop.time() + limits.request_timeout_s
     try:
@@ -300,6 +301,11 @@ async def _generate_all(batcher: Batcher, prompts: list[np.ndarray], max_tokens:
         if not gathered.done():
             gathered.cancel()
     return [flat[i * req.n:(i + 1) * req.n] for i in range(len(prompts))]
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 class BodyLimit:
