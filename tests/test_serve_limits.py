@@ -253,3 +253,21 @@ def test_compile_cache_is_bounded_by_power_of_two_buckets(model, monkeypatch):
         batcher.stop()
     assert [s[2] for s in batcher.stats.shapes] == [1, 2, 4, 1, 2]
     assert batcher.stats.cache_clears == 2 == len(clears)
+
+
+def test_bench_serve_is_bounded_and_reports():
+    from lcjax.bench.serve import format_summary, percentile, run_serve_benchmark
+
+    assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([], 95) is None
+    t0 = time.monotonic()
+    res = run_serve_benchmark(clients=2, requests=6, warmup=2, max_seconds=30, prompt_min=4,
+                              prompt_max=12, max_tokens=4, max_batch=2, d_model=16,
+                              num_layers=1, max_len=32)
+    assert time.monotonic() - t0 < 120
+    m = res["measured"]
+    assert m["requests"] == m["ok"] == 6 and m["statuses"] == {"200": 6}
+    assert 0 < m["p50_s"] <= m["p95_s"] <= m["max_s"]
+    assert res["flood"]["status"] == 400 and res["flood"]["prompts"] == 20_000
+    assert res["compiled"]["distinct_shapes"] <= 4  # B in {1, 2} x P = 16 x N = 4
+    assert set(res["rss_mib"]) == {"start", "served", "after_warmup", "end"}
+    assert "flood: 20000 prompts -> 400" in format_summary(res)
