@@ -1,7 +1,9 @@
 """``lcjax bench serve``: a bounded load benchmark of ``lcjax serve`` on 127.0.0.1.
 
 A tiny random byte model (:func:`bench_model`) is served in this process (uvicorn in a
-daemon thread, :class:`lcjax.serve.ServeLimits` defaults unless given); ``clients`` threads
+daemon thread, :class:`lcjax.serve.ServeLimits` defaults; with ``precompile`` the greedy
+shapes of the workload are compiled at startup, ``create_app(precompile=...)``, and
+``startup_s`` includes that); ``clients`` threads
 send greedy completions (prompts of random printable bytes, ``prompt_min..prompt_max`` long,
 ``max_tokens`` each) back to back:
 
@@ -74,10 +76,10 @@ class _Server:
 
     def __enter__(self):
         self.thread.start()
-        end = time.monotonic() + 60
+        end = time.monotonic() + 300  # startup compiles the precompiled shapes
         while not self.server.started:
             if time.monotonic() > end or not self.thread.is_alive():
-                raise RuntimeError("bench serve: uvicorn did not start within 60 s")
+                raise RuntimeError("bench serve: uvicorn did not start within 300 s")
             time.sleep(0.01)
         return self
 
@@ -159,7 +161,8 @@ def run_serve_benchmark(*, clients: int = 8, requests: int = 400, warmup: int = 
                         prompt_max: int = 120, max_tokens: int = 16, max_batch: int = 8,
                         batch_window_ms: float = 10.0, flood_prompts: int = 20_000,
                         d_model: int = 64, num_layers: int = 2, max_len: int = 256,
-                        seed: int = 0, timeout: float = 60.0) -> dict:
+                        seed: int = 0, timeout: float = 60.0,
+                        precompile: bool = True) -> dict:
     """Runs the benchmark (module docstring); returns the figures as a JSON-able dict."""
     for name, value in (("clients", clients), ("requests", requests),
                         ("max_tokens", max_tokens), ("prompt_min", prompt_min)):
@@ -180,15 +183,19 @@ def run_serve_benchmark(*, clients: int = 8, requests: int = 400, warmup: int = 
                                                                           prompt_max + 1)))
                for _ in range(256)]
     app = create_app(ServedModel(model, ByteTokenizer(), "bench", max_len),
-                     batch_window_ms=batch_window_ms, max_batch=max_batch)
+                     batch_window_ms=batch_window_ms, max_batch=max_batch,
+                     precompile=(prompt_max + 1, max_tokens) if precompile else None)
     result = {"config": {"clients": clients, "requests": requests, "warmup": warmup,
                          "max_seconds": max_seconds, "prompt_bytes": [prompt_min, prompt_max],
                          "max_tokens": max_tokens, "max_batch": max_batch,
                          "batch_window_ms": batch_window_ms, "flood_prompts": flood_prompts,
+                         "precompile": precompile,
                          "model": {"d_model": d_model, "num_layers": num_layers,
                                    "max_len": max_len}},
               "rss_mib": {"start": rss_start}}
+    t0 = time.monotonic()
     with _Server(app) as server:
+        result["startup_s"] = time.monotonic() - t0  # the precompile included
         result["rss_mib"]["served"] = rss_mib()
         load = dict(clients=clients, prompts=prompts, max_tokens=max_tokens, timeout=timeout)
         if warmup:
@@ -224,7 +231,7 @@ def format_summary(result: dict) -> str:
              f"{f(m['requests_per_s'])} req/s, {f(m['completion_tokens_per_s'])} tokens/s",
              f"RSS MiB: start {r['start']:.0f}, served {r['served']:.0f}, after warm-up "
              f"{r['after_warmup']:.0f}, end {r['end']:.0f}",
-             f"compiled: {result['compiled']}"]
+             f"compiled: {result['compiled']}; startup {result['startup_s']:.1f} s"]
     if "flood" in result:
         fl = result["flood"]
         lines.append(f"flood: {fl.get('prompts')} prompts -> {fl.get('status')} in "
@@ -253,6 +260,8 @@ def add_arguments(sub) -> None:
     p.add_argument("--num-layers", type=int, default=2)
     p.add_argument("--max-len", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--precompile", action=argparse.BooleanOptionalAction, default=True,
+                   help="compile the workload's greedy shapes at startup")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
 
 
@@ -267,7 +276,7 @@ def run_cli(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens, max_batch=args.max_batch,
         batch_window_ms=args.batch_window_ms, flood_prompts=args.flood_prompts,
         d_model=args.d_model, num_layers=args.num_layers, max_len=args.max_len,
-        seed=args.seed)
+        seed=args.seed, precompile=args.precompile)
     result["machine"] = machine_info()
     result["load_average"] = {"before": load_before, "after": os.getloadavg()}
     print(format_summary(result))

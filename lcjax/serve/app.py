@@ -367,7 +367,8 @@ def _sse(chunks: list[dict]) -> StreamingResponse:
 
 def create_app(served: ServedModel, *, batch_window_ms: float = 10.0, max_batch: int = 8,
                min_bucket: int = 16, default_chat_max_tokens: int = 256,
-               limits: ServeLimits = ServeLimits(), max_shapes: int = 32) -> FastAPI:
+               limits: ServeLimits = ServeLimits(), max_shapes: int = 32,
+               precompile: tuple[int, int] | None = None) -> FastAPI:
     """The FastAPI app serving ``served``; its batcher runs while the app does (lifespan)
     and is ``app.state.batcher``.
 
@@ -378,6 +379,8 @@ def create_app(served: ServedModel, *, batch_window_ms: float = 10.0, max_batch:
         (at most what the context leaves).
       limits: request, queue, time and body bounds (:class:`ServeLimits`).
       max_shapes: the most compiled ``generate`` shapes kept (the Batcher's).
+      precompile: ``(max_prompt_len, max_tokens)``: compile those greedy shapes at startup,
+        before the server accepts requests (:meth:`~lcjax.serve.Batcher.precompile`).
     """
     batcher = Batcher(served.model, stop_ids=served.tokenizer.eos_ids,
                       pad_id=served.tokenizer.pad_id, window_ms=batch_window_ms,
@@ -385,6 +388,8 @@ def create_app(served: ServedModel, *, batch_window_ms: float = 10.0, max_batch:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        if precompile is not None:
+            await asyncio.to_thread(batcher.precompile, *precompile)
         batcher.start()
         try:
             yield

@@ -289,6 +289,38 @@ class Batcher:
         for job, result in zip(group, results):
             job.future.set_result(result)
 
+    def batch_buckets(self) -> list[int]:
+        """Every padded batch size a group can get: powers of two below ``max_batch``,
+        and ``max_batch``."""
+        return sorted({min(next_power_of_two(n), self.max_batch)
+                       for n in range(1, self.max_batch + 1)})
+
+    def precompile(self, max_prompt_len: int, max_tokens: int) -> list[tuple]:
+        """Compiles the greedy programs of every batch bucket x every prompt bucket up to
+        ``max_prompt_len`` tokens x the decode bucket of ``max_tokens`` (one dummy
+        ``generate`` call each, before serving, so no client waits for those compiles);
+        returns the shapes ``(B_pad, P_pad, N_pad)``."""
+        if not isinstance(max_prompt_len, int) or max_prompt_len < 1:
+            raise ValueError(f"Batcher.precompile: `max_prompt_len` must be an int >= 1, got "
+                             f"{max_prompt_len!r}")
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"Batcher.precompile: `max_tokens` must be an int >= 1, got "
+                             f"{max_tokens!r}")
+        buckets, p = [], prompt_bucket(1, self.min_bucket)
+        while True:
+            buckets.append(p)
+            if p >= max_prompt_len:
+                break
+            p *= 2
+        shapes = []
+        for p in buckets:
+            for b in self.batch_buckets():
+                jobs = [_Job(np.ones(p, np.int32), max_tokens, 0.0, None, None,
+                             concurrent.futures.Future(), -1) for _ in range(b)]
+                self._generate(jobs)
+                shapes.append(self.stats.shapes[-1])
+        return shapes
+
     def _admit_shape(self, shape: tuple) -> None:
         """Clears JAX's compile caches before a new shape would make more than
         ``max_shapes``."""

@@ -56,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      f"(default {d.drain_s:g})")
     lim.add_argument("--max-shapes", type=int, default=32, metavar="INT",
                      help="most compiled generate shapes kept (default 32)")
+    lim.add_argument("--precompile", default=None, metavar="PROMPT_LEN:MAX_TOKENS",
+                     help="compile the greedy shapes up to these prompt tokens and this "
+                     "max_tokens before accepting requests (default: none)")
     parser.add_argument("--log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug"])
 
@@ -96,9 +99,18 @@ def run(args: argparse.Namespace) -> int:
                              request_timeout_s=args.request_timeout_s, drain_s=args.drain_s)
     except ValueError as e:
         raise SystemExit(f"lcjax serve: {e}") from None
+    precompile = None
+    if args.precompile:
+        try:
+            precompile = tuple(int(x) for x in args.precompile.split(":"))
+            assert len(precompile) == 2 and min(precompile) >= 1
+        except (ValueError, AssertionError):
+            raise SystemExit(f"lcjax serve: --precompile takes PROMPT_LEN:MAX_TOKENS (two ints "
+                             f">= 1), got {args.precompile!r}") from None
     served = load_served(args.checkpoint, name=args.name, max_len=args.max_len)
     app = create_app(served, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
-                     min_bucket=args.min_bucket, limits=limits, max_shapes=args.max_shapes)
+                     min_bucket=args.min_bucket, limits=limits, max_shapes=args.max_shapes,
+                     precompile=precompile)
     print(f"lcjax serve: {served.name!r} (context {served.max_len}) on "
           f"http://{args.host}:{args.port}/v1", flush=True)
     server = _server_class()(uvicorn.Config(app, host=args.host, port=args.port,
