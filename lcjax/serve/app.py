@@ -10,7 +10,8 @@ Routes (``model`` may be left out: the served model answers, as in vLLM)::
 
 Sampling fields: ``temperature`` (OpenAI's default 1; 0 = greedy), ``top_p``, ``seed``,
 ``stop`` (a string or up to 4: the reply is cut before the first occurrence, finish_reason
-"stop"), ``n`` (replies per prompt; with a seed, reply i uses ``seed + i``), ``max_tokens``
+"stop"), ``n`` (replies per prompt; with a seed, reply i uses ``(seed + i) mod 2**64``;
+seeds lie in [0, 2**64); a temperature below ``MIN_TEMPERATURE`` runs greedy), ``max_tokens``
 (chat also ``max_completion_tokens``; chat's default is what the context leaves, at most
 ``default_chat_max_tokens``), ``stream`` (server-sent events: ``data: {chunk}`` lines, then
 ``data: [DONE]``; the chunks are sent once the batch has been generated, since one jitted
@@ -22,7 +23,11 @@ Errors use OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: 40
 invalid request (FastAPI's 422 validation errors included, ``param`` naming the field), 400
 ``context_length_exceeded`` when prompt tokens + ``max_tokens`` exceed the model's context,
 404 ``model_not_found`` for another model id, 404/405 for unknown routes, 500 when
-generation fails.
+generation fails. :class:`ServeLimits` bound every request: 400 ``too_many_generations``
+(prompts x ``n`` > ``max_rows``), 413 (body > ``max_body_bytes``), 429 with ``Retry-After``
+(``max_queued_rows``), 504 (``request_timeout_s``), 503 while shutting down; a client that
+disconnects has its waiting generations cancelled. Integers are strict (``true`` is not 1)
+and text must be valid Unicode (a lone surrogate is a 400).
 """
 
 from __future__ import annotations
