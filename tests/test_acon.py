@@ -40,7 +40,7 @@ from lcjax.agents.scripted import (
     scripted_compress,
     scripted_reply,
 )
-from lcjax.eval.endpoint import EndpointConfig
+from lcjax.eval.endpoint import EndpointConfig, EndpointError
 
 T_OBS, T_HIST = 160, 260
 
@@ -212,7 +212,26 @@ def test_optimised_guideline_fixes_the_contrasted_failures(scripted):
     assert state.success and state.metrics()["compressions"] > 0
 
 
-@pytest.mark.parametrize("fault, message", [("timeout", "Timeout"), ("500", "HTTP 500"),
+def test_optimiser_keeps_finished_runs_and_resumes(scripted, tmp_path):
+    url, server = scripted
+    tasks = make_tasks(2, seed=10)
+    agent = agent_for(url, t_obs=T_OBS, t_hist=T_HIST)
+    reset(server)
+    clean = optimise_guideline(agent, tasks, rounds=1)
+    clean_calls = server.requests
+    for fault_at in (clean_calls // 3, clean_calls - 2):  # in a task run; in the rewrite
+        reset(server)
+        server.faults[fault_at] = "500"
+        state_dir = tmp_path / f"at{fault_at}"
+        with pytest.raises((AgentError, EndpointError), match="HTTP 500"):
+            optimise_guideline(agent, tasks, rounds=1, state_dir=state_dir)
+        assert server.requests == fault_at + 1
+        resumed = optimise_guideline(agent, tasks, rounds=1, state_dir=state_dir)
+        assert server.requests == clean_calls + 1  # only the failed call is asked again
+        assert resumed == clean
+
+
+@pytest.mark.parametrize("fault, message", [("timeout", "timed out|deadline"), ("500", "HTTP 500"),
                                             ("malformed", "malformed reply"),
                                             ("not_json", "not JSON")])
 def test_failures_leave_history_intact_and_resume(scripted, tmp_path, fault, message):
@@ -243,10 +262,10 @@ def test_failures_leave_history_intact_and_resume(scripted, tmp_path, fault, mes
         run_task(agent, RecallTask(99), state=resumed)
 
 
-def test_runs_against_lcjax_serve():
+def test_runs_against_lcjax_serve(monkeypatch):
     from lcjax.data import tokenizer as tok
     from lcjax.nn import DecoderConfig, DecoderLM
-    from lcjax.serve import ByteTokenizer, ServedModel, create_app
+    from lcjax.serve import ByteTokenizer, ServedModel, create_app, render_byte_chat
 
     cfg = DecoderConfig(vocab_size=tok.VOCAB_SIZE, d_model=32, num_layers=1, num_heads=2,
                         num_kv_heads=2, head_dim=16, mlp_hidden=64, max_len=512)
@@ -262,6 +281,12 @@ def test_runs_against_lcjax_serve():
                              timeout=120, retries=0)
         agent = AconAgent(llm, AconConfig(t_obs=t_obs, t_hist=60, act_max_tokens=8,
                                           compress_max_tokens=8))
+        import lcjax.agents.acon as acon
+
+        sent, real = [], acon.complete
+        monkeypatch.setattr(acon, "complete",
+                            lambda c, prompt, *a, **k: sent.append(prompt) or real(c, prompt,
+                                                                                   *a, **k))
         state = run_task(agent, task)
         stats = requests.get(server.url + "/v1/lcjax/stats", timeout=10).json()
     m = state.metrics()
@@ -273,10 +298,14 @@ def test_runs_against_lcjax_serve():
     calls = task.num_steps + m["compressions"]
     assert stats["generate_calls"] == calls
     assert state.usage["agent"]["calls"] + state.usage["compressor"]["calls"] == calls
-    # lcjax serve counts BOS + "user: " + prompt + "\nassistant:" bytes
-    overhead = 1 + len("user: \nassistant:")
+    # lcjax serve counts BOS + "user: " + the escaped prompt + "\nassistant:" bytes
     contexts = np.array([r["context_tokens"] for r in state.trace])
-    assert state.usage["agent"]["prompt_tokens"] == int((contexts + overhead).sum())
+    acts = [p for p in sent if p.startswith("You are an agent")]
+    assert [len(p.encode()) for p in acts] == contexts.tolist()
+    served = [1 + len(render_byte_chat([{"role": "user", "content": p}]).encode())
+              for p in acts]
+    assert all(n > len(p.encode()) + len("user: \nassistant:") for n, p in zip(served, acts))
+    assert state.usage["agent"]["prompt_tokens"] == sum(served)
     assert m["peak_context_tokens"] == contexts.max() > 0
     assert 0 < state.usage["agent"]["completion_tokens"] <= 8 * task.num_steps
 

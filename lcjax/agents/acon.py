@@ -17,7 +17,8 @@ compressed one fails, the LLM is shown both trajectories and asked what was lost
 to rewrite ``g`` given that feedback; the rewrite is kept only if it makes more tasks succeed.
 
 The agent, the compressor and the optimiser are any OpenAI-compatible endpoints, called
-through :func:`lcjax.eval.endpoint.complete` (timeouts, retries with backoff, a token
+through :func:`lcjax.eval.endpoint.complete` (a total deadline per attempt, reply-size and
+JSON-depth caps, an answer no longer than ``max_tokens`` allows, retries with backoff, a token
 counter). Every LLM call is its own resumable phase of :class:`AgentState` (JSON): a failed
 call raises :class:`AgentError` carrying the state as of the last completed call, untouched,
 and :func:`run_task` continues from it.
@@ -26,6 +27,7 @@ and :func:`run_task` continues from it.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -360,7 +362,8 @@ class OptimisationResult:
 
 def optimise_guideline(agent: AconAgent, tasks: Sequence[RecallTask], *, rounds: int = 1,
                        optimiser: EndpointConfig | None = None,
-                       feedback_max_tokens: int = 256) -> OptimisationResult:
+                       feedback_max_tokens: int = 256,
+                       state_dir: str | os.PathLike | None = None) -> OptimisationResult:
     """Contrastive guideline optimisation (no gradients).
 
     Each round: run every task with full context (no gates) and with ``agent``'s gates under
@@ -369,17 +372,29 @@ def optimise_guideline(agent: AconAgent, tasks: Sequence[RecallTask], *, rounds:
     trajectories), then for a rewrite of ``g`` given all that feedback
     (:data:`REWRITE_PROMPT`); the candidate ``g'`` replaces ``g`` iff
     ``sum_i comp_i(g') > sum_i comp_i(g)``. Stops early when nothing is contrasted.
+
+    ``state_dir`` (created if missing) keeps every run's :class:`AgentState` (after each
+    call, ``full-<i>.json`` and ``g<sha of g>-<i>.json``) and every optimiser reply
+    (``ask-<sha of the prompt>.json``): when a call fails (:class:`AgentError`,
+    :class:`~lcjax.eval.endpoint.EndpointError`) or the process is stopped, calling again
+    with the same ``state_dir`` keeps what finished and asks only for the rest.
     """
     if not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"optimise_guideline: `rounds` must be an int >= 1, got {rounds!r}")
     if not tasks:
         raise ValueError("optimise_guideline: no tasks")
+    if state_dir is not None:
+        os.makedirs(state_dir, exist_ok=True)
     llm = optimiser or agent.llm
-    full_agent = agent.replace(t_hist=None, t_obs=None)
-    full = [run_task(full_agent, t) for t in tasks]
+
+    def runs(run_agent: AconAgent, tag: str) -> list[AgentState]:
+        return [run_task(run_agent, t, state_path=_state_file(state_dir, f"{tag}-{i}"))
+                for i, t in enumerate(tasks)]
+
+    full = runs(agent.replace(t_hist=None, t_obs=None), "full")
     full_ok = [bool(s.success) for s in full]
     guideline, done = agent.config.guideline, []
-    comp = [run_task(agent, t) for t in tasks]
+    comp = runs(agent, f"g{_sha(guideline)}")
     for _ in range(rounds):
         ok = [bool(s.success) for s in comp]
         contrasted = [i for i in range(len(tasks)) if full_ok[i] and not ok[i]]
@@ -392,14 +407,14 @@ def optimise_guideline(agent: AconAgent, tasks: Sequence[RecallTask], *, rounds:
                 prompt = ANALYSE_PROMPT.format(full=trajectory_text(full[i]),
                                                compressed=trajectory_text(comp[i]))
                 record.feedback.append(_ask(llm, prompt, feedback_max_tokens, session,
-                                            "analysis"))
+                                            "analysis", state_dir))
             candidate = _ask(llm, REWRITE_PROMPT.format(
                 guideline=guideline, feedback="\n".join(f"- {f}" for f in record.feedback)),
-                feedback_max_tokens, session, "guideline rewrite")
+                feedback_max_tokens, session, "guideline rewrite", state_dir)
         if not candidate:
             break
         trial = agent.replace(guideline=candidate)
-        cand = [run_task(trial, t) for t in tasks]
+        cand = runs(trial, f"g{_sha(candidate)}")
         record.candidate = candidate
         record.candidate_successes = [bool(s.success) for s in cand]
         if sum(record.candidate_successes) > sum(ok):
@@ -407,12 +422,31 @@ def optimise_guideline(agent: AconAgent, tasks: Sequence[RecallTask], *, rounds:
     return OptimisationResult(guideline, full_ok, done)
 
 
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def _state_file(state_dir, name: str) -> str | None:
+    return None if state_dir is None else os.path.join(state_dir, f"{name}.json")
+
+
 def _ask(cfg: EndpointConfig, prompt: str, max_tokens: int, session: requests.Session,
-         what: str) -> str:
+         what: str, state_dir=None) -> str:
+    """The optimiser's (stripped) reply to ``prompt``, read from / kept in ``state_dir``."""
+    path = _state_file(state_dir, f"ask-{_sha(prompt)}")
+    if path is not None and os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)["reply"]
     try:
-        return complete(cfg, prompt, max_tokens, session=session).strip()
+        reply = complete(cfg, prompt, max_tokens, session=session).strip()
     except EndpointError as e:
         raise EndpointError(f"ACON guideline optimiser ({what}) failed: {e}") from e
+    if path is not None:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"prompt": prompt, "reply": reply}, f)
+        os.replace(tmp, path)
+    return reply
 
 
 def distillation_rows(states: Sequence[AgentState], seq_len: int) -> dict:

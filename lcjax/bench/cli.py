@@ -15,6 +15,9 @@
         (PLASH vs blockwise, Performer, Nystrom: time, memory, slope, error, certificate)
     lcjax bench flashblock [--histories 1024,4096,16384] [--sample-histories 1024,4096]
         (block-diffusion attention per denoising step with and without FlashBlock's reuse)
+    lcjax bench serve [--clients 8 --requests 400 --max-seconds 60] [--out FILE]
+        (bounded load on lcjax serve at 127.0.0.1: latency p50/p95, throughput, RSS;
+        ``lcjax.bench.serve``)
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from lcjax.bench import context_parallel as context_parallel_bench
 from lcjax.bench import entmax as entmax_bench
 from lcjax.bench import flashblock as flashblock_bench
 from lcjax.bench import plash as plash_bench
+from lcjax.bench import serve as serve_bench
 from lcjax.bench import token_sparse as token_sparse_bench
 from lcjax.bench.attention import (
     DEFAULT_MAX_LEN,
@@ -89,6 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     context_parallel_bench.add_arguments(sub)
     plash_bench.add_arguments(sub)
     flashblock_bench.add_arguments(sub)
+    serve_bench.add_arguments(sub)
 
 
 def _parse_max_len(specs) -> dict[str, int]:
@@ -129,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
         return plash_bench.run_cli(args)
     if args.bench == "flashblock":
         return flashblock_bench.run_cli(args)
+    if args.bench == "serve":
+        return serve_bench.run_cli(args)
     if args.bench != "attention":
         raise ValueError(f"unknown benchmark {args.bench!r}")
     result = run_attention_benchmark(config_from_args(args))

@@ -65,10 +65,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e = parser.add_argument_group("endpoint (--endpoint)")
     e.add_argument("--api-model", default=None, help="the request's model field")
     e.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
-    e.add_argument("--api-key-env", default="OPENAI_API_KEY",
-                   help="environment variable with the API key (may be unset)")
+    e.add_argument("--api-key-env", default=None, metavar="NAME",
+                   help="environment variable with the API key (default: no key is sent; "
+                   "refused with plain http to another machine)")
     e.add_argument("--concurrency", type=int, default=4)
-    e.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    e.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds per attempt in all (connect, send, every read)")
+    e.add_argument("--max-reply-bytes", type=int, default=4 << 20,
+                   help="the largest reply accepted, bytes (default 4 MiB)")
     e.add_argument("--retries", type=int, default=3)
     e.add_argument("--backoff", type=float, default=1.0, help="first retry wait, seconds")
 
@@ -82,10 +86,14 @@ def run(args: argparse.Namespace) -> int:
     from lcjax.eval.report import write_report
 
     if args.endpoint:
-        target = EndpointConfig(args.endpoint, model=args.api_model, chat=args.chat,
-                                api_key_env=args.api_key_env or None, timeout=args.timeout,
-                                retries=args.retries, backoff=args.backoff,
-                                concurrency=args.concurrency)
+        try:
+            target = EndpointConfig(args.endpoint, model=args.api_model, chat=args.chat,
+                                    api_key_env=args.api_key_env or None,
+                                    timeout=args.timeout, retries=args.retries,
+                                    backoff=args.backoff, concurrency=args.concurrency,
+                                    max_reply_bytes=args.max_reply_bytes)
+        except ValueError as e:
+            raise SystemExit(f"lcjax eval: {e}") from None
     else:
         target = args.model
     suite, options = suite_from_args(args)

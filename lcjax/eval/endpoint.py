@@ -1,29 +1,36 @@
 """OpenAI-compatible HTTP endpoints: ``/v1/completions`` and ``/v1/chat/completions``.
 
-One request per prompt, ``concurrency`` of them in flight (a thread pool), each with a
-``timeout`` and up to ``retries`` retries with exponential backoff
-(``backoff * 2**attempt`` seconds, at most ``max_backoff``; a numeric ``Retry-After``
-header is honoured up to ``max_backoff``) on connection errors, timeouts, truncated
-bodies and HTTP 408/429/5xx. Another HTTP error, a body that is not JSON, or JSON without
-the answer field fails the prompt at once. A failed prompt is reported as an error for
-that item (:data:`lcjax.eval.runners.Runner`); nothing raises out of the runner.
+One request per prompt, ``concurrency`` of them in flight (daemon threads), each attempt
+bounded as a whole by :func:`lcjax.eval.http_client.post_json`: ``timeout`` seconds in all
+(not per read), a reply of at most ``max_reply_bytes`` bytes nested at most ``max_depth``
+deep, an answer of at most :func:`max_answer_bytes` bytes. Up to ``retries`` retries with
+exponential backoff (``backoff * 2**attempt`` seconds, at most ``max_backoff``; a numeric
+``Retry-After`` header is honoured up to ``max_backoff``) on connection errors, the deadline,
+truncated bodies and HTTP 408/429/5xx; so one prompt takes at most
+``(retries + 1) * timeout`` plus the waits. Another HTTP error, a body too large, too deep,
+not JSON, or JSON without the answer field fails the prompt at once. A failed prompt is
+reported as an error for that item (:data:`lcjax.eval.runners.Runner`); nothing raises out
+of the runner. Ctrl-C stops the runner at once: the answers already yielded are kept by the
+caller, the requests in flight are abandoned (their threads are daemons).
 
 Requests (greedy by default)::
 
     POST {base}/v1/completions       {"model", "prompt", "max_tokens", "temperature"}
     POST {base}/v1/chat/completions  {"model", "messages": [{"role": "user", ...}], ...}
 
-answered by ``choices[0].text`` or ``choices[0].message.content``. The API key is read from
-the environment variable ``api_key_env`` (sent as ``Authorization: Bearer``); a local
-server needs none. A :class:`TokenCounter` passed to :func:`complete` adds up the replies'
+answered by ``choices[0].text`` or ``choices[0].message.content``. No API key is sent unless
+``api_key_env`` names the environment variable holding it (``--api-key-env NAME``; sent as
+``Authorization: Bearer``), and never over plain ``http://`` to another machine
+(:class:`EndpointConfig` refuses that: the key would travel unencrypted).
+A :class:`TokenCounter` passed to :func:`complete` adds up the replies'
 ``usage`` (``prompt_tokens``, ``completion_tokens``) and counts the calls.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -31,21 +38,23 @@ from typing import Any
 
 import requests
 
+from lcjax.eval.http_client import RETRY_STATUS, HttpError, HttpLimits, is_loopback_url, post_json
+
 __all__ = [
+    "RETRY_STATUS",
     "EndpointConfig",
     "EndpointError",
     "TokenCounter",
     "complete",
     "endpoint_runner",
     "endpoint_url",
+    "max_answer_bytes",
     "parse_reply",
     "request_body",
     "usage_of",
 ]
 
-RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504}) | frozenset(range(505, 600))
-_TRANSIENT = (requests.ConnectionError, requests.Timeout,
-              requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError)
+MAX_BYTES_PER_TOKEN = 64  # generous: the longest tokens of common vocabularies are shorter
 
 
 class EndpointError(RuntimeError):
@@ -60,8 +69,11 @@ class EndpointConfig:
       base_url: e.g. ``http://127.0.0.1:8000`` or ``https://api.openai.com/v1``.
       model: the ``model`` field of the request (None: left out, for servers with one).
       chat: use ``/v1/chat/completions`` (messages) instead of ``/v1/completions``.
-      api_key_env: environment variable holding the API key (absent or None: no key).
-      timeout: seconds per request (connect and each read).
+      api_key_env: environment variable holding the API key (None, the default: no key is
+        sent). With a plain ``http://`` URL the host must be this machine.
+      timeout: seconds per attempt in all (connect, send and every read).
+      max_reply_bytes: the largest reply body accepted.
+      max_depth: the deepest JSON nesting accepted in a reply.
       retries: retries after the first attempt, for transient failures.
       backoff, max_backoff: the wait before retry a is ``min(max_backoff, backoff * 2**a)``.
       concurrency: requests in flight at once.
@@ -72,8 +84,10 @@ class EndpointConfig:
     base_url: str
     model: str | None = None
     chat: bool = False
-    api_key_env: str | None = "OPENAI_API_KEY"
+    api_key_env: str | None = None
     timeout: float = 60.0
+    max_reply_bytes: int = 4 << 20
+    max_depth: int = 64
     retries: int = 3
     backoff: float = 1.0
     max_backoff: float = 30.0
@@ -96,6 +110,12 @@ class EndpointConfig:
         if not isinstance(self.concurrency, int) or self.concurrency < 1:
             raise ValueError(f"EndpointConfig: `concurrency` must be an int >= 1, got "
                              f"{self.concurrency!r}")
+        if self.api_key_env and self.base_url.startswith("http://") and not is_loopback_url(
+                self.base_url):
+            raise ValueError(f"EndpointConfig: refusing to send the API key in "
+                             f"${self.api_key_env} over plain http to {self.base_url!r} (it "
+                             "would travel unencrypted): use https, or no key")
+        HttpLimits(self.timeout, self.max_reply_bytes, self.max_depth)  # validates them
         if self.backoff < 0 or self.temperature < 0:
             raise ValueError(f"EndpointConfig: `backoff` and `temperature` must be >= 0, got "
                              f"{self.backoff!r}, {self.temperature!r}")
@@ -191,15 +211,17 @@ def _headers(cfg: EndpointConfig) -> dict:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def _wait(cfg: EndpointConfig, attempt: int, reply: requests.Response | None) -> float:
+def _wait(cfg: EndpointConfig, attempt: int, retry_after: float | None) -> float:
     wait = cfg.backoff * 2**attempt
-    after = reply.headers.get("Retry-After") if reply is not None else None
-    if after is not None:
-        try:
-            wait = max(wait, float(after))
-        except ValueError:
-            pass
+    if retry_after is not None:
+        wait = max(wait, retry_after)
     return min(cfg.max_backoff, wait)
+
+
+def max_answer_bytes(max_tokens: int) -> int:
+    """The longest answer (UTF-8 bytes) accepted for ``max_tokens``:
+    ``max(4096, 64 * max_tokens)``; a longer one means the server ignored ``max_tokens``."""
+    return max(4096, MAX_BYTES_PER_TOKEN * int(max_tokens))
 
 
 def complete(cfg: EndpointConfig, prompt: str, max_tokens: int, *,
@@ -207,68 +229,87 @@ def complete(cfg: EndpointConfig, prompt: str, max_tokens: int, *,
              sleep: Callable[[float], None] = time.sleep,
              counter: TokenCounter | None = None) -> str:
     """The endpoint's answer to one prompt, retrying transient failures; ``counter`` (if
-    given) counts the answered call and its ``usage``.
+    given) counts the answered call and its ``usage``. Each attempt lasts at most
+    ``cfg.timeout`` seconds in all.
 
     Raises:
-      EndpointError: the reply is malformed, an HTTP error that is not retried, or the
-        last attempt failed; the message says which.
+      EndpointError: the reply is malformed, too large, too deep, an answer longer than
+        :func:`max_answer_bytes`, an HTTP error that is not retried, or the last attempt
+        failed; the message says which.
     """
-    post = (session or requests).post
+    own = session is None
+    session = session or requests.Session()
     url, body, headers = endpoint_url(cfg), request_body(cfg, prompt, max_tokens), _headers(cfg)
+    limits = HttpLimits(cfg.timeout, cfg.max_reply_bytes, cfg.max_depth)
     last = "no attempt"
-    for attempt in range(cfg.retries + 1):
-        reply = None
-        try:
-            reply = post(url, json=body, headers=headers, timeout=cfg.timeout)
-        except _TRANSIENT as e:
-            last = f"{type(e).__name__}: {e}"
-        except requests.RequestException as e:
-            raise EndpointError(f"request failed: {type(e).__name__}: {e}") from None
-        else:
-            if reply.status_code < 400:
-                try:
-                    data = reply.json()
-                except ValueError:
-                    raise EndpointError(f"malformed reply (not JSON, HTTP {reply.status_code})"
-                                        f": {reply.text[:200]!r}") from None
+    try:
+        for attempt in range(cfg.retries + 1):
+            try:
+                data = post_json(session, url, body, headers=headers, limits=limits)
+            except HttpError as e:
+                if not e.transient:
+                    raise EndpointError(str(e)) from None
+                last, retry_after = str(e), e.retry_after
+            else:
                 text = parse_reply(cfg, data)
+                size = len(text.encode("utf-8", "surrogatepass"))
+                if size > max_answer_bytes(max_tokens):
+                    raise EndpointError(f"malformed reply: the answer has {size} bytes, more "
+                                        f"than {max_answer_bytes(max_tokens)} for max_tokens="
+                                        f"{max_tokens} (the server ignored max_tokens)")
                 if counter is not None:
                     counter.add(data)
                 return text
-            last = f"HTTP {reply.status_code}: {reply.text[:200]!r}"
-            if reply.status_code not in RETRY_STATUS:
-                raise EndpointError(last)
-        if attempt < cfg.retries:
-            sleep(_wait(cfg, attempt, reply))
+            if attempt < cfg.retries:
+                sleep(_wait(cfg, attempt, retry_after))
+    finally:
+        if own:
+            session.close()
     raise EndpointError(f"failed after {cfg.retries + 1} attempts; last: {last}")
 
 
 def endpoint_runner(cfg: EndpointConfig, *, max_tokens: int,
                     sleep: Callable[[float], None] = time.sleep):
     """A runner (:data:`lcjax.eval.runners.Runner`) sending each prompt to ``cfg``'s endpoint,
-    ``cfg.concurrency`` at a time, yielding answers as they finish."""
-    local = threading.local()
-
-    def one(prompt: bytes) -> str:
-        if not hasattr(local, "session"):
-            local.session = requests.Session()
-        return complete(cfg, prompt.decode("utf-8", "replace"), max_tokens,
-                        session=local.session, sleep=sleep)
+    ``cfg.concurrency`` at a time (daemon threads), yielding answers as they finish. Closing
+    the generator (Ctrl-C in the consumer) stops at once: no new prompt is sent and the
+    requests in flight are abandoned."""
 
     def run(prompts: list[bytes]):
-        pool = concurrent.futures.ThreadPoolExecutor(cfg.concurrency,
-                                                     thread_name_prefix="lcjax-eval")
+        todo: queue.Queue = queue.Queue()
+        for item in enumerate(prompts):
+            todo.put(item)
+        done: queue.Queue = queue.Queue()
+        stop = threading.Event()
+
+        def worker():
+            with requests.Session() as session:
+                while not stop.is_set():
+                    try:
+                        i, prompt = todo.get_nowait()
+                    except queue.Empty:
+                        return
+                    try:
+                        text = complete(cfg, prompt.decode("utf-8", "replace"), max_tokens,
+                                        session=session, sleep=sleep)
+                        done.put((i, text, None))
+                    except EndpointError as e:
+                        done.put((i, None, str(e)))
+                    except Exception as e:  # anything unexpected fails the item, not the run
+                        done.put((i, None, f"{type(e).__name__}: {e}"))
+
+        for _ in range(min(cfg.concurrency, len(prompts))):
+            threading.Thread(target=worker, name="lcjax-eval", daemon=True).start()
         try:
-            futures = {pool.submit(one, p): i for i, p in enumerate(prompts)}
-            for fut in concurrent.futures.as_completed(futures):
-                i = futures[fut]
-                try:
-                    yield i, fut.result(), None
-                except EndpointError as e:
-                    yield i, None, str(e)
-                except Exception as e:  # anything unexpected fails the item, not the run
-                    yield i, None, f"{type(e).__name__}: {e}"
+            for _ in range(len(prompts)):
+                while True:  # a bounded wait, so Ctrl-C is seen at once
+                    try:
+                        result = done.get(timeout=0.2)
+                        break
+                    except queue.Empty:
+                        continue
+                yield result
         finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+            stop.set()
 
     return run

@@ -9,7 +9,14 @@ runs concurrent requests as one jitted :func:`lcjax.nn.generate` call. See
 ``docs/serve.md``.
 """
 
-from lcjax.serve.app import APIError, ChatRequest, CompletionRequest, create_app, cut_at_stop
+from lcjax.serve.app import (
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    ServeLimits,
+    create_app,
+    cut_at_stop,
+)
 from lcjax.serve.batcher import Batcher, BatchStats, Generation, group_jobs, next_power_of_two
 from lcjax.serve.model import (
     ByteTokenizer,
@@ -28,6 +35,7 @@ __all__ = [
     "CompletionRequest",
     "Generation",
     "HFTokenizer",
+    "ServeLimits",
     "ServedModel",
     "create_app",
     "cut_at_stop",

@@ -10,7 +10,8 @@ Routes (``model`` may be left out: the served model answers, as in vLLM)::
 
 Sampling fields: ``temperature`` (OpenAI's default 1; 0 = greedy), ``top_p``, ``seed``,
 ``stop`` (a string or up to 4: the reply is cut before the first occurrence, finish_reason
-"stop"), ``n`` (replies per prompt; with a seed, reply i uses ``seed + i``), ``max_tokens``
+"stop"), ``n`` (replies per prompt; with a seed, reply i uses ``(seed + i) mod 2**64``;
+seeds lie in [0, 2**64); a temperature below ``MIN_TEMPERATURE`` runs greedy), ``max_tokens``
 (chat also ``max_completion_tokens``; chat's default is what the context leaves, at most
 ``default_chat_max_tokens``), ``stream`` (server-sent events: ``data: {chunk}`` lines, then
 ``data: [DONE]``; the chunks are sent once the batch has been generated, since one jitted
@@ -22,13 +23,18 @@ Errors use OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: 40
 invalid request (FastAPI's 422 validation errors included, ``param`` naming the field), 400
 ``context_length_exceeded`` when prompt tokens + ``max_tokens`` exceed the model's context,
 404 ``model_not_found`` for another model id, 404/405 for unknown routes, 500 when
-generation fails.
+generation fails. :class:`ServeLimits` bound every request: 400 ``too_many_generations``
+(prompts x ``n`` > ``max_rows``), 413 (body > ``max_body_bytes``), 429 with ``Retry-After``
+(``max_queued_rows``), 504 (``request_timeout_s``), 503 while shutting down; a client that
+disconnects has its waiting generations cancelled. Integers are strict (``true`` is not 1)
+and text must be valid Unicode (a lone surrogate is a 400).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 import uuid
@@ -38,50 +44,104 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from lcjax.serve.batcher import Batcher, Generation
+from lcjax.serve.batcher import SEED_LIMIT, Batcher, Generation, ShuttingDown
 from lcjax.serve.model import ROLES, ServedModel
 
-__all__ = ["APIError", "ChatRequest", "CompletionRequest", "create_app", "cut_at_stop"]
+__all__ = ["APIError", "ChatRequest", "CompletionRequest", "ServeLimits", "create_app",
+           "cut_at_stop"]
 
 MAX_N = 8
+# below this a temperature runs greedy: logits / T overflow float32 near T = 1e-38, and at
+# T = 1e-4 a logit gap of 0.01 already has odds e**100, i.e. the argmax
+MIN_TEMPERATURE = 1e-4
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeLimits:
+    """What one server accepts (all bounded; ``lcjax serve`` flags of the same names).
+
+    Attributes:
+      max_rows: the most generations per request (prompts x ``n``); more is a 400.
+      max_body_bytes: the largest request body; more is a 413 (read no further).
+      max_queued_rows: the most generations submitted and unfinished, all requests
+        together; a request that would pass it is a 429 with ``Retry-After``.
+      retry_after_s: the ``Retry-After`` of that 429, seconds.
+      request_timeout_s: a request still waiting after this long is a 504 and its
+        generations not yet started are cancelled.
+      drain_s: on shutdown, how long the batch that is running may take (the waiting
+        requests fail with 503 at once).
+    """
+
+    max_rows: int = 64
+    max_body_bytes: int = 4 << 20
+    max_queued_rows: int = 256
+    retry_after_s: int = 1
+    request_timeout_s: float = 120.0
+    drain_s: float = 10.0
+
+    def __post_init__(self):
+        for name in ("max_rows", "max_body_bytes", "max_queued_rows", "retry_after_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ServeLimits: `{name}` must be an int >= 1, got {value!r}")
+        for name in ("request_timeout_s", "drain_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"ServeLimits: `{name}` must be > 0, got "
+                                 f"{getattr(self, name)!r}")
+        if self.max_queued_rows < self.max_rows:
+            raise ValueError(f"ServeLimits: `max_queued_rows` ({self.max_queued_rows}) must be "
+                             f">= `max_rows` ({self.max_rows}), or no full request could run")
 
 
 class APIError(Exception):
     """An error reply: HTTP ``status`` and OpenAI's error fields."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None, type: str = "invalid_request_error"):
+                 code: str | None = None, type: str = "invalid_request_error",
+                 headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.type = (
             status, message, param, code, type)
+        self.headers = headers
 
     def response(self) -> JSONResponse:
         return error_response(self.status, self.message, param=self.param, code=self.code,
-                              type=self.type)
+                              type=self.type, headers=self.headers)
 
 
 def error_response(status: int, message: str, *, param: str | None = None,
-                   code: str | None = None, type: str = "invalid_request_error") -> JSONResponse:
+                   code: str | None = None, type: str = "invalid_request_error",
+                   headers: dict | None = None) -> JSONResponse:
     """OpenAI's error body ``{"error": {"message", "type", "param", "code"}}``."""
     return JSONResponse({"error": {"message": message, "type": type, "param": param,
-                                   "code": code}}, status_code=status)
+                                   "code": code}}, status_code=status, headers=headers)
 
 
 # --- request bodies ---------------------------------------------------------------------
+
+def _no_bool(value):
+    """JSON true/false is not a number (pydantic's lax mode would take it as 1/0)."""
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not a number")
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_no_bool)]
+
 
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None  # None: the served model (as vLLM; the eval client may omit it)
-    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
-    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
-    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
+    temperature: Annotated[Number, Field(ge=0, le=2)] = 1.0
+    top_p: Annotated[Number, Field(gt=0, le=1)] = 1.0
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] = 1
     stop: str | Annotated[list[str], Field(max_length=4)] | None = None
-    seed: int | None = None
-    stream: bool = False
+    seed: Annotated[StrictInt, Field(ge=0, lt=SEED_LIMIT)] | None = None
+    stream: StrictBool = False
     user: str | None = None
 
 
@@ -89,7 +149,7 @@ class CompletionRequest(_Sampling):
     """``POST /v1/completions``: ``prompt`` a string or a list of them."""
 
     prompt: str | Annotated[list[str], Field(min_length=1)]
-    max_tokens: Annotated[int, Field(ge=1)] | None = 16
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = 16
 
 
 class TextPart(BaseModel):
@@ -114,8 +174,8 @@ class ChatRequest(_Sampling):
     """``POST /v1/chat/completions``: ``messages`` with ``role`` and ``content``."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
 
 
 # --- helpers ----------------------------------------------------------------------------
@@ -178,18 +238,120 @@ def _check_model(served: ServedModel, name: str | None) -> None:
                        f"{served.name!r}.", param="model", code="model_not_found")
 
 
-async def _generate_all(batcher: Batcher, prompts: list[np.ndarray], max_tokens: list[int],
-                        req: _Sampling) -> list[list[Generation]]:
-    """``req.n`` generations per prompt, all submitted at once (so they batch)."""
-    futures = [[batcher.submit(ids, m, temperature=req.temperature, top_p=req.top_p,
-                               seed=None if req.seed is None else req.seed + i)
-                for i in range(req.n)] for ids, m in zip(prompts, max_tokens)]
+def _check_text(text: str | None, param: str) -> None:
+    """400 unless ``text`` is valid Unicode (JSON lets a lone surrogate such as
+    ``"\\ud800"`` through; no tokenizer can encode it)."""
+    if text is None:
+        return
     try:
-        flat = await asyncio.gather(*(asyncio.wrap_future(f) for row in futures for f in row))
-    except Exception as e:  # the generate call failed: a 500, the server goes on
-        raise APIError(500, f"generation failed: {type(e).__name__}: {e}", type="server_error",
-                       code="generation_failed") from None
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise APIError(400, f"`{param}` is not valid Unicode text: a lone surrogate "
+                       f"{text[e.start]!a} at character {e.start}", param=param,
+                       code="invalid_text") from None
+
+
+def _check_rows(rows: int, limits: ServeLimits, param: str) -> None:
+    if rows > limits.max_rows:
+        raise APIError(400, f"This request asks for {rows} generations (prompts x n); the "
+                       f"server takes at most {limits.max_rows} per request (max_rows). "
+                       "Split it into several requests.", param=param,
+                       code="too_many_generations")
+
+
+async def _generate_all(batcher: Batcher, prompts: list[np.ndarray], max_tokens: list[int],
+                        req: _Sampling, request: Request,
+                        limits: ServeLimits) -> list[list[Generation]]:
+    """``req.n`` generations per prompt, all submitted at once (so they batch), within the
+    queue limit (429), the request deadline (504) and while the client is connected (the
+    generations not yet started are cancelled otherwise)."""
+    rows = len(prompts) * req.n
+    if batcher.pending + rows > limits.max_queued_rows:
+        raise APIError(429, f"The server is busy: {batcher.pending} generations are queued and "
+                       f"this request adds {rows} (max_queued_rows={limits.max_queued_rows}). "
+                       f"Retry after {limits.retry_after_s} s.", code="server_busy",
+                       type="rate_limit_error",
+                       headers={"Retry-After": str(limits.retry_after_s)})
+    temperature = 0.0 if req.temperature < MIN_TEMPERATURE else req.temperature
+    futures = [batcher.submit(ids, m, temperature=temperature, top_p=req.top_p,
+                              seed=None if req.seed is None else (req.seed + i) % SEED_LIMIT)
+               for ids, m in zip(prompts, max_tokens) for i in range(req.n)]
+    gathered = asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+    gathered.add_done_callback(_retrieve)  # a cancelled or abandoned gather logs nothing
+    loop = asyncio.get_running_loop()
+    end = loop.time() + limits.request_timeout_s
+    try:
+        while not gathered.done():
+            left = end - loop.time()
+            if left <= 0:
+                raise APIError(504, f"The request did not finish within the server's "
+                               f"{limits.request_timeout_s:g} s (request_timeout_s); its "
+                               "generations not yet started were cancelled.",
+                               type="server_error", code="timeout")
+            await asyncio.wait({gathered}, timeout=min(0.25, left))
+            if not gathered.done() and await request.is_disconnected():
+                raise APIError(499, "the client disconnected", code="client_disconnected")
+        try:
+            flat = gathered.result()
+        except ShuttingDown:
+            raise APIError(503, "The server is shutting down; retry on another server.",
+                           type="server_error", code="shutting_down",
+                           headers={"Retry-After": str(limits.retry_after_s)}) from None
+        except Exception as e:  # the generate call failed: a 500, the server goes on
+            raise APIError(500, f"generation failed: {type(e).__name__}: {e}",
+                           type="server_error", code="generation_failed") from None
+    finally:
+        for f in futures:
+            f.cancel()  # no-op once started or done
+        if not gathered.done():
+            gathered.cancel()
     return [flat[i * req.n:(i + 1) * req.n] for i in range(len(prompts))]
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``max_bytes`` is answered 413 without reading
+    the rest (a ``Content-Length`` over it, before reading anything); the body read is
+    replayed to the app, then ``receive`` passes through (so disconnects are seen)."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def _too_large(self, scope, receive, send, size: str) -> None:
+        await error_response(413, f"The request body has {size} bytes; the server takes at "
+                             f"most {self.max_bytes} (max_body_bytes).",
+                             code="request_too_large")(scope, receive, send)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._too_large(scope, receive, send, declared.decode())
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                return await self._too_large(scope, receive, send, f"more than {size - 1}")
+            more = message.get("more_body", False)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        await self.app(scope, replay, send)
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -209,7 +371,9 @@ def _sse(chunks: list[dict]) -> StreamingResponse:
 # --- the app ----------------------------------------------------------------------------
 
 def create_app(served: ServedModel, *, batch_window_ms: float = 10.0, max_batch: int = 8,
-               min_bucket: int = 16, default_chat_max_tokens: int = 256) -> FastAPI:
+               min_bucket: int = 16, default_chat_max_tokens: int = 256,
+               limits: ServeLimits = ServeLimits(), max_shapes: int = 32,
+               precompile: tuple[int, int] | None = None) -> FastAPI:
     """The FastAPI app serving ``served``; its batcher runs while the app does (lifespan)
     and is ``app.state.batcher``.
 
@@ -218,22 +382,30 @@ def create_app(served: ServedModel, *, batch_window_ms: float = 10.0, max_batch:
       batch_window_ms, max_batch, min_bucket: the :class:`~lcjax.serve.Batcher`'s.
       default_chat_max_tokens: a chat reply's ``max_tokens`` when the request gives none
         (at most what the context leaves).
+      limits: request, queue, time and body bounds (:class:`ServeLimits`).
+      max_shapes: the most compiled ``generate`` shapes kept (the Batcher's).
+      precompile: ``(max_prompt_len, max_tokens)``: compile those greedy shapes at startup,
+        before the server accepts requests (:meth:`~lcjax.serve.Batcher.precompile`).
     """
     batcher = Batcher(served.model, stop_ids=served.tokenizer.eos_ids,
                       pad_id=served.tokenizer.pad_id, window_ms=batch_window_ms,
-                      max_batch=max_batch, min_bucket=min_bucket)
+                      max_batch=max_batch, min_bucket=min_bucket, max_shapes=max_shapes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        if precompile is not None:
+            await asyncio.to_thread(batcher.precompile, *precompile)
         batcher.start()
         try:
             yield
         finally:
-            batcher.stop()
+            await asyncio.to_thread(batcher.stop, limits.drain_s)
 
     app = FastAPI(title="lcjax serve", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     app.state.batcher = batcher
     app.state.served = served
+    app.state.limits = limits
     created = int(time.time())
 
     @app.exception_handler(APIError)
@@ -277,19 +449,26 @@ def create_app(served: ServedModel, *, batch_window_ms: float = 10.0, max_batch:
 
     @app.get("/v1/lcjax/stats")
     async def stats():
-        return batcher.stats.as_dict()
+        return {**batcher.stats.as_dict(), "pending": batcher.pending,
+                "limits": dataclasses.asdict(limits)}
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):
+    async def completions(req: CompletionRequest, request: Request):
         _check_model(served, req.model)
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+        _check_rows(len(prompts) * req.n, limits, "prompt")
+        for i, p in enumerate(prompts):
+            _check_text(p, "prompt" if isinstance(req.prompt, str) else f"prompt.{i}")
+        for s in _stops(req.stop):
+            _check_text(s, "stop")
         max_tokens = 16 if req.max_tokens is None else req.max_tokens  # OpenAI's default
         ids = [served.tokenizer.encode(p) for p in prompts]
         for i, x in enumerate(ids):
             if len(x) == 0:
                 raise APIError(400, f"prompt {i} has no tokens", param="prompt")
             _check_context(served, len(x), max_tokens, "max_tokens")
-        gens = await _generate_all(batcher, ids, [max_tokens] * len(ids), req)
+        gens = await _generate_all(batcher, ids, [max_tokens] * len(ids), req, request,
+                                   limits)
         stops = _stops(req.stop)
         choices, completion = [], 0
         for i, row in enumerate(gens):
@@ -308,8 +487,14 @@ def create_app(served: ServedModel, *, batch_window_ms: float = 10.0, max_batch:
         return body
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest):
+    async def chat(req: ChatRequest, request: Request):
         _check_model(served, req.model)
+        _check_rows(req.n, limits, "n")
+        for i, m in enumerate(req.messages):
+            _check_text(m.text(), f"messages.{i}.content")
+            _check_text(m.name, f"messages.{i}.name")
+        for s in _stops(req.stop):
+            _check_text(s, "stop")
         messages = [{"role": m.role, "content": m.text(),
                      **({"name": m.name} if m.name else {})} for m in req.messages]
         try:
@@ -325,7 +510,7 @@ def create_app(served: ServedModel, *, batch_window_ms: float = 10.0, max_batch:
             if asked < 1:
                 asked = 1  # then the guard below names the over-long prompt
         _check_context(served, len(ids), asked, param)
-        [row] = await _generate_all(batcher, [ids], [asked], req)
+        [row] = await _generate_all(batcher, [ids], [asked], req, request, limits)
         stops = _stops(req.stop)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         choices, completion = [], 0

@@ -16,6 +16,11 @@ The byte chat template (documented in ``docs/serve.md``) is one line per message
 assistant turn::
 
     <bos>system: You are terse.\\nuser: Hi!\\nassistant:
+
+Content is escaped (:func:`escape_chat_content`: ``\\`` → ``\\\\``, newline → ``\\n``,
+carriage return → ``\\r``), so a message is always exactly one line and its content cannot
+start a new turn. With a Hugging Face template, content holding one of the tokenizer's
+special tokens (e.g. ``<|im_start|>``) is refused, for the same reason.
 """
 
 from __future__ import annotations
@@ -30,16 +35,26 @@ import numpy as np
 
 from lcjax.data import tokenizer as byte_tok
 
-__all__ = ["ByteTokenizer", "HFTokenizer", "ServedModel", "load_served",
-           "render_byte_chat"]
+__all__ = ["ByteTokenizer", "HFTokenizer", "ServedModel", "escape_chat_content",
+           "load_served", "render_byte_chat"]
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
+_ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r"})
+
+
+def escape_chat_content(text: str) -> str:
+    """``text`` on one line: backslash, newline and carriage return written as ``\\\\``,
+    ``\\n`` and ``\\r`` (reversible, and no line break is left to start a forged turn)."""
+    return text.translate(_ESCAPES)
+
+
 def render_byte_chat(messages: Sequence[dict]) -> str:
-    """The byte models' chat prompt: ``"{role}: {content}\\n"`` per message, then
-    ``"assistant:"`` (the BOS comes from the tokenizer)."""
-    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+    """The byte models' chat prompt: ``"{role}: {escaped content}\\n"`` per message, then
+    ``"assistant:"`` (the BOS comes from the tokenizer); :func:`escape_chat_content`."""
+    return "".join(f"{m['role']}: {escape_chat_content(m['content'])}\n"
+                   for m in messages) + "assistant:"
 
 
 class ByteTokenizer:
@@ -133,9 +148,25 @@ class HFTokenizer:
             messages=list(messages), add_generation_prompt=True,
             bos_token=self.bos_token or "", eos_token=self.eos_token or "")
 
+    def special_tokens(self) -> list[str]:
+        """The text of every special added token (e.g. ``<|im_start|>``, ``</s>``)."""
+        return [t.content for t in self.tokenizer.get_added_tokens_decoder().values()
+                if t.special]
+
     def encode_chat(self, messages: Sequence[dict]) -> np.ndarray:
         """Ids of the rendered chat template (its own special tokens, none added), or of
-        :func:`render_byte_chat`'s layout when the checkpoint has no template."""
+        :func:`render_byte_chat`'s layout when the checkpoint has no template.
+
+        Raises:
+          ValueError: a message's content holds a special token's text (it would be
+            tokenized as that token, e.g. a forged turn boundary).
+        """
+        specials = self.special_tokens()
+        for i, m in enumerate(messages):
+            found = [t for t in specials if t and t in (m.get("content") or "")]
+            if found:
+                raise ValueError(f"message {i}'s content holds the special token "
+                                 f"{found[0]!r}; content may not contain special tokens")
         if not self.has_chat_template:
             return self.encode(render_byte_chat(messages))
         text = self.render_chat(messages)
