@@ -70,7 +70,7 @@ def checkpoint_reader(directory: str | os.PathLike) -> ocp.CheckpointManager:
         raise ValueError(f"no checkpoint folder {path!r}")
     options = ocp.CheckpointManagerOptions(
         read_only=True, create=False, cleanup_tmp_directories=False, max_to_keep=None,
-        save_interval_steps=0, enable_async_checkpointing=False,
+        save_interval_steps=0, enable_async_checkpointing=False, lightweight_initialize=True,
     )
     absl = logging.getLogger("absl")  # orbax logs a warning for every read-only manager
     level = absl.level
@@ -79,6 +79,19 @@ def checkpoint_reader(directory: str | os.PathLike) -> ocp.CheckpointManager:
         return ocp.CheckpointManager(path, options=options)
     finally:
         absl.setLevel(level)
+
+
+def list_steps(manager: ocp.CheckpointManager, *, attempts: int = 50) -> list[int]:
+    """The committed steps of ``manager``'s folder, read again from disk. A step the writer
+    deletes while they are listed (orbax stats each one) makes the listing retry."""
+    for _ in range(attempts - 1):
+        try:
+            manager.reload()
+            return list(manager.all_steps())
+        except FileNotFoundError:
+            time.sleep(0.01)
+    manager.reload()
+    return list(manager.all_steps())
 
 
 class ConfigMismatch(ValueError):
@@ -134,8 +147,7 @@ def restore_latest_intact(manager: ocp.CheckpointManager, restore: Callable[[int
     """
     bad: dict[int, str] = {}
     for _ in range(attempts):
-        manager.reload()
-        steps = [s for s in manager.all_steps() if s not in bad]
+        steps = [s for s in list_steps(manager) if s not in bad]
         if not steps:
             break
         step = max(steps)
@@ -144,8 +156,7 @@ def restore_latest_intact(manager: ocp.CheckpointManager, restore: Callable[[int
         except ConfigMismatch:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of a listed step is reported
-            manager.reload()
-            live = [s for s in manager.all_steps() if s not in bad]
+            live = [s for s in list_steps(manager) if s not in bad]
             if step in live and max(live) == step:  # still there and still the latest: corrupt
                 bad[step] = describe_failure(os.path.join(manager.directory, str(step)), exc)
             time.sleep(0.05)
@@ -157,7 +168,7 @@ def restore_latest_intact(manager: ocp.CheckpointManager, restore: Callable[[int
     if bad:
         raise ValueError(f"no intact checkpoint in {os.fspath(manager.directory)}: "
                          f"{_listing(bad)}")
-    if manager.all_steps():
+    if list_steps(manager):
         raise ValueError(f"checkpoints in {os.fspath(manager.directory)} kept changing while "
                          f"being read ({attempts} tries)")
     return None
