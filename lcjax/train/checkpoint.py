@@ -46,6 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from lcjax.data.writes import check_removable
+
 
 def checkpoint_manager(
     directory: str | os.PathLike, *, max_to_keep: int = 3
@@ -512,12 +514,25 @@ def is_run_folder(path: str | os.PathLike) -> bool:
     return isinstance(spec, dict) and "model" in spec and bool({"train", "grpo"} & set(spec))
 
 
-def _unsafe_to_remove(path: str) -> bool:
-    """The filesystem root, the home folder, or the working folder or one above it."""
-    real, cwd = os.path.realpath(path), os.path.realpath(os.getcwd())
-    home = os.path.realpath(os.path.expanduser("~"))
-    return real in (os.path.realpath(os.sep), home) or cwd == real or cwd.startswith(
-        real.rstrip(os.sep) + os.sep)
+def check_out_dir(out_dir: str | os.PathLike, *, resume: bool, overwrite: bool) -> None:
+    """Raises what :func:`prepare_out_dir` would, without changing anything."""
+    path = os.fspath(out_dir)
+    if overwrite and resume:
+        raise ValueError("out_dir: overwrite (--overwrite) and resume (--resume) exclude each "
+                         "other")
+    if not os.path.exists(path):
+        return
+    if not os.path.isdir(path):
+        raise ValueError(f"out_dir {path!r} is a file, not a folder")
+    if overwrite:
+        check_removable(path)
+        return
+    entries = sorted(os.listdir(path))
+    if entries and not is_run_folder(path):
+        shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+        raise ValueError(f"out_dir {path!r} is not empty ({shown}) and is not an lcjax run "
+                         "folder: choose a new folder, or replace it with overwrite=True "
+                         "(--overwrite)")
 
 
 def prepare_out_dir(out_dir: str | os.PathLike, *, resume: bool, overwrite: bool) -> None:
@@ -531,30 +546,14 @@ def prepare_out_dir(out_dir: str | os.PathLike, *, resume: bool, overwrite: bool
     Raises:
       ValueError: a non-empty folder that is not a run, without ``overwrite``; ``out_dir``
         is a file; ``overwrite`` with ``resume``; ``overwrite`` of the root, home or working
-        folder.
+        folder (:func:`lcjax.data.writes.check_removable`).
     """
+    check_out_dir(out_dir, resume=resume, overwrite=overwrite)
     path = os.fspath(out_dir)
-    if overwrite and resume:
-        raise ValueError("out_dir: overwrite (--overwrite) and resume (--resume) exclude each "
-                         "other")
-    if not os.path.exists(path):
-        return
-    if not os.path.isdir(path):
-        raise ValueError(f"out_dir {path!r} is a file, not a folder")
-    if overwrite:
-        if _unsafe_to_remove(path):
-            raise ValueError(f"out_dir {path!r}: refusing to overwrite the root, home or "
-                             "working folder")
+    if overwrite and os.path.exists(path):
         if jax.process_index() == 0:
             shutil.rmtree(path)
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
 
             multihost_utils.sync_global_devices("lcjax_overwrite_out_dir")
-        return
-    entries = sorted(os.listdir(path))
-    if entries and not is_run_folder(path):
-        shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
-        raise ValueError(f"out_dir {path!r} is not empty ({shown}) and is not an lcjax run "
-                         "folder: choose a new folder, or replace it with overwrite=True "
-                         "(--overwrite)")

@@ -635,6 +635,8 @@ def train(
     if dataset is not None and cfg.document_mask:
         raise ValueError("TrainConfig.document_mask applies to packed documents; a dataset "
                          "masks attention by carrying segment_ids")
+    if cfg.out_dir is not None:  # refuse a foreign out_dir before any work
+        checkpoint.check_out_dir(cfg.out_dir, resume=cfg.resume, overwrite=overwrite)
     mesh = run_mesh(cfg)
     shard_index, shard_count = (0, 1) if mesh is None else distributed.process_rows(mesh)
     if mesh is not None and dataset is None:
