@@ -36,6 +36,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -126,6 +127,9 @@ def describe_failure(step_dir: str, exc: BaseException) -> str:
     if path is None or isinstance(exc, ValueError) and not files:
         path = _bad_json_file(step_dir) or path
     first = text.split(" [tensorstore_spec", 1)[0].splitlines()[0] if text else ""
+    code = first.split(":", 1)[0]
+    if files and '": ' in first:  # TensorStore: "CODE: opening ...: ... file "X": the cause"
+        first = (f"{code}: " if code.isupper() else "") + first.rsplit('": ', 1)[1]
     first = first if len(first) <= 200 else first[:197] + "..."
     return f"{path or step_dir}: {type(exc).__name__}: {first}"
 
@@ -158,6 +162,7 @@ def restore_latest_intact(manager: ocp.CheckpointManager, restore: Callable[[int
         except ConfigMismatch:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of a listed step is reported
+            _ignore_closed_loop_callbacks()
             live = [s for s in list_steps(manager) if s not in bad]
             if step in live and max(live) == step:  # still there and still the latest: corrupt
                 bad[step] = describe_failure(os.path.join(manager.directory, str(step)), exc)
@@ -174,6 +179,26 @@ def restore_latest_intact(manager: ocp.CheckpointManager, restore: Callable[[int
         raise ValueError(f"checkpoints in {os.fspath(manager.directory)} kept changing while "
                          f"being read ({attempts} tries)")
     return None
+
+
+def _ignore_closed_loop_callbacks() -> None:
+    """After a failed orbax restore, the TensorStore reads still in flight finish on the event
+    loop orbax has closed, and each prints ``RuntimeError: Event loop is closed`` through
+    ``sys.unraisablehook`` (60+ traceback lines for one corrupt step, after the real error
+    was reported). From the first failure on, exactly those are dropped; every other
+    unraisable exception goes to the previous hook."""
+    previous = sys.unraisablehook
+    if getattr(previous, "lcjax_closed_loop_filter", False):
+        return
+
+    def hook(unraisable):
+        exc = unraisable.exc_value
+        if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    hook.lcjax_closed_loop_filter = True
+    sys.unraisablehook = hook
 
 
 def _listing(bad: dict[int, str]) -> str:
@@ -282,6 +307,7 @@ def _at_step(manager: ocp.CheckpointManager, step: int | None, restore: Callable
     except ConfigMismatch:
         raise
     except Exception as exc:
+        _ignore_closed_loop_callbacks()
         where = os.path.join(os.fspath(manager.directory), str(step))
         raise ValueError(f"cannot read checkpoint step {step}: {describe_failure(where, exc)}"
                          ) from exc
