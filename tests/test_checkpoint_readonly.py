@@ -35,18 +35,31 @@ def _cli_args(steps: int) -> list[str]:
                                         for a in ("--" + k.replace("_", "-"), str(v))]]
 
 
-# `lcjax train` whose saves take 0.3 s longer while $READING exists (a slow disk), so the
-# reader's 30 loads overlap the run on any machine; the run then finishes at full speed.
+# `lcjax train` that, while the file $READING exists, waits after each save (at most 10 s)
+# until the reader has finished one more load (it writes its count to $READS): the run
+# advances at most about one step per load, so the reader's 30 loads overlap it however
+# fast either side is; the run then finishes at full speed.
 PACED_CLI = """
 import os, sys, time
 from lcjax.train import checkpoint
 
-save = checkpoint.save_checkpoint
+save, reading, reads = checkpoint.save_checkpoint, os.environ["READING"], os.environ["READS"]
+
+def count():
+    try:
+        with open(reads) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+seen = [count()]
 
 def paced(*args, **kwargs):
     save(*args, **kwargs)
-    if os.path.exists(os.environ["READING"]):
-        time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while os.path.exists(reading) and count() == seen[0] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    seen[0] = count()
 
 checkpoint.save_checkpoint = paced
 from lcjax.cli import main
@@ -81,13 +94,13 @@ def _first_step(run: Path, child: subprocess.Popen) -> None:
 
 
 def test_reader_hammering_a_training_run(tmp_path):
-    run, steps, reading = tmp_path / "run", 30, tmp_path / "reading"
+    run, steps, reading, reads = tmp_path / "run", 40, tmp_path / "reading", tmp_path / "reads"
     script = tmp_path / "paced_cli.py"
     script.write_text(PACED_CLI)
     reading.touch()
     child = subprocess.Popen([sys.executable, str(script), *_cli_args(steps), "--out", str(run)],
-                             cwd=ROOT, env=_env(READING=str(reading)), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+                             cwd=ROOT, env=_env(READING=str(reading), READS=str(reads)),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _first_step(run, child)
         seen, during = [], 0
@@ -99,6 +112,8 @@ def test_reader_hammering_a_training_run(tmp_path):
             assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(got["params"]))
             seen.append(got["step"])
             during += child.poll() is None
+            (tmp_path / "reads.tmp").write_text(str(len(seen)))
+            os.replace(tmp_path / "reads.tmp", reads)
         reading.unlink()
         out, err = child.communicate(timeout=300)
     finally:
