@@ -124,8 +124,8 @@ def describe_failure(step_dir: str, exc: BaseException) -> str:
     text = str(exc)
     files = _LOCAL_FILE.findall(text)
     path = max(files, key=len) if files else None
-    if path is None or isinstance(exc, ValueError) and not files:
-        path = _bad_json_file(step_dir) or path
+    if path is None:
+        path = _bad_json_file(step_dir)
     first = text.split(" [tensorstore_spec", 1)[0].splitlines()[0] if text else ""
     code = first.split(":", 1)[0]
     if files and '": ' in first:  # TensorStore: "CODE: opening ...: ... file "X": the cause"
@@ -149,13 +149,12 @@ def restore_latest_intact(manager: ocp.CheckpointManager, restore: Callable[[int
       None if the folder has no step.
 
     Raises:
-      ValueError: steps exist but none restores (one line naming each step's file).
+      ValueError: steps exist but none restores (one line naming each step's file), or
+        the steps changed under ``attempts`` reads in a row.
     """
     bad: dict[int, str] = {}
-    for _ in range(attempts):
-        steps = [s for s in list_steps(manager) if s not in bad]
-        if not steps:
-            break
+    races = 0
+    while steps := [s for s in list_steps(manager) if s not in bad]:
         step = max(steps)
         try:
             out = restore(step)
@@ -166,6 +165,11 @@ def restore_latest_intact(manager: ocp.CheckpointManager, restore: Callable[[int
             live = [s for s in list_steps(manager) if s not in bad]
             if step in live and max(live) == step:  # still there and still the latest: corrupt
                 bad[step] = describe_failure(os.path.join(manager.directory, str(step)), exc)
+                continue
+            races += 1
+            if races >= attempts:
+                raise ValueError(f"checkpoints in {os.fspath(manager.directory)} kept changing "
+                                 f"while being read ({attempts} tries)") from exc
             time.sleep(0.05)
             continue
         if bad:
@@ -175,9 +179,6 @@ def restore_latest_intact(manager: ocp.CheckpointManager, restore: Callable[[int
     if bad:
         raise ValueError(f"no intact checkpoint in {os.fspath(manager.directory)}: "
                          f"{_listing(bad)}")
-    if list_steps(manager):
-        raise ValueError(f"checkpoints in {os.fspath(manager.directory)} kept changing while "
-                         f"being read ({attempts} tries)")
     return None
 
 
