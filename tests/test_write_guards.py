@@ -210,3 +210,16 @@ def test_hf_index_cannot_point_outside_the_folder(tmp_path):
     index_path.write_text(json.dumps(index))
     with pytest.raises(ValueError, match="gone.safetensors.*does not exist"):
         load_hf(folder)
+
+
+def test_tokenizer_file_errors_name_the_file(tmp_path):
+    from lcjax.data.suites import load_tokenizer_file
+    from lcjax.serve.model import HFTokenizer
+
+    with pytest.raises(ValueError, match="tokenizer file .*missing.json.* does not exist"):
+        load_tokenizer_file(tmp_path / "missing.json")
+    (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "model": ')  # cut short
+    with pytest.raises(ValueError, match="tokenizer.json.* does not load"):
+        load_tokenizer_file(tmp_path / "tokenizer.json")
+    with pytest.raises(ValueError, match="tokenizer.json.* does not load"):
+        HFTokenizer(tmp_path)
