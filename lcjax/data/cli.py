@@ -8,6 +8,10 @@ shows a progress bar and prints the summary: the task / language / format mix, c
 lengths, Python-SQLite disagreements (``bugs``: never emitted) and items/s. Lengths count
 UTF-8 bytes (``--tokenizer`` names a Hugging Face ``tokenizer.json`` to count its tokens);
 ``k`` = 1024. The files depend on ``--seed`` only, not on ``--workers``.
+
+Every argument is checked before anything is written. The shards go to a temporary folder
+beside ``OUT`` that then becomes ``OUT``: a folder that already holds files is refused
+unless ``--overwrite`` (then replaced whole, never mixed), and a failed run leaves no trace.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", default=None,
                    help="Hugging Face tokenizer.json whose tokens lengths count (default bytes)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out whole if it already holds files (refused otherwise)")
 
 
 def _one_length(text: str, flag: str) -> int:
@@ -56,15 +62,17 @@ def run(args: argparse.Namespace) -> int:
     kwargs = {k: v for k, v in (("tasks", _names(args.tasks)),
                                 ("languages", _names(args.languages)),
                                 ("formats", _names(args.formats))) if v is not None}
-    tokenizer = None
-    if args.tokenizer is not None:
-        import tokenizers
+    from lcjax.data.suites import load_tokenizer_file
+    from lcjax.data.writes import check_writable
 
-        tokenizer = tokenizers.Tokenizer.from_file(args.tokenizer)
-    summary = write_shards(args.out, args.n, min_len=_one_length(args.min_len, "--min-len"),
-                           max_len=_one_length(args.max_len, "--max-len"), seed=args.seed,
+    min_len, max_len = _one_length(args.min_len, "--min-len"), _one_length(args.max_len,
+                                                                          "--max-len")
+    check_writable(args.out, overwrite=args.overwrite)  # before loading a tokenizer
+    tokenizer = None if args.tokenizer is None else load_tokenizer_file(args.tokenizer)
+    summary = write_shards(args.out, args.n, min_len=min_len, max_len=max_len, seed=args.seed,
                            workers=args.workers, shard_size=args.shard_size,
-                           tokenizer=tokenizer, progress=args.progress, **kwargs)
+                           tokenizer=tokenizer, progress=args.progress,
+                           overwrite=args.overwrite, **kwargs)
     print(json.dumps(summary, indent=1, ensure_ascii=False))
     print(f"tablelong: {summary['items']} items in {summary['seconds']:.1f} s = "
           f"{summary['items_per_s']:.1f} items/s with {args.workers} worker(s) "

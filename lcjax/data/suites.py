@@ -26,6 +26,7 @@ tokens of ``tokenizer`` (bytes when None) and the result is a ``lcjax.data.ruler
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -169,6 +170,25 @@ def _utf8(text: str) -> bytes:
 
 
 BYTES = TokenCounter("bytes", _utf8)
+
+
+def load_tokenizer_file(path: str | os.PathLike) -> Any:
+    """The ``tokenizers.Tokenizer`` of a Hugging Face ``tokenizer.json`` file.
+
+    Raises:
+      ValueError: the file is missing or does not load (naming it; the ``tokenizers``
+        package itself says only "No such file or directory").
+    """
+    import tokenizers
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"tokenizer file {path!r} does not exist (expected a Hugging Face "
+                         "tokenizer.json)")
+    try:
+        return tokenizers.Tokenizer.from_file(path)
+    except Exception as exc:  # the package raises a bare Exception
+        raise ValueError(f"tokenizer file {path!r} does not load: {exc}") from exc
 
 
 def as_tokenizer(spec: Any = None) -> TokenCounter:

@@ -266,6 +266,27 @@ def _to_hf(x: np.ndarray, how) -> np.ndarray:
     return x.reshape(-1, x.shape[-1]).T
 
 
+def weight_file_in(path: str, name: Any, index: str) -> str:
+    """``path/name`` for a file ``name`` listed in ``index``'s ``weight_map``.
+
+    Raises:
+      ValueError: ``name`` is not a string, is an absolute path or one that resolves
+        (``..``, symbolic links) outside the checkpoint folder ``path``, or is missing.
+    """
+    if not isinstance(name, str) or not name or os.path.isabs(name):
+        raise ValueError(f"load_hf: {index} lists the weight file {name!r}: expected a "
+                         "file name inside the checkpoint folder")
+    root = os.path.realpath(path)
+    full = os.path.realpath(os.path.join(root, name))
+    if os.path.commonpath([root, full]) != root:
+        raise ValueError(f"load_hf: {index} lists the weight file {name!r}, which is "
+                         f"outside the checkpoint folder {path!r}")
+    if not os.path.isfile(full):
+        raise ValueError(f"load_hf: {index} lists the weight file {name!r}, which does not "
+                         "exist")
+    return os.path.join(path, name)
+
+
 def _weight_files(path: str) -> dict[str, str]:
     """Tensor name -> file (absolute) of checkpoint ``path``."""
     from safetensors import safe_open
@@ -276,7 +297,7 @@ def _weight_files(path: str) -> dict[str, str]:
             weight_map = json.load(f).get("weight_map")
         if not isinstance(weight_map, Mapping):
             raise ValueError(f"load_hf: {index} has no `weight_map`")
-        return {k: os.path.join(path, v) for k, v in weight_map.items()}
+        return {k: weight_file_in(path, v, index) for k, v in weight_map.items()}
     files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     if not files:
         raise ValueError(f"load_hf: no *.safetensors file (and no {_INDEX}) in {path!r}")

@@ -104,13 +104,13 @@ class HFTokenizer:
     ids and chat template."""
 
     def __init__(self, path: str | os.PathLike):
-        from tokenizers import Tokenizer
+        from lcjax.data.suites import load_tokenizer_file
 
         path = os.fspath(path)
         file = os.path.join(path, "tokenizer.json")
         if not os.path.isfile(file):
             raise ValueError(f"HFTokenizer: {path!r} has no tokenizer.json")
-        self.tokenizer = Tokenizer.from_file(file)
+        self.tokenizer = load_tokenizer_file(file)  # names the file if it does not load
         self.vocab_size = self.tokenizer.get_vocab_size()
         cfg = _read_json(os.path.join(path, "tokenizer_config.json"))
         model_cfg = _read_json(os.path.join(path, "config.json"))

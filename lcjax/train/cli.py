@@ -10,8 +10,9 @@ The config file is ``{"model": {DecoderConfig fields}, "train": {TrainConfig
 fields}}``; flags override it. ``model.dtype`` / ``param_dtype`` are dtype names
 ("bfloat16"). Writes ``OUT/checkpoints/``, ``OUT/metrics.jsonl`` and ``OUT/config.json``
 (a valid ``--config``) and prints the final record as JSON. ``--resume`` continues from
-the latest complete checkpoint; it fails, naming the fields, if the model or optimizer
-config differs from the checkpoint's.
+the latest intact checkpoint; it fails, naming the fields, if the model or optimizer
+config differs from the checkpoint's. ``--out`` must be new, empty or a run folder;
+``--overwrite`` removes it first.
 
 ``--mesh data=N,context=M`` (``TrainConfig.mesh``) shards the batch over ``N`` devices and
 the sequence over ``M`` (params replicated). ``--coordinator``/``--num-processes``/
@@ -53,13 +54,17 @@ DEFAULT_MODEL = {
 def add_run_arguments(parser: argparse.ArgumentParser, config_help: str) -> None:
     """The flags every run command shares: ``--config`` (help ``config_help``), ``--out``
     (dest ``out_dir``), ``--resume`` and ``--no-progress`` (dest ``progress``), each None
-    when not given so that a config file's value stands."""
+    when not given so that a config file's value stands, and ``--overwrite`` (never part of
+    a config: a copied ``config.json`` must not replace a folder)."""
     parser.add_argument("--config", help=config_help)
     parser.add_argument("--out", dest="out_dir", help="run folder (checkpoints, metrics.jsonl)")
     parser.add_argument("--resume", action="store_true", default=None,
                         help="continue from the latest checkpoint in --out")
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
                         help="no progress bar")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="remove --out first (a folder that is not an lcjax run is "
+                        "refused without it)")
 
 
 def add_field_flags(parser, fields: dict[str, type], defaults, *,
@@ -165,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     """Runs ``lcjax train``; returns the exit status."""
     model_fields, cfg = configs_from_args(args)
     initialize_distributed(args)
-    result = train(_model_config(model_fields), cfg)
+    result = train(_model_config(model_fields), cfg, overwrite=args.overwrite)
     tps = result.tokens_per_s
     final = {"step": result.step, "tokens_per_s": None if tps != tps else round(tps, 1)}
     if result.history:

@@ -584,6 +584,7 @@ def train(
     model_fn: Callable[[Any, nnx.Rngs], nnx.Module] | None = None,
     stop_at: int | None = None,
     wrt: Any = nnx.Param,
+    overwrite: bool = False,
 ) -> TrainResult:
     """Trains a model on packed documents or on a dataset of batch dicts; resumes from
     ``cfg.out_dir``.
@@ -614,12 +615,16 @@ def train(
         optimizer state, checkpointed as ``params``); default every ``nnx.Param``. E.g.
         ``lcjax.nn.lora.LoRAParam`` trains only LoRA adapters: the base parameters ride
         frozen in the other state.
+      overwrite: remove ``cfg.out_dir`` first (``--overwrite``); without it a non-empty
+        ``out_dir`` that is not an lcjax run folder is refused
+        (:func:`lcjax.train.checkpoint.prepare_out_dir`).
 
     Returns:
       A :class:`TrainResult`.
 
     Raises:
-      ValueError: conflicting arguments; a fresh run (``resume=False``) into an
+      ValueError: conflicting arguments; a non-empty ``out_dir`` that is not a run
+        folder (without ``overwrite``); a fresh run (``resume=False``) into an
         ``out_dir`` that has checkpoints; a resume whose model config, parameter shapes
         or optimizer/data config (:data:`RESUME_FIELDS`) differ from the checkpoint's.
     """
@@ -630,6 +635,8 @@ def train(
     if dataset is not None and cfg.document_mask:
         raise ValueError("TrainConfig.document_mask applies to packed documents; a dataset "
                          "masks attention by carrying segment_ids")
+    if cfg.out_dir is not None:  # refuse a foreign out_dir before any work
+        checkpoint.check_out_dir(cfg.out_dir, resume=cfg.resume, overwrite=overwrite)
     mesh = run_mesh(cfg)
     shard_index, shard_count = (0, 1) if mesh is None else distributed.process_rows(mesh)
     if mesh is not None and dataset is None:
@@ -679,6 +686,7 @@ def train(
 
     manager = log_path = None
     if cfg.out_dir is not None:
+        checkpoint.prepare_out_dir(cfg.out_dir, resume=cfg.resume, overwrite=overwrite)
         manager, restored = checkpoint.open_run(  # restored onto this run's mesh
             os.path.join(cfg.out_dir, "checkpoints"), resume=cfg.resume, meta=meta,
             fields=RESUME_FIELDS, params=params, rest=rest, opt_state=opt_state,

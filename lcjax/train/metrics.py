@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -121,9 +122,26 @@ def append_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> None:
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """All records of a JSONL file."""
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """All records of a JSONL file.
+
+    A last line that does not parse (a write cut short by a crash) is dropped with a
+    warning; :func:`truncate_jsonl` (run by every resume) then rewrites the file without it.
+
+    Raises:
+      ValueError: a line before the last does not parse (naming the file and line).
+    """
+    with open(path, encoding="utf-8", errors="surrogateescape") as f:
+        lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
+    records = []
+    for i, (n, line) in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except ValueError as exc:
+            if i + 1 < len(lines):
+                raise ValueError(f"{os.fspath(path)}, line {n}: not JSON ({exc})") from exc
+            warnings.warn(f"{os.fspath(path)}, line {n}: ignoring a truncated last record "
+                          f"({exc})", stacklevel=2)
+    return records
 
 
 def truncate_jsonl(path: str | os.PathLike, max_step: int) -> None:

@@ -520,6 +520,7 @@ def train_grpo(
     encode: Callable[[str], Any] = tokenizer.encode,
     decode: Callable[[Any], str] = tokenizer.decode,
     stop_at: int | None = None,
+    overwrite: bool = False,
 ) -> GRPOResult:
     """Runs GRPO on ``model`` over prompts from ``items``; resumes from ``cfg.out_dir``.
 
@@ -537,13 +538,16 @@ def train_grpo(
         completion's ids without its stop token.
       stop_at: stop (and checkpoint) after this step though the schedule runs to
         ``cfg.steps`` (an interrupted run).
+      overwrite: remove ``cfg.out_dir`` first; without it a non-empty ``out_dir`` that is
+        not an lcjax run folder is refused (:func:`lcjax.train.checkpoint.prepare_out_dir`).
 
     Returns:
       A :class:`GRPOResult`.
 
     Raises:
       ValueError: no items, a prompt longer than ``cfg.max_prompt_len``, a non-finite
-        reward, a fresh run into an ``out_dir`` with checkpoints, or a resume whose config,
+        reward, a non-empty ``out_dir`` that is not a run folder (without ``overwrite``), a
+        fresh run into an ``out_dir`` with checkpoints, or a resume whose config,
         model, reference or items differ from the checkpoint's.
     """
     if not isinstance(cfg, GRPOConfig):
@@ -581,6 +585,7 @@ def train_grpo(
 
     step, manager, log_path = 0, None, None
     if cfg.out_dir is not None:
+        checkpoint.prepare_out_dir(cfg.out_dir, resume=cfg.resume, overwrite=overwrite)
         manager, restored = checkpoint.open_run(
             os.path.join(cfg.out_dir, "checkpoints"), resume=cfg.resume, meta=meta,
             fields=fields, params=params, rest=rest, opt_state=opt_state,

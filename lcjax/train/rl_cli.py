@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--init model has vocab_size={vocab} < the byte tokenizer's "
                          f"{VOCAB_SIZE}")
     result = train_grpo(model, cfg, items,
-                        reward_fn=make_verifier(args.rel_tol, args.abs_tol))
+                        reward_fn=make_verifier(args.rel_tol, args.abs_tol),
+                        overwrite=args.overwrite)
     print(json.dumps(result.history[-1] if result.history else {"step": result.step}))
     return 0

@@ -186,12 +186,11 @@ def _python_answer(q) -> Any:
     return _shape(q.answer) if isinstance(q.answer, list) else q.answer
 
 
-def make_item(rng: np.random.Generator, *, min_len: int, max_len: int, tokenizer: Any = None,
-              tasks: Sequence[str] = TASKS, languages: Sequence[str] = vocab.LANGUAGES,
-              formats: Sequence[str] = FORMATS, task: str | None = None,
-              stats: collections.Counter | None = None) -> dict:
-    """One item drawn from ``rng`` (see the module docstring); ``stats`` counts ``bugs``
-    (Python and SQLite disagreed), ``redraws`` (no answer) and ``length_misses``."""
+def check_item_args(*, min_len: int, max_len: int, tasks: Sequence[str] = TASKS,
+                    languages: Sequence[str] = vocab.LANGUAGES,
+                    formats: Sequence[str] = FORMATS) -> None:
+    """Raises ValueError for arguments :func:`make_item` cannot use: not
+    ``0 < min_len <= max_len``, or an unknown or empty task / language / format list."""
     if not 0 < min_len <= max_len:
         raise ValueError(f"tablelong: need 0 < min_len <= max_len, got {min_len}, {max_len}")
     for name, got, known in (("task", tasks, TASKS), ("language", languages, vocab.LANGUAGES),
@@ -199,6 +198,16 @@ def make_item(rng: np.random.Generator, *, min_len: int, max_len: int, tokenizer
         bad = [g for g in got if g not in known]
         if bad or not got:
             raise ValueError(f"tablelong: unknown or no {name}s {bad or got}; known: {known}")
+
+
+def make_item(rng: np.random.Generator, *, min_len: int, max_len: int, tokenizer: Any = None,
+              tasks: Sequence[str] = TASKS, languages: Sequence[str] = vocab.LANGUAGES,
+              formats: Sequence[str] = FORMATS, task: str | None = None,
+              stats: collections.Counter | None = None) -> dict:
+    """One item drawn from ``rng`` (see the module docstring); ``stats`` counts ``bugs``
+    (Python and SQLite disagreed), ``redraws`` (no answer) and ``length_misses``."""
+    check_item_args(min_len=min_len, max_len=max_len, tasks=tasks, languages=languages,
+                    formats=formats)
     stats = collections.Counter() if stats is None else stats
     counter = as_tokenizer(tokenizer)
     task = task or tasks[int(rng.integers(len(tasks)))]

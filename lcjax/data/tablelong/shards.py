@@ -22,7 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from lcjax.data.tablelong.items import dumps, generate_item
+from lcjax.data.suites import as_tokenizer
+from lcjax.data.tablelong.items import check_item_args, dumps, generate_item
+from lcjax.data.writes import check_writable, replace_folder
 
 __all__ = ["ShardSource", "TableLongSource", "write_shards"]
 
@@ -68,24 +70,46 @@ def _context():
 
 def write_shards(out: str | os.PathLike, n: int, *, min_len: int, max_len: int, seed: int = 0,
                  workers: int = 1, shard_size: int = 256, tokenizer: Any = None,
-                 progress: bool = True, **kwargs) -> dict:
+                 progress: bool = True, overwrite: bool = False, **kwargs) -> dict:
     """Writes items ``0..n-1`` of ``seed`` to ``out/shard-*.jsonl`` and ``out/summary.json``.
 
     ``kwargs`` go to :func:`lcjax.data.tablelong.items.make_item` (``tasks``, ``languages``,
-    ``formats``); ``tokenizer`` must be picklable for ``workers > 1``. Returns the summary:
-    ``items``, ``seconds``, ``items_per_s`` (wall clock, start-up included),
-    ``cpu_seconds`` / ``items_per_cpu_s`` (the workers' CPU time making items: what the
-    rate would be per free core), the ``tasks`` / ``languages`` / ``formats`` mix,
-    ``length`` (min / mean / max tokens of the contexts), ``bugs`` (Python-SQLite
-    disagreements, never emitted), ``redraws`` and ``length_misses``.
+    ``formats``); ``tokenizer`` must be picklable for ``workers > 1``. Every argument is
+    checked before anything is created. The shards are written into a temporary folder
+    beside ``out`` that then replaces it whole (:func:`lcjax.data.writes.replace_folder`):
+    a folder that already holds files is refused unless ``overwrite``, never mixed, and a
+    failed run leaves ``out`` as it was. Returns the summary: ``items``, ``seconds``,
+    ``items_per_s`` (wall clock, start-up included), ``cpu_seconds`` / ``items_per_cpu_s``
+    (the workers' CPU time making items: what the rate would be per free core), the
+    ``tasks`` / ``languages`` / ``formats`` mix, ``length`` (min / mean / max tokens of the
+    contexts), ``bugs`` (Python-SQLite disagreements, never emitted), ``redraws`` and
+    ``length_misses``.
+
+    Raises:
+      ValueError: a bad argument, or ``out`` holds files and ``overwrite`` is False.
     """
     if n < 1 or workers < 1 or shard_size < 1:
         raise ValueError(f"write_shards: n, workers and shard_size must be >= 1, got {n}, "
                          f"{workers}, {shard_size}")
+    unknown = sorted(set(kwargs) - {"tasks", "languages", "formats"})
+    if unknown:
+        raise ValueError(f"write_shards: unknown arguments {unknown}")
+    check_item_args(min_len=min_len, max_len=max_len, **kwargs)
+    as_tokenizer(tokenizer)  # ValueError for what cannot count tokens
+    check_writable(out, overwrite=overwrite)
+    with replace_folder(out, overwrite=overwrite) as tmp:
+        summary = _write_into(tmp, n, min_len=min_len, max_len=max_len, seed=seed,
+                              workers=workers, shard_size=shard_size, tokenizer=tokenizer,
+                              progress=progress, **kwargs)
+    return summary
+
+
+def _write_into(out: pathlib.Path, n: int, *, min_len: int, max_len: int, seed: int,
+                workers: int, shard_size: int, tokenizer: Any, progress: bool,
+                **kwargs) -> dict:
+    """:func:`write_shards` into the existing empty folder ``out``."""
     from tqdm import tqdm
 
-    out = pathlib.Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     kw = dict(min_len=min_len, max_len=max_len, tokenizer=tokenizer, **kwargs)
     jobs = [(str(out), k, a, min(a + shard_size, n), seed, kw)
             for k, a in enumerate(range(0, n, shard_size))]
