@@ -161,3 +161,25 @@ def test_user_errors_exit_2_with_one_line(tmp_path, text_file, capsys):
         assert len(lines) == 1 and lines[0].startswith("lcjax"), (args, err)
         assert "error:" in lines[0], (args, err)
         assert says in lines[0], (args, err)
+
+
+def test_init_from_a_hugging_face_export(tmp_path, text_file, capsys):
+    """`--init HF_DIR` on a save_hf export of a run (byte tokenizer written by save_hf): the
+    new run starts from those weights (lr 0: the same logits); a folder with a foreign
+    tokenizer is refused."""
+    from lcjax.interop.hf import save_hf
+
+    src, hf_dir, dst = (str(tmp_path / n) for n in ("src", "hf", "dst"))
+    assert main(["train", "--steps", "1", "--out", src, *TINY, "--data", text_file]) == 0
+    before = load_model(src)
+    save_hf(before, hf_dir)
+    assert main(["train", "--steps", "1", "--out", dst, "--init", hf_dir, "--lr", "0",
+                 "--data", text_file, "--seq-len", "32", "--batch-size", "2",
+                 "--no-progress", "--eval-batches", "1"]) == 0
+    x = jnp.asarray([[256, 104, 105, 32, 116, 104, 101]])
+    np.testing.assert_allclose(np.asarray(load_model(dst)(x)), np.asarray(before(x)),
+                               rtol=1e-5, atol=1e-5)
+    with open(os.path.join(hf_dir, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast"}, f)
+    rc, err = _main(["--steps", "1", "--out", str(tmp_path / "x"), "--init", hf_dir], capsys)
+    assert rc == 2 and "has its own tokenizer" in err
