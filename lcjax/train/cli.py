@@ -292,7 +292,8 @@ def configs_from_args(args: argparse.Namespace) -> tuple[dict, TrainConfig]:
     and the flags; the model fields start from :data:`DEFAULT_MODEL` (not for ``--init``:
     :func:`run` takes the checkpoint's)."""
     spec = run_spec(args)
-    model = dict(spec["model"]) if spec["model"].get("vocab_size") else {
+    # a resumed run's stored model section is complete: no defaults under it
+    model = dict(spec["model"]) if getattr(args, "resume", None) else {
         **DEFAULT_MODEL, **spec["model"]}
     try:
         cfg = TrainConfig(**spec["train"])
