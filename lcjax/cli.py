@@ -2,6 +2,12 @@
 
 Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
 ``run(args) -> int``; they are imported lazily so ``lcjax --help`` stays fast.
+
+User errors end the command with one line on stderr and exit status 2, no traceback: the
+argument parser's own (an unknown flag, a value outside ``choices``) and
+:class:`lcjax.errors.UsageError`, which subcommands raise for what argparse cannot check
+(a missing file, bad JSON, a folder that is not a run). Every other exception keeps its
+traceback: it is a bug, or a failure whose traceback is the useful report.
 """
 
 from __future__ import annotations
@@ -9,6 +15,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from lcjax.errors import UsageError
 
 # subcommand -> (module, help)
 SUBCOMMANDS = {
@@ -22,8 +30,16 @@ SUBCOMMANDS = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (``PROG: error: MESSAGE (see PROG --help)``, exit 2);
+    subparsers inherit the class."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lcjax", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="lcjax", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     wanted = argv[0] if argv else None
     for name, (module, help_text) in SUBCOMMANDS.items():
@@ -37,7 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
     module = importlib.import_module(SUBCOMMANDS[args.command][0])
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except UsageError as e:
+        print(f"lcjax {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -8,8 +8,11 @@ row softmax σ and s the scale,
     out = σ(s Q K̃ᵀ) · pinv(σ(s Q̃ K̃ᵀ)) · (σ(s Q̃ Kᵀ) V),
 
 O((T + S)·m·d + m³) time, O((T + S)·m) memory. The Moore–Penrose inverse is the exact
-one (``jnp.linalg.pinv``, SVD; the paper iterates Newton–Schulz). Non-causal only (the
-landmarks summarise the whole sequence); GQA and cross-attention; no mask or segment ids.
+one (``jnp.linalg.pinv``, SVD; the paper iterates Newton–Schulz). Non-causal only: the
+landmarks are means over the whole sequence, so every output row depends on every key, future
+ones included (``Features(causal=False)``: ``causal=True`` is a ``ValueError``). It therefore
+cannot serve a decoder: a causal ``lcjax.nn.Attention`` layer, and so ``generate``, refuses it
+before computing anything. GQA and cross-attention; no mask or segment ids.
 ``nystrom_reference`` is the same approximation with the landmarks formed by an explicit
 [m, T] averaging matrix and the three factors as dense products, the suite's reference.
 """

@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,7 +51,8 @@ from flax import nnx
 from lcjax.nn import DecoderConfig, DecoderLM
 from lcjax.rope import check_rope_scaling
 
-__all__ = ["load_hf", "save_hf", "read_hf_config", "read_qk_weights", "hf_to_decoder_config",
+__all__ = ["byte_tokenizer_files", "load_hf", "save_hf", "read_hf_config", "read_qk_weights",
+           "hf_to_decoder_config",
            "decoder_to_hf_config", "hf_tensor_paths", "ARCHITECTURES"]
 
 # HF architecture class -> model_type
@@ -383,8 +385,54 @@ def load_hf(path: str | os.PathLike, dtype=None, **overrides) -> tuple[DecoderLM
     return model, config
 
 
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map (the ``ByteLevel`` pre-tokenizer's alphabet):
+    printable Latin-1 bytes map to themselves, the others to chr(256 + n)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    extra = iter(range(256, 512))
+    return {b: chr(b) if b in keep else chr(next(extra)) for b in range(256)}
+
+
+def byte_tokenizer_files(max_len: int) -> dict[str, dict]:
+    """``tokenizer.json`` and ``tokenizer_config.json`` of lcjax's byte tokenizer
+    (``lcjax.data.tokenizer``) as a ``tokenizers`` model: ids 0..255 are the UTF-8 bytes
+    (a ``ByteLevel`` pre-tokenizer without regex splitting or prefix space, a BPE without
+    merges over its 256-character alphabet), then ``<bos>`` 256, ``<eos>`` 257, ``<pad>`` 258
+    as special tokens; encoding prepends ``<bos>`` (as ``lcjax serve`` does) and decoding
+    maps the bytes back. ``tokenizer_config.json`` names the special tokens for
+    ``transformers`` (``PreTrainedTokenizerFast``) and marks the tokenizer
+    (``"lcjax_tokenizer": "bytes"``)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    from lcjax.data import tokenizer as byte_tok
+
+    vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = sorted(byte_tok.SPECIALS.items(), key=lambda kv: kv[1])
+    tok.add_special_tokens([AddedToken(name, special=True, normalized=False)
+                            for name, _ in specials])
+    got = {name: tok.token_to_id(name) for name, _ in specials}
+    if got != dict(specials):
+        raise AssertionError(f"byte tokenizer: special ids {got}, want {dict(specials)}")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", byte_tok.BOS)])
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>",
+              "eos_token": "<eos>", "pad_token": "<pad>", "model_max_length": max_len,
+              "clean_up_tokenization_spaces": False, "lcjax_tokenizer": "bytes"}
+    return {"tokenizer.json": json.loads(tok.to_str()), "tokenizer_config.json": config}
+
+
+def _write_json(path: str, value: Any) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=2, ensure_ascii=False)
+
+
 def save_hf(model: DecoderLM, path: str | os.PathLike, *, like: str | os.PathLike | None = None,
-            dtype=None, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> list[str]:
+            dtype=None, max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+            tokenizer: str | None = "auto") -> list[str]:
     """Write ``model`` as a Hugging Face checkpoint directory that ``transformers`` (and
     :func:`load_hf`) loads: ``config.json`` and ``model.safetensors``, or shards of at most
     ``max_shard_bytes`` with ``model.safetensors.index.json``.
@@ -392,8 +440,35 @@ def save_hf(model: DecoderLM, path: str | os.PathLike, *, like: str | os.PathLik
     ``like``: the source checkpoint directory; its config entries that are not the
     architecture's (token ids, max_position_embeddings, ...) are kept and its other files
     (tokenizer, generation config) copied. ``dtype``: storage dtype (default the params').
-    Returns the written weight files.
+    ``tokenizer``: ``"bytes"`` writes lcjax's byte tokenizer (:func:`byte_tokenizer_files`)
+    with ``bos_token_id`` / ``eos_token_id`` / ``pad_token_id`` in ``config.json`` and a
+    ``generation_config.json`` (it needs ``vocab_size >= 259``); ``"auto"`` (default) does
+    that without ``like`` (a model trained by lcjax on bytes) and otherwise keeps the
+    source's tokenizer — for a model without ``like`` whose vocabulary is too small for the
+    byte tokenizer it writes none and warns; None writes none. Returns the written weight
+    files.
+
+    Raises:
+      ValueError: ``tokenizer="bytes"`` with ``like`` or a vocabulary without the byte
+        tokenizer's ids; an unknown ``tokenizer``.
     """
+    from lcjax.data import tokenizer as byte_tok
+
+    if tokenizer not in ("auto", "bytes", None):
+        raise ValueError(f"save_hf: `tokenizer` must be 'auto', 'bytes' or None, got "
+                         f"{tokenizer!r}")
+    small = model.config.vocab_size < byte_tok.VOCAB_SIZE
+    if tokenizer == "auto" and like is None and small:
+        warnings.warn(f"save_hf: no tokenizer written: vocab_size {model.config.vocab_size} "
+                      f"< {byte_tok.VOCAB_SIZE} has no room for the byte tokenizer's ids",
+                      stacklevel=2)
+    write_bytes = tokenizer == "bytes" or (tokenizer == "auto" and like is None and not small)
+    if tokenizer == "bytes" and like is not None:
+        raise ValueError("save_hf: tokenizer='bytes' with `like` (whose tokenizer is copied)")
+    if write_bytes and small:
+        raise ValueError(f"save_hf: the byte tokenizer needs vocab_size >= "
+                         f"{byte_tok.VOCAB_SIZE} (bytes and <bos>/<eos>/<pad>), the model has "
+                         f"{model.config.vocab_size}; pass tokenizer=None to write none")
     from safetensors.numpy import save_file
 
     c = model.config
@@ -401,6 +476,10 @@ def save_hf(model: DecoderLM, path: str | os.PathLike, *, like: str | os.PathLik
     os.makedirs(path, exist_ok=True)
     source = read_hf_config(like) if like is not None else None
     hf = decoder_to_hf_config(c, like=source, dtype=dtype)
+    token_ids = {"bos_token_id": byte_tok.BOS, "eos_token_id": byte_tok.EOS,
+                 "pad_token_id": byte_tok.PAD}
+    if write_bytes:
+        hf.update(token_ids)
     store = jnp.dtype(_DTYPES[hf["torch_dtype"]])
     names = _hf_names(c)
     sizes = {n: int(np.prod(_get_shape(model, w))) * store.itemsize for n, (w, _) in names.items()}
@@ -434,6 +513,10 @@ def save_hf(model: DecoderLM, path: str | os.PathLike, *, like: str | os.PathLik
             json.dump(index, f, indent=2)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(hf, f, indent=2)
+    if write_bytes:
+        for name, value in byte_tokenizer_files(c.max_len).items():
+            _write_json(os.path.join(path, name), value)
+        _write_json(os.path.join(path, "generation_config.json"), token_ids)
     if like is not None and os.path.abspath(like) != os.path.abspath(path):
         for entry in os.listdir(like):
             src = os.path.join(like, entry)

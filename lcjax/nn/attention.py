@@ -65,7 +65,8 @@ from lcjax.nn.variant_params import VariantConfig, build_variant_params
 from lcjax.rope import apply_rope, check_rope_scaling, scaled_inv_freq
 
 __all__ = ["Attention", "AttentionTap", "KVCache", "init_kv_cache", "update_kv_cache",
-           "cache_mask", "attend", "capture_attention", "nape_slopes", "takes_segment_ids",
+           "cache_mask", "attend", "capture_attention", "kv_cache_gap", "nape_slopes",
+           "takes_segment_ids",
            "POSITIONS"]
 
 POSITIONS = ("rope", "nape", "none")
@@ -142,6 +143,30 @@ def cache_mask(index: jax.Array, q_len: int, kv_len: int, *,
     if not causal:
         return None
     return causal_mask(q_len, kv_len, q_offset=index)[None, None]
+
+
+def kv_cache_gap(fn: Callable, *, causal: bool) -> str | None:
+    """Why variant ``fn`` cannot attend over a KV cache, or None if it can.
+
+    The cache path (``Attention`` with a ``cache``) hides the cache's empty slots with
+    segment ids (folded into a ``mask`` when the spec does not take them) and, for a causal
+    layer, adds the causal mask of the new queries' slots. A spec whose ``features`` have
+    neither ``mask`` nor (for a non-causal layer) ``segment_ids`` cannot do that; one without
+    ``causal`` cannot serve a causal layer at all. Plain callables are assumed able.
+    """
+    if not isinstance(fn, AttentionSpec):
+        return None
+    f = fn.features
+    if causal and not f.causal:
+        return (f"attention {fn.name!r} is not causal (its spec has Features(causal=False)), "
+                "so it cannot serve a decoder")
+    if not f.mask and (causal or not f.segment_ids):
+        return (f"attention {fn.name!r} cannot decode from a KV cache: the cache path masks the "
+                "cache's empty slots and the new tokens' causal order, and its spec supports "
+                "no mask" + ("" if causal else " or segment ids") + " (Features(mask=False)); "
+                "run it on whole sequences (no cache), or decode with a variant that "
+                "supports masks")
+    return None
 
 
 def takes_segment_ids(fn: Callable) -> bool:
@@ -431,6 +456,8 @@ class Attention(nnx.Module):
         causal, kv_segment_ids = self.causal, segment_ids
         alibi_offset = None
         if cache is not None:
+            if (gap := kv_cache_gap(self.attention_fn, causal=self.causal)) is not None:
+                raise ValueError(f"Attention: {gap}")
             b, t = x.shape[:2]
             if cache.k.shape[0] != b or cache.k.shape[2:] != k.shape[2:]:
                 raise ValueError(f"Attention: cache k {cache.k.shape} does not fit keys "

@@ -20,7 +20,12 @@ with linear warmup then cosine decay. The learning rate of update ``k = 1..S`` i
     lr_k = lr * k / W                                                 k <= W
     lr_k = lr_end + (lr - lr_end) * (1 + cos(pi * (k - W) / (S - W))) / 2      k > W
 
-with ``W = warmup_steps``, ``S = steps`` and ``lr_end = lr * min_lr_ratio``.
+with ``W = warmup_steps`` (default ``min(100, S // 10)``), ``S = steps`` and
+``lr_end = lr * min_lr_ratio``. A resume may raise ``steps`` (extend a finished run): the
+schedule is always the one of the config's ``steps``, so updates after the old end follow
+the cosine over the new ``S`` (a run that had decayed to ``lr_end`` steps back up to
+``lr_{k}`` of the longer schedule); with ``min_lr_ratio = 1`` (constant after warm-up) the
+extended run equals one planned at the new length from the start.
 The step is one ``jax.jit``-compiled pure function over ``nnx.split`` state
 (parameters, other model state, optax state) whose buffers are donated; with
 ``grad_accum = N`` it splits each batch into N micro-batches of consecutive rows and
@@ -77,7 +82,7 @@ class TrainConfig:
     batch_size: int = 8
     seq_len: int = 128
     lr: float = 3e-3
-    warmup_steps: int = 100
+    warmup_steps: int | None = None  # None: min(100, steps // 10)
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
     b1: float = 0.9
@@ -107,6 +112,8 @@ class TrainConfig:
                      "grad_accum"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name} must be >= 1; got {getattr(self, name)}")
+        if self.warmup_steps is None:
+            object.__setattr__(self, "warmup_steps", default_warmup(self.steps))
         if not 0 <= self.warmup_steps < self.steps:
             raise ValueError(
                 f"need 0 <= warmup_steps < steps; got warmup_steps={self.warmup_steps}, "
@@ -114,6 +121,12 @@ class TrainConfig:
             )
         if self.mesh is not None:
             parse_mesh(self.mesh)  # ValueError for a malformed spec, before anything runs
+
+
+def default_warmup(steps: int) -> int:
+    """The warm-up of a config that names none: ``min(100, steps // 10)`` (valid for any
+    ``steps >= 1``)."""
+    return min(100, steps // 10)
 
 
 @dataclasses.dataclass
@@ -151,8 +164,10 @@ OPT_FIELDS = ("lr", "warmup_steps", "steps", "min_lr_ratio", "weight_decay", "b1
 RESUME_FIELDS = {
     "model_config": None,
     "params": None,
-    "train_config": (*OPT_FIELDS, "seed", "data_seed", "batch_size", "seq_len",
-                     "document_mask", "heldout_fraction", "split_seed"),
+    # not "steps": a resume may extend the schedule (module docstring)
+    "train_config": (*(f for f in OPT_FIELDS if f != "steps"), "seed", "data_seed",
+                     "batch_size", "seq_len", "document_mask", "heldout_fraction",
+                     "split_seed"),
 }
 
 
@@ -585,6 +600,7 @@ def train(
     stop_at: int | None = None,
     wrt: Any = nnx.Param,
     overwrite: bool = False,
+    extra_config: Mapping[str, Any] | None = None,
 ) -> TrainResult:
     """Trains a model on packed documents or on a dataset of batch dicts; resumes from
     ``cfg.out_dir``.
@@ -618,6 +634,9 @@ def train(
       overwrite: remove ``cfg.out_dir`` first (``--overwrite``); without it a non-empty
         ``out_dir`` that is not an lcjax run folder is refused
         (:func:`lcjax.train.checkpoint.prepare_out_dir`).
+      extra_config: more top-level sections of ``out_dir/config.json`` (JSON values)
+        beside ``"model"`` and ``"train"``, e.g. ``lcjax train``'s data source, so that a
+        resume can read them back.
 
     Returns:
       A :class:`TrainResult`.
@@ -626,7 +645,8 @@ def train(
       ValueError: conflicting arguments; a non-empty ``out_dir`` that is not a run
         folder (without ``overwrite``); a fresh run (``resume=False``) into an
         ``out_dir`` that has checkpoints; a resume whose model config, parameter shapes
-        or optimizer/data config (:data:`RESUME_FIELDS`) differ from the checkpoint's.
+        or optimizer/data config (:data:`RESUME_FIELDS`) differ from the checkpoint's;
+        a resume whose checkpoint is past ``cfg.steps``.
     """
     if dataset is not None and train_docs is not None:
         raise ValueError("give train_docs or dataset, not both")
@@ -695,12 +715,17 @@ def train(
         if restored is not None:
             params, rest, opt_state = (restored[k] for k in ("params", "rest", "opt_state"))
             data_state, step = restored["data_state"], restored["step"]
+            if step > cfg.steps:
+                manager.close()
+                raise ValueError(f"cannot resume: the checkpoint is at step {step}, past "
+                                 f"steps={cfg.steps} (a resume may extend a run, not shorten "
+                                 "it)")
         log_path = os.path.join(cfg.out_dir, "metrics.jsonl")
         if jax.process_index() == 0:
             metrics.truncate_jsonl(log_path, step)  # what a killed run logged past `step`
             with open(os.path.join(cfg.out_dir, "config.json"), "w", encoding="utf-8") as f:
-                json.dump({"model": meta["model_config"], "train": meta["train_config"]}, f,
-                          indent=2)
+                json.dump({"model": meta["model_config"], "train": meta["train_config"],
+                           **(extra_config or {})}, f, indent=2)
 
     batches = _Batches(dataset, data_state)
     sched = lr_schedule(cfg)
