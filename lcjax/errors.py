@@ -7,5 +7,6 @@ bug (or a failure the message alone would not explain). No imports: any layer ma
 __all__ = ["UsageError"]
 
 
-class UsageError(Exception):
-    """A user error of an ``lcjax`` command; its message says what to change."""
+class UsageError(ValueError):
+    """A user error of an ``lcjax`` command; its message says what to change. A
+    ``ValueError``, so library callers catching bad arguments catch it too."""

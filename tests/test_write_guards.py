@@ -6,6 +6,7 @@ missing tokenizer file is named."""
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -44,15 +45,23 @@ def _hf_like(folder: Path) -> Path:
 
 # ---- lcjax train --out ---------------------------------------------------------------------
 
-def test_train_refuses_a_foreign_folder_and_leaves_it_byte_identical(tmp_path):
+def test_train_refuses_a_foreign_folder_and_leaves_it_byte_identical(tmp_path, capsys):
+    """`lcjax train --out` on a folder that is not a run: a one-line error, exit 2, the
+    folder byte-identical (through the CLI and through `train` itself)."""
     foreign = _hf_like(tmp_path / "hf")
     before = _snapshot(foreign)
     for extra in ([], ["--resume"]):
-        with pytest.raises(ValueError, match="not an lcjax run folder.*--overwrite"):
-            main([*TRAIN_ARGS, "--out", str(foreign), *extra])
+        assert main([*TRAIN_ARGS, "--out", str(foreign), *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "not an lcjax run" in err and "Traceback" not in err
         assert _snapshot(foreign) == before
-    with pytest.raises(ValueError, match="exclude each other"):
-        main([*TRAIN_ARGS, "--out", str(foreign), "--overwrite", "--resume"])
+    assert main([*TRAIN_ARGS, "--out", str(foreign), "--overwrite", "--resume"]) == 2
+    assert "exclude each other" in capsys.readouterr().err
+    assert _snapshot(foreign) == before
+    with pytest.raises(ValueError, match="not an lcjax run folder.*--overwrite"):
+        train(DecoderConfig(vocab_size=259, **MODEL),
+              TrainConfig(steps=2, batch_size=2, seq_len=16, out_dir=str(foreign),
+                          progress=False))
     assert _snapshot(foreign) == before
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="is a file"):
@@ -65,7 +74,7 @@ def test_train_overwrite_replaces_the_folder_and_a_run_folder_passes(tmp_path, m
 
     calls = []
 
-    def fake_train(model_cfg, cfg, *, overwrite=False):  # the CLI's wiring, without compiling
+    def fake_train(model_cfg, cfg, *, overwrite=False, **kwargs):  # the CLI wiring, no compile
         calls.append(overwrite)
         ckpt.prepare_out_dir(cfg.out_dir, resume=cfg.resume, overwrite=overwrite)
         return TrainResult([], [], 0, None)
@@ -129,8 +138,9 @@ def test_data_refuses_a_folder_with_data_then_replaces_it_whole(tmp_path, capsys
     (out / "shard-000009.jsonl").write_text('{"stale": true}\n')  # a shard of an older run
     (out / "notes.txt").write_text("mine")
     before = _snapshot(out)
-    with pytest.raises(ValueError, match="already holds data.*--overwrite"):
-        main([*DATA, "--seed", "2", "--out", str(out)])
+    assert main([*DATA, "--seed", "2", "--out", str(out)]) == 2  # one line, no traceback
+    err = capsys.readouterr().err
+    assert "already holds data" in err and "--overwrite" in err and "Traceback" not in err
     assert _snapshot(out) == before
     capsys.readouterr()
     assert main([*DATA, "--seed", "2", "--out", str(out), "--overwrite"]) == 0
@@ -152,10 +162,11 @@ def test_data_refuses_a_folder_with_data_then_replaces_it_whole(tmp_path, capsys
     (["--tokenizer", "/nonexistent/tokenizer.json"], "/nonexistent/tokenizer.json"),
     (["--workers", "0"], "workers"),
 ])
-def test_data_bad_arguments_create_nothing(tmp_path, bad, match):
+def test_data_bad_arguments_create_nothing(tmp_path, capsys, bad, match):
     out = tmp_path / "new" / "tl"
-    with pytest.raises(ValueError, match=match):
-        main([*DATA, "--out", str(out), *bad])
+    assert main([*DATA, "--out", str(out), *bad]) == 2  # a one-line user error, exit 2
+    err = capsys.readouterr().err
+    assert re.search(match, err) and err.count("\n") == 1
     assert not (tmp_path / "new").exists()
 
 

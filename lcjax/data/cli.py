@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from lcjax.errors import UsageError
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the ``lcjax data`` subcommands to ``parser``."""
@@ -46,7 +48,7 @@ def _one_length(text: str, flag: str) -> int:
 
     values = parse_lengths(text)
     if len(values) != 1:
-        raise ValueError(f"{flag}: give one length, got {text!r}")
+        raise UsageError(f"{flag}: give one length, got {text!r}")
     return values[0]
 
 
@@ -56,8 +58,8 @@ def _names(text: str | None):
 
 def run(args: argparse.Namespace) -> int:
     if args.dataset != "tablelong":
-        raise ValueError(f"lcjax data: unknown dataset {args.dataset!r}")
-    from lcjax.data.tablelong import write_shards
+        raise UsageError(f"unknown dataset {args.dataset!r}")
+    from lcjax.data.tablelong.shards import check_shard_args, write_shards
 
     kwargs = {k: v for k, v in (("tasks", _names(args.tasks)),
                                 ("languages", _names(args.languages)),
@@ -68,7 +70,12 @@ def run(args: argparse.Namespace) -> int:
     min_len, max_len = _one_length(args.min_len, "--min-len"), _one_length(args.max_len,
                                                                           "--max-len")
     check_writable(args.out, overwrite=args.overwrite)  # before loading a tokenizer
-    tokenizer = None if args.tokenizer is None else load_tokenizer_file(args.tokenizer)
+    try:  # the user's arguments: a one-line error (exit 2), before anything is created
+        tokenizer = None if args.tokenizer is None else load_tokenizer_file(args.tokenizer)
+        check_shard_args(args.n, min_len=min_len, max_len=max_len, workers=args.workers,
+                         shard_size=args.shard_size, tokenizer=tokenizer, **kwargs)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     summary = write_shards(args.out, args.n, min_len=min_len, max_len=max_len, seed=args.seed,
                            workers=args.workers, shard_size=args.shard_size,
                            tokenizer=tokenizer, progress=args.progress,

@@ -17,6 +17,8 @@ import secrets
 import shutil
 from collections.abc import Iterator
 
+from lcjax.errors import UsageError
+
 __all__ = ["check_removable", "check_writable", "replace_folder"]
 
 
@@ -27,7 +29,7 @@ def check_removable(path: str | os.PathLike) -> None:
     home = os.path.realpath(os.path.expanduser("~"))
     if real in (os.path.realpath(os.sep), home) or cwd == real or cwd.startswith(
             real.rstrip(os.sep) + os.sep):
-        raise ValueError(f"{os.fspath(path)!r} is the root, home or working folder (or above "
+        raise UsageError(f"{os.fspath(path)!r} is the root, home or working folder (or above "
                          "it): refusing to replace it; name a subfolder")
 
 
@@ -36,11 +38,11 @@ def check_writable(out: str | os.PathLike, *, overwrite: bool) -> None:
     is False (the message lists a few of them)."""
     path = os.fspath(out)
     if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"output {path!r} is a file, not a folder")
+        raise UsageError(f"output {path!r} is a file, not a folder")
     entries = sorted(os.listdir(path)) if os.path.isdir(path) else []
     if entries and not overwrite:
         shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
-        raise ValueError(f"output folder {path!r} already holds data ({shown}): choose a new "
+        raise UsageError(f"output folder {path!r} already holds data ({shown}): choose a new "
                          "folder, or replace it whole with overwrite=True (--overwrite)")
 
 

@@ -48,6 +48,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from lcjax.data.writes import check_removable
+from lcjax.errors import UsageError
 
 
 def checkpoint_manager(
@@ -545,19 +546,19 @@ def check_out_dir(out_dir: str | os.PathLike, *, resume: bool, overwrite: bool) 
     """Raises what :func:`prepare_out_dir` would, without changing anything."""
     path = os.fspath(out_dir)
     if overwrite and resume:
-        raise ValueError("out_dir: overwrite (--overwrite) and resume (--resume) exclude each "
+        raise UsageError("out_dir: overwrite (--overwrite) and resume (--resume) exclude each "
                          "other")
     if not os.path.exists(path):
         return
     if not os.path.isdir(path):
-        raise ValueError(f"out_dir {path!r} is a file, not a folder")
+        raise UsageError(f"out_dir {path!r} is a file, not a folder")
     if overwrite:
         check_removable(path)
         return
     entries = sorted(os.listdir(path))
     if entries and not is_run_folder(path):
         shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
-        raise ValueError(f"out_dir {path!r} is not empty ({shown}) and is not an lcjax run "
+        raise UsageError(f"out_dir {path!r} is not empty ({shown}) and is not an lcjax run "
                          "folder: choose a new folder, or replace it with overwrite=True "
                          "(--overwrite)")
 

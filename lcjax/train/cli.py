@@ -60,6 +60,7 @@ import os
 
 from lcjax.data.tokenizer import VOCAB_SIZE
 from lcjax.errors import UsageError
+from lcjax.train.checkpoint import check_out_dir
 from lcjax.train.loop import RESUME_FIELDS, TrainConfig, config_dict, train
 
 # flag -> TrainConfig field
@@ -244,6 +245,9 @@ def run_spec(args: argparse.Namespace) -> dict:
     """The run's sections (:data:`SECTIONS`): the stored config on ``--resume``, then
     ``--config``, then the flags. The model section holds only what was given (no
     defaults)."""
+    if getattr(args, "out_dir", None):  # a folder that is not a run: refused before reading
+        check_out_dir(args.out_dir, resume=bool(getattr(args, "resume", None)),
+                      overwrite=bool(getattr(args, "overwrite", False)))
     base = stored_config(args.out_dir) if getattr(args, "resume", None) else {}
     spec = _read_config(args.config)
     merged = {s: {**base.get(s, {}), **spec.get(s, {})} for s in SECTIONS}

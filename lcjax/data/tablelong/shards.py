@@ -68,6 +68,20 @@ def _context():
     return multiprocessing.get_context("spawn" if _jax_started() else "fork")
 
 
+def check_shard_args(n: int, *, min_len: int, max_len: int, workers: int = 1,
+                     shard_size: int = 256, tokenizer: Any = None, **kwargs) -> None:
+    """Every argument of :func:`write_shards` but the folder, checked without creating
+    anything; ``ValueError`` naming the bad one."""
+    if n < 1 or workers < 1 or shard_size < 1:
+        raise ValueError(f"write_shards: n, workers and shard_size must be >= 1, got {n}, "
+                         f"{workers}, {shard_size}")
+    unknown = sorted(set(kwargs) - {"tasks", "languages", "formats"})
+    if unknown:
+        raise ValueError(f"write_shards: unknown arguments {unknown}")
+    check_item_args(min_len=min_len, max_len=max_len, **kwargs)
+    as_tokenizer(tokenizer)  # ValueError for what cannot count tokens
+
+
 def write_shards(out: str | os.PathLike, n: int, *, min_len: int, max_len: int, seed: int = 0,
                  workers: int = 1, shard_size: int = 256, tokenizer: Any = None,
                  progress: bool = True, overwrite: bool = False, **kwargs) -> dict:
@@ -88,14 +102,8 @@ def write_shards(out: str | os.PathLike, n: int, *, min_len: int, max_len: int, 
     Raises:
       ValueError: a bad argument, or ``out`` holds files and ``overwrite`` is False.
     """
-    if n < 1 or workers < 1 or shard_size < 1:
-        raise ValueError(f"write_shards: n, workers and shard_size must be >= 1, got {n}, "
-                         f"{workers}, {shard_size}")
-    unknown = sorted(set(kwargs) - {"tasks", "languages", "formats"})
-    if unknown:
-        raise ValueError(f"write_shards: unknown arguments {unknown}")
-    check_item_args(min_len=min_len, max_len=max_len, **kwargs)
-    as_tokenizer(tokenizer)  # ValueError for what cannot count tokens
+    check_shard_args(n, min_len=min_len, max_len=max_len, workers=workers,
+                     shard_size=shard_size, tokenizer=tokenizer, **kwargs)
     check_writable(out, overwrite=overwrite)
     with replace_folder(out, overwrite=overwrite) as tmp:
         summary = _write_into(tmp, n, min_len=min_len, max_len=max_len, seed=seed,
