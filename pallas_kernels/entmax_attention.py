@@ -84,6 +84,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels.entmax_rules import alpha_cotangent, hermite_root, polish_step, solver_step
 from pallas_kernels.platform import pallas_call_per_platform
@@ -189,6 +190,33 @@ def _n_key_blocks(L, qi, bq: int, bk: int, n_blocks: int, causal: bool):
 
 def _key_slice(j, bk: int):
     return pl.ds(pl.multiple_of(j * bk, bk), bk)
+
+
+class _Seq(NamedTuple):
+    """A sequence-long operand [..., N, d], read one [n, d] tile at a time.
+
+    Triton: ``ref`` is the block the BlockSpec made resident and ``lead`` the indices
+    still to apply in front of the rows (``()`` or a query head of the group). TPU (and
+    its interpreter): ``ref`` is the whole array left in HBM (``pl.ANY``), ``lead`` its
+    (batch, head) and each tile is copied into the VMEM scratch ``buf`` (semaphore
+    ``sem``) when read — VMEM holds one tile, whatever the sequence length."""
+
+    ref: object
+    lead: tuple = ()
+    buf: object = None
+    sem: object = None
+
+    def tile(self, j, n: int):
+        rows = _key_slice(j, n)
+        if self.buf is None:
+            return self.ref[(*self.lead, rows, slice(None))]
+        copy = pltpu.make_async_copy(self.ref.at[(*self.lead, rows)], self.buf, self.sem)
+        copy.start()
+        copy.wait()
+        return self.buf[...]
+
+    def length(self) -> int:
+        return self.ref.shape[-2]
 
 
 def _scores(q, k, c: float, qpos0, kpos0, L, causal: bool):
@@ -316,16 +344,30 @@ def _histogram_init(stats, alpha: float, bins: int, t0, w):
 # ----------------------------------------------------------------------------
 # Forward kernel
 # ----------------------------------------------------------------------------
+def _seqs(refs, lead, scratch):
+    """A ``_Seq`` per ref: resident blocks (no scratch: Triton), or arrays in HBM read
+    through the scratch ``(*buffers, semaphores)`` (TPU), ``lead`` their (batch, head)."""
+    if not scratch:
+        return [_Seq(r) for r in refs]
+    *bufs, sems = scratch
+    return [_Seq(r, lead, buf, sems.at[i]) for i, (r, buf) in enumerate(zip(refs, bufs))]
+
+
+def _kv_lead(groups: int):
+    """(batch, kv head) of the program's query head (grids over (batch, head, block))."""
+    return pl.program_id(0), lax.div(pl.program_id(1), groups)
+
+
 def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref, l_ref, it_ref,
-                live_ref, taub_ref, *, cfg: _Config):
+                live_ref, taub_ref, *scratch, cfg: _Config):
     bq, bk, bins = cfg.bq, cfg.bk, cfg.bins
+    K, V = _seqs((k_ref, v_ref), _kv_lead(cfg.groups), scratch)
     alpha = cfg.alpha if cfg.alpha is not None else alpha_ref[...]  # float or [1, 1]
     am1 = alpha - 1.0
     c = cfg.scale * am1
     qi = pl.program_id(2)
     L = jnp.max(len_ref[...])
-    n_blocks = k_ref.shape[0] // bk
-    nkb = _n_key_blocks(L, qi, bq, bk, n_blocks, cfg.causal)
+    nkb = _n_key_blocks(L, qi, bq, bk, K.length() // bk, cfg.causal)
     qpos0 = qi * bq
     q = q_ref[...]
     live_shape = live_ref.shape  # (1, NKP)
@@ -333,7 +375,7 @@ def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref,
     zeros = jnp.zeros((bq, 1), _F32)
 
     def x_tile(j):
-        return _scores(q, k_ref[_key_slice(j, bk), :], c, qpos0, j * bk, L, cfg.causal)
+        return _scores(q, K.tile(j, bk), c, qpos0, j * bk, L, cfg.causal)
 
     # 1. one pass: row max (z units) and the count and Σ(z - max) of the set A' of scores
     # above the running max - 1 when seen, for the origin t0 = mean_A' - |A'|^{1-α} ≤ τ*
@@ -442,14 +484,14 @@ def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref,
         def on(carry):
             acc, l, live = carry
             p = _weights(jnp.maximum(z_tile(j) - tau, 0.0), alpha)
-            v = v_ref[_key_slice(j, bk), :]
+            v = V.tile(j, bk)
             hit = (jnp.max(p) > 0).astype(jnp.int32)
             return acc + _nn(p.astype(v.dtype), v), l + _rowsum(p), jnp.where(kiota == j, hit,
                                                                                live)
 
         return lax.cond(_pick(maybe_live, j) > 0, on, lambda carry: carry, carry)
 
-    acc0 = (jnp.zeros((bq, v_ref.shape[1]), _F32), zeros, jnp.zeros(live_shape, jnp.int32))
+    acc0 = (jnp.zeros(o_ref.shape, _F32), zeros, jnp.zeros(live_shape, jnp.int32))
     acc, l, live = lax.fori_loop(0, nkb, out_body, acc0)
     o_ref[...] = (acc * _inv(l)).astype(o_ref.dtype)
     mz_ref[...] = mz
@@ -473,14 +515,16 @@ def _inv_power(n, alpha: float):
 # Backward kernels
 # ----------------------------------------------------------------------------
 def _dq_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref, l_ref,
-               live_ref, dq_ref, delta_ref, *da_ref, cfg: _Config):
+               live_ref, dq_ref, delta_ref, *rest, cfg: _Config):
     bq, bk = cfg.bq_dq, cfg.bk_dq
     learn = cfg.alpha is None  # per-head α: also the rows' ∂L/∂α (da_ref)
+    da_ref, scratch = rest[:learn], rest[learn:]
+    K, V = _seqs((k_ref, v_ref), _kv_lead(cfg.groups), scratch)
     alpha = alpha_ref[...] if learn else cfg.alpha
     c = cfg.scale * (alpha - 1.0)
     qi = pl.program_id(2)
     L = jnp.max(len_ref[...])
-    nkb = _n_key_blocks(L, qi, bq, bk, k_ref.shape[0] // bk, cfg.causal)
+    nkb = _n_key_blocks(L, qi, bq, bk, K.length() // bk, cfg.causal)
     qpos0 = qi * bq
     q, do = q_ref[...], do_ref[...]
     mz, tau = mz_ref[...], tau_ref[...]
@@ -490,8 +534,7 @@ def _dq_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref,
     inv_l, log_l = _inv(l), jnp.log(jnp.where(l > 0, l, 1.0))
 
     def tile(j):
-        k = k_ref[_key_slice(j, bk), :]
-        v = v_ref[_key_slice(j, bk), :]
+        k, v = K.tile(j, bk), V.tile(j, bk)
         z = _shifted(_scores(q, k, c, qpos0, j * bk, L, cfg.causal), mz)
         u = jnp.maximum(z - tau, 0.0)
         return k, u, _sens(u, alpha), _nt(do, v)
@@ -530,17 +573,24 @@ def _dq_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref,
 
 
 def _dkv_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref, l_ref,
-                delta_ref, live_ref, dk_ref, dv_ref, *, cfg: _Config):
-    bq, bk = cfg.bq_dkv, cfg.bk_dkv
-    kj = pl.program_id(2)
+                delta_ref, live_ref, dk_ref, dv_ref, *scratch, cfg: _Config):
+    bq, bk, G = cfg.bq_dkv, cfg.bk_dkv, cfg.groups
+    b, hkv, kj = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    seqs = _seqs((q_ref, do_ref, mz_ref, tau_ref, l_ref, delta_ref), (), scratch)
+
+    def group_head(g):  # the sequences of query head g of the group
+        lead = (b, hkv * G + g) if scratch else (g,)
+        return [seq._replace(lead=lead) for seq in seqs]
+
     L = jnp.max(len_ref[...])
-    n_qblocks = q_ref.shape[1] // bq
+    n_qblocks = seqs[0].length() // bq
     kpos0 = kj * bk
     q_lo = lax.div(kpos0, bq) if cfg.causal else 0  # first query block that sees this block
     q_hi = jnp.where(kpos0 < L, n_qblocks, q_lo)  # a block past the length: nothing to do
     k, v = k_ref[...], v_ref[...]
 
     def head_body(g, carry):
+        Q, DO, MZ, TAU, LS, DELTA = group_head(g)
         live = live_ref[g]
         alpha = alpha_ref[g] if cfg.alpha is None else cfg.alpha  # query head g of the group
         c = cfg.scale * (alpha - 1.0)
@@ -548,10 +598,9 @@ def _dkv_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref
         def q_body(i, carry):
             def on(carry):
                 dk, dv = carry
-                rows = pl.ds(pl.multiple_of(i * bq, bq), bq)
-                q, do = q_ref[g, rows, :], do_ref[g, rows, :]
-                mz, tau = mz_ref[g, rows, :], tau_ref[g, rows, :]
-                l, delta = l_ref[g, rows, :], delta_ref[g, rows, :]
+                q, do = Q.tile(i, bq), DO.tile(i, bq)
+                mz, tau = MZ.tile(i, bq), TAU.tile(i, bq)
+                l, delta = LS.tile(i, bq), DELTA.tile(i, bq)
                 z = _shifted(_scores(q, k, c, i * bq, kpos0, L, cfg.causal), mz)
                 u = jnp.maximum(z - tau, 0.0)
                 p = _weights(u, alpha) * _inv(l)
@@ -566,7 +615,7 @@ def _dkv_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref
         return lax.fori_loop(q_lo, q_hi, q_body, carry)
 
     init = (jnp.zeros(k.shape, _F32), jnp.zeros(v.shape, _F32))
-    dk, dv = lax.fori_loop(0, q_ref.shape[0], head_body, init)
+    dk, dv = lax.fori_loop(0, G, head_body, init)
     dk_ref[...] = (dk * cfg.scale).astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
@@ -589,6 +638,16 @@ def _alpha_spec():
     return pl.BlockSpec((None, 1, 1), lambda b, h, i: (h, 0, 0))
 
 
+_HBM = pl.BlockSpec(memory_space=pl.ANY)  # left in HBM: the TPU kernels copy tiles
+
+
+def _tile_scratch(*tiles):
+    """TPU scratch for ``_Seq`` reads: a VMEM buffer per (shape, dtype), one DMA semaphore
+    each."""
+    return [pltpu.VMEM(shape, dtype) for shape, dtype in tiles] + [
+        pltpu.SemaphoreType.DMA((len(tiles),))]
+
+
 def _forward(q, k, v, lens, alpha, cfg: _Config):
     B, H, Tp, Dp = q.shape
     Sp, Dvp = k.shape[2], v.shape[3]
@@ -596,16 +655,19 @@ def _forward(q, k, v, lens, alpha, cfg: _Config):
     nq, nk = Tp // bq, Sp // bk
     nkp = pl.next_power_of_2(nk)
     row = jax.ShapeDtypeStruct((B, H, Tp, 1), _F32)
+    head = [_len_spec(), _alpha_spec(),
+            pl.BlockSpec((None, None, bq, Dp), lambda b, h, i: (b, h, i, 0))]
+    kernel = functools.partial(_fwd_kernel, cfg=cfg)
     outs = pallas_call_per_platform(
-        functools.partial(_fwd_kernel, cfg=cfg),
+        kernel,
         grid=(B, H, nq),
-        in_specs=[
-            _len_spec(),
-            _alpha_spec(),
-            pl.BlockSpec((None, None, bq, Dp), lambda b, h, i: (b, h, i, 0)),
+        in_specs=head + [
             pl.BlockSpec((None, None, Sp, Dp), lambda b, h, i: (b, lax.div(h, G), 0, 0)),
             pl.BlockSpec((None, None, Sp, Dvp), lambda b, h, i: (b, lax.div(h, G), 0, 0)),
         ],
+        tpu_kernel=kernel,
+        tpu_in_specs=head + [_HBM, _HBM],
+        tpu_scratch_shapes=_tile_scratch(((bk, Dp), k.dtype), ((bk, Dvp), v.dtype)),
         out_specs=[
             pl.BlockSpec((None, None, bq, Dvp), lambda b, h, i: (b, h, i, 0)),
             _row_spec(bq), _row_spec(bq), _row_spec(bq), _row_spec(bq),
@@ -653,19 +715,22 @@ def _backward(q, k, v, lens, alpha, mz, tau, l, live, d_out, cfg: _Config):
     nkp = pl.next_power_of_2(nk)
     live_q = jnp.pad(live_q, ((0, 0), (0, 0), (0, 0), (0, nkp - nk)))[:, :, :, None, :]
     learn = cfg.alpha is None
+    q_spec = [_len_spec(), _alpha_spec(),
+              pl.BlockSpec((None, None, bq, Dp), lambda b, h, i: (b, h, i, 0))]
+    rest = [pl.BlockSpec((None, None, bq, Dvp), lambda b, h, i: (b, h, i, 0)),
+            _row_spec(bq), _row_spec(bq), _row_spec(bq),
+            pl.BlockSpec((None, None, None, 1, nkp), lambda b, h, i: (b, h, i, 0, 0))]
+    kernel = functools.partial(_dq_kernel, cfg=cfg)
     dq, delta, *da_rows = pallas_call_per_platform(
-        functools.partial(_dq_kernel, cfg=cfg),
+        kernel,
         grid=(B, H, nq),
-        in_specs=[
-            _len_spec(),
-            _alpha_spec(),
-            pl.BlockSpec((None, None, bq, Dp), lambda b, h, i: (b, h, i, 0)),
+        in_specs=q_spec + [
             pl.BlockSpec((None, None, Sp, Dp), lambda b, h, i: (b, lax.div(h, G), 0, 0)),
             pl.BlockSpec((None, None, Sp, Dvp), lambda b, h, i: (b, lax.div(h, G), 0, 0)),
-            pl.BlockSpec((None, None, bq, Dvp), lambda b, h, i: (b, h, i, 0)),
-            _row_spec(bq), _row_spec(bq), _row_spec(bq),
-            pl.BlockSpec((None, None, None, 1, nkp), lambda b, h, i: (b, h, i, 0, 0)),
-        ],
+        ] + rest,
+        tpu_kernel=kernel,
+        tpu_in_specs=q_spec + [_HBM, _HBM] + rest,
+        tpu_scratch_shapes=_tile_scratch(((bk, Dp), k.dtype), ((bk, Dvp), v.dtype)),
         out_specs=[
             pl.BlockSpec((None, None, bq, Dp), lambda b, h, i: (b, h, i, 0)),
             _row_spec(bq),
@@ -684,19 +749,25 @@ def _backward(q, k, v, lens, alpha, mz, tau, l, live, d_out, cfg: _Config):
     live_k = jnp.pad(jnp.swapaxes(live_k, 2, 3), ((0, 0), (0, 0), (0, 0), (0, nqp - nq)))
     live_k = live_k[:, :, :, None, :]  # [B, H, nk, 1, nqp]
     group_rows = pl.BlockSpec((None, G, Tp, 1), lambda b, g, j: (b, g, 0, 0))
+    alpha_spec = pl.BlockSpec((G, 1, 1), lambda b, g, j: (g, 0, 0))  # the group's heads' α
+    k_spec = pl.BlockSpec((None, None, bk, Dp), lambda b, g, j: (b, g, j, 0))
+    v_spec = pl.BlockSpec((None, None, bk, Dvp), lambda b, g, j: (b, g, j, 0))
+    live_spec = pl.BlockSpec((None, G, None, 1, nqp), lambda b, g, j: (b, g, j, 0, 0))
+    kernel = functools.partial(_dkv_kernel, cfg=cfg)
     dk, dv = pallas_call_per_platform(
-        functools.partial(_dkv_kernel, cfg=cfg),
+        kernel,
         grid=(B, Hkv, nk),
         in_specs=[
-            _len_spec(),
-            pl.BlockSpec((G, 1, 1), lambda b, g, j: (g, 0, 0)),  # α of the group's heads
+            _len_spec(), alpha_spec,
             pl.BlockSpec((None, G, Tp, Dp), lambda b, g, j: (b, g, 0, 0)),
-            pl.BlockSpec((None, None, bk, Dp), lambda b, g, j: (b, g, j, 0)),
-            pl.BlockSpec((None, None, bk, Dvp), lambda b, g, j: (b, g, j, 0)),
+            k_spec, v_spec,
             pl.BlockSpec((None, G, Tp, Dvp), lambda b, g, j: (b, g, 0, 0)),
-            group_rows, group_rows, group_rows, group_rows,
-            pl.BlockSpec((None, G, None, 1, nqp), lambda b, g, j: (b, g, j, 0, 0)),
+            group_rows, group_rows, group_rows, group_rows, live_spec,
         ],
+        tpu_kernel=kernel,
+        tpu_in_specs=[_len_spec(), alpha_spec, _HBM, k_spec, v_spec] + [_HBM] * 5 + [live_spec],
+        tpu_scratch_shapes=_tile_scratch(((bq, Dp), q.dtype), ((bq, Dvp), d_out.dtype),
+                                         *[((bq, 1), _F32)] * 4),
         out_specs=[
             pl.BlockSpec((None, None, bk, Dp), lambda b, g, j: (b, g, j, 0)),
             pl.BlockSpec((None, None, bk, Dvp), lambda b, g, j: (b, g, j, 0)),
