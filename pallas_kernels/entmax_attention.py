@@ -68,8 +68,26 @@ Targets: the same kernel bodies lower through Mosaic (TPU) and, with
 made per lowering platform with ``lax.platform_dependent``. Inside kernels there is no
 sort, cumsum, scatter, 1-D ref or masked load: masks are ``jnp.where`` on iotas, the
 per-tile flag is read as a vector reduction. On CPU use ``interpret=True``.
-The whole K and V of one head stay resident per program (as in JAX's GPU flash attention):
-on TPU, long sequences need a larger VMEM limit.
+
+Memory: on GPU (Triton) a block is a pointer, so K and V of one head (Q, dO and the row
+statistics of one group in dk/dv) are passed as whole-sequence blocks and sliced per tile.
+On TPU a BlockSpec block is copied into VMEM whole, so the TPU body (``_Seq``) leaves
+those operands in HBM (``pl.ANY``) and copies each tile it reads into a VMEM scratch
+buffer (``pltpu.make_async_copy``, started and awaited per tile); a tile skipped as dead
+is neither copied nor computed. Per program, VMEM then holds (Pallas double-buffers the
+pipelined blocks; f32 [n, 1] columns are lane-padded to [n, 128]):
+
+  forward   2·(bq·D·e + bq·Dv·e + 5·512·bq + 32·nk) + bk·(D + Dv)·e
+  dq        2·(bq·D·e + bq·Dv·e + bq·D·e + 3·512·bq + 512·bq·[α array] + 32·nk)
+            + bk_dq·(D + Dv)·e
+  dk/dv     2·(bk·D·e + bk·Dv·e + bk·(D + Dv)·e + G·8·4·nq) + bq_dkv·(D + Dv)·e + 4·512·bq_dkv
+
+bytes (e the bytes per element, nk/nq the number of key/query tiles rounded up to a power
+of two: the live flags, 32 B per tile), plus the kernel's [bq, bk] f32 temporaries. With
+the 128×128 default tiles, D = 128, bf16, that is under 2 MiB up to S = 1M (the flags are
+the only term that grows with S: 256 KiB at 1M). The interpreter runs the TPU body in
+the TPU interpret mode (``pltpu.InterpretParams``: DMAs and semaphores simulated), so the
+CPU tests check what Mosaic compiles; the Triton body differs only in ``_Seq.tile``.
 """
 
 from __future__ import annotations
