@@ -60,7 +60,8 @@ differ from the forward ones: the live mask is carried over to their tiles by ov
 Layout: our q [B, T, H, D], k/v [B, S, Hkv, D(v)] are transposed to [B, H, T, D] and
 padded (T, S to the blocks, D to a power of two ≥ 16) in the wrapper, so every block's last
 two dims are either a multiple of (8, 128) or the array's own (TPU) and every loaded tile
-has a power-of-two size (Triton); per-row vectors are [block_q, 1] refs. Query head h reads
+has a power-of-two size (Triton); per-row values are [block_q, 1] columns in the kernels and
+are stored lane-dense, [B, H, T/block_q, 1, block_q] (``_rows_in``). Query head h reads
 kv head h // (H/Hkv) through the index_map (grouped-query attention).
 
 Targets: the same kernel bodies lower through Mosaic (TPU) and, with
@@ -225,10 +226,16 @@ class _Seq(NamedTuple):
     sem: object = None
 
     def tile(self, j, n: int):
-        rows = _key_slice(j, n)
+        """Rows [j·n, (j+1)·n) of a [..., N, d] operand; of a per-row statistic stored as
+        [..., N/n, 1, n] (``_rows_in``), the [n, 1] column of block j."""
+        if self.ref.shape[-2] == 1:
+            return self._read((j,)).T
+        return self._read((_key_slice(j, n),))
+
+    def _read(self, index: tuple):
         if self.buf is None:
-            return self.ref[(*self.lead, rows, slice(None))]
-        copy = pltpu.make_async_copy(self.ref.at[(*self.lead, rows)], self.buf, self.sem)
+            return self.ref[(*self.lead, *index)]
+        copy = pltpu.make_async_copy(self.ref.at[(*self.lead, *index)], self.buf, self.sem)
         copy.start()
         copy.wait()
         return self.buf[...]
@@ -512,12 +519,12 @@ def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref,
     acc0 = (jnp.zeros(o_ref.shape, _F32), zeros, jnp.zeros(live_shape, jnp.int32))
     acc, l, live = lax.fori_loop(0, nkb, out_body, acc0)
     o_ref[...] = (acc * _inv(l)).astype(o_ref.dtype)
-    mz_ref[...] = mz
-    tau_ref[...] = tau
-    l_ref[...] = l
-    it_ref[...] = iters
+    mz_ref[...] = mz.T  # per-row statistics are stored lane-dense, [1, bq]
+    tau_ref[...] = tau.T
+    l_ref[...] = l.T
+    it_ref[...] = iters.T
     live_ref[...] = live
-    taub_ref[...] = tau_build
+    taub_ref[...] = tau_build.T
 
 
 def _inv_power(n, alpha: float):
@@ -545,9 +552,9 @@ def _dq_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref,
     nkb = _n_key_blocks(L, qi, bq, bk, K.length() // bk, cfg.causal)
     qpos0 = qi * bq
     q, do = q_ref[...], do_ref[...]
-    mz, tau = mz_ref[...], tau_ref[...]
+    mz, tau = mz_ref[...].T, tau_ref[...].T  # [1, bq] rows -> [bq, 1] columns
     live = live_ref[...]
-    l = l_ref[...]
+    l = l_ref[...].T
     kappa = _sens_scale(l, alpha)
     inv_l, log_l = _inv(l), jnp.log(jnp.where(l > 0, l, 1.0))
 
@@ -575,7 +582,7 @@ def _dq_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref,
     delta = sums[1] * _inv(sums[0])
     if learn:
         p_dp, ent, plogp_dp = sums[2:]
-        da_ref[0][...] = alpha_cotangent(p_dp, delta, ent, plogp_dp, alpha - 1.0)
+        da_ref[0][...] = alpha_cotangent(p_dp, delta, ent, plogp_dp, alpha - 1.0).T
 
     def dq_body(j, dq):
         def on(dq):
@@ -587,7 +594,7 @@ def _dq_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref,
 
     dq = lax.fori_loop(0, nkb, dq_body, jnp.zeros(q.shape, _F32))
     dq_ref[...] = (dq * cfg.scale).astype(dq_ref.dtype)
-    delta_ref[...] = delta
+    delta_ref[...] = delta.T
 
 
 def _dkv_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref, l_ref,
@@ -644,7 +651,21 @@ def _dkv_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref
 
 
 def _row_spec(bq):
-    return pl.BlockSpec((None, None, bq, 1), lambda b, h, i: (b, h, i, 0))
+    """Block i of a per-row statistic [B, H, nq, 1, bq] (``_rows_in``)."""
+    return pl.BlockSpec((None, None, None, 1, bq), lambda b, h, i: (b, h, i, 0, 0))
+
+
+def _rows_in(x, bq: int):
+    """A per-row statistic [B, H, Tp] as the kernels take it, [B, H, Tp/bq, 1, bq]: one
+    lane-dense [1, bq] block per query block (an [n, 1] column would be stored padded to
+    128 lanes on TPU, 128 times its size)."""
+    B, H, Tp = x.shape
+    return x.reshape(B, H, Tp // bq, 1, bq)
+
+
+def _rows_out(x):
+    """[B, H, nq, 1, bq] -> [B, H, Tp]."""
+    return x.reshape(*x.shape[:2], -1)
 
 
 def _len_spec():
@@ -672,7 +693,7 @@ def _forward(q, k, v, lens, alpha, cfg: _Config):
     G, bq, bk = cfg.groups, cfg.bq, cfg.bk
     nq, nk = Tp // bq, Sp // bk
     nkp = pl.next_power_of_2(nk)
-    row = jax.ShapeDtypeStruct((B, H, Tp, 1), _F32)
+    row = jax.ShapeDtypeStruct((B, H, nq, 1, bq), _F32)
     head = [_len_spec(), _alpha_spec(),
             pl.BlockSpec((None, None, bq, Dp), lambda b, h, i: (b, h, i, 0))]
     kernel = functools.partial(_fwd_kernel, cfg=cfg)
@@ -694,13 +715,14 @@ def _forward(q, k, v, lens, alpha, cfg: _Config):
         ],
         out_shape=[
             jax.ShapeDtypeStruct((B, H, Tp, Dvp), q.dtype), row, row, row,
-            jax.ShapeDtypeStruct((B, H, Tp, 1), jnp.int32),
+            jax.ShapeDtypeStruct((B, H, nq, 1, bq), jnp.int32),
             jax.ShapeDtypeStruct((B, H, nq, 1, nkp), jnp.int32), row,
         ],
         interpret=cfg.interpret,
         name="entmax_attention_fwd",
     )(lens, alpha, q, k, v)
     out, mz, tau, l, iters, live, taub = outs
+    mz, tau, l, iters, taub = map(_rows_out, (mz, tau, l, iters, taub))
     return out, mz, tau, l, iters, live[:, :, :, 0, :nk], taub
 
 
@@ -754,11 +776,12 @@ def _backward(q, k, v, lens, alpha, mz, tau, l, live, d_out, cfg: _Config):
             _row_spec(bq),
         ] + [_row_spec(bq)] * learn,
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                   jax.ShapeDtypeStruct((B, H, Tp, 1), _F32)]
-        + [jax.ShapeDtypeStruct((B, H, Tp, 1), _F32)] * learn,
+                   jax.ShapeDtypeStruct((B, H, nq, 1, bq), _F32)]
+        + [jax.ShapeDtypeStruct((B, H, nq, 1, bq), _F32)] * learn,
         interpret=cfg.interpret,
         name="entmax_attention_dq",
-    )(lens, alpha, q, k, v, d_out, mz, tau, l, live_q)
+    )(lens, alpha, q, k, v, d_out, *[_rows_in(x, bq) for x in (mz, tau, l)], live_q)
+    delta, da_rows = _rows_out(delta), [_rows_out(x) for x in da_rows]
     # dk, dv over key blocks of each kv head (looping over its G query heads)
     bq, bk = cfg.bq_dkv, cfg.bk_dkv
     live_k = _regrid(live, cfg.bq, cfg.bk, bq, bk, Tp, Sp)
@@ -766,7 +789,7 @@ def _backward(q, k, v, lens, alpha, mz, tau, l, live, d_out, cfg: _Config):
     nqp = pl.next_power_of_2(nq)
     live_k = jnp.pad(jnp.swapaxes(live_k, 2, 3), ((0, 0), (0, 0), (0, 0), (0, nqp - nq)))
     live_k = live_k[:, :, :, None, :]  # [B, H, nk, 1, nqp]
-    group_rows = pl.BlockSpec((None, G, Tp, 1), lambda b, g, j: (b, g, 0, 0))
+    group_rows = pl.BlockSpec((None, G, nq, 1, bq), lambda b, g, j: (b, g, 0, 0, 0))
     alpha_spec = pl.BlockSpec((G, 1, 1), lambda b, g, j: (g, 0, 0))  # the group's heads' α
     k_spec = pl.BlockSpec((None, None, bk, Dp), lambda b, g, j: (b, g, j, 0))
     v_spec = pl.BlockSpec((None, None, bk, Dvp), lambda b, g, j: (b, g, j, 0))
@@ -785,7 +808,7 @@ def _backward(q, k, v, lens, alpha, mz, tau, l, live, d_out, cfg: _Config):
         tpu_kernel=kernel,
         tpu_in_specs=[_len_spec(), alpha_spec, _HBM, k_spec, v_spec] + [_HBM] * 5 + [live_spec],
         tpu_scratch_shapes=_tile_scratch(((bq, Dp), q.dtype), ((bq, Dvp), d_out.dtype),
-                                         *[((bq, 1), _F32)] * 4),
+                                         *[((1, bq), _F32)] * 4),
         out_specs=[
             pl.BlockSpec((None, None, bk, Dp), lambda b, g, j: (b, g, j, 0)),
             pl.BlockSpec((None, None, bk, Dvp), lambda b, g, j: (b, g, j, 0)),
@@ -794,9 +817,9 @@ def _backward(q, k, v, lens, alpha, mz, tau, l, live, d_out, cfg: _Config):
                    jax.ShapeDtypeStruct(v.shape, v.dtype)],
         interpret=cfg.interpret,
         name="entmax_attention_dkv",
-    )(lens, alpha, q, k, v, d_out, mz, tau, l, delta, live_k)
+    )(lens, alpha, q, k, v, d_out, *[_rows_in(x, bq) for x in (mz, tau, l, delta)], live_k)
     # ∂L/∂α_h: the rows' contributions summed over batch and queries (padded rows give 0)
-    d_alpha = jnp.sum(da_rows[0], axis=(0, 2))[:, :, None] if learn else None
+    d_alpha = jnp.sum(da_rows[0], axis=(0, 2))[:, None, None] if learn else None
     return dq, dk, dv, d_alpha
 
 
@@ -1020,8 +1043,8 @@ def entmax_attention_pallas(
     if not return_aux:
         return out
 
-    def per_row(t):  # [B, H, Tp, 1] -> [B, T, H]
-        return jnp.swapaxes(lax.stop_gradient(t)[:, :, :T, 0], 1, 2)
+    def per_row(t):  # [B, H, Tp] -> [B, T, H]
+        return jnp.swapaxes(lax.stop_gradient(t)[:, :, :T], 1, 2)
 
     def conv(t):  # shifted z units -> entmax convention on x
         return per_row(jnp.where(tau >= 0.5 * BIG, jnp.inf, t + mz))
