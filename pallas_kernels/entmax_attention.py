@@ -218,7 +218,8 @@ class _Seq(NamedTuple):
     still to apply in front of the rows (``()`` or a query head of the group). TPU (and
     its interpreter): ``ref`` is the whole array left in HBM (``pl.ANY``), ``lead`` its
     (batch, head) and each tile is copied into the VMEM scratch ``buf`` (semaphore
-    ``sem``) when read — VMEM holds one tile, whatever the sequence length."""
+    ``sem``) when read — VMEM holds two tiles (``buf`` [2, n, d], ``sem`` [2]: one slot
+    for a synchronous read, both for ``_stream``), whatever the sequence length."""
 
     ref: object
     lead: tuple = ()
@@ -227,18 +228,25 @@ class _Seq(NamedTuple):
 
     def tile(self, j, n: int):
         """Rows [j·n, (j+1)·n) of a [..., N, d] operand; of a per-row statistic stored as
-        [..., N/n, 1, n] (``_rows_in``), the [n, 1] column of block j."""
-        if self.ref.shape[-2] == 1:
-            return self._read((j,)).T
-        return self._read((_key_slice(j, n),))
-
-    def _read(self, index: tuple):
+        [..., N/n, 1, n] (``_rows_in``), the [n, 1] column of block j. On TPU a copy into
+        slot 0, awaited."""
         if self.buf is None:
-            return self.ref[(*self.lead, *index)]
-        copy = pltpu.make_async_copy(self.ref.at[(*self.lead, *index)], self.buf, self.sem)
+            return self.shape(self.ref[(*self.lead, *self.index(j, n))])
+        copy = self.copy(j, n, 0)
         copy.start()
         copy.wait()
-        return self.buf[...]
+        return self.shape(self.buf[0])
+
+    def index(self, j, n: int) -> tuple:
+        return (j,) if self.ref.shape[-2] == 1 else (_key_slice(j, n),)
+
+    def shape(self, x):
+        return x.T if self.ref.shape[-2] == 1 else x
+
+    def copy(self, j, n: int, slot):
+        """The DMA of tile j into buffer slot ``slot`` (TPU only)."""
+        src = self.ref.at[(*self.lead, *self.index(j, n))]
+        return pltpu.make_async_copy(src, self.buf.at[slot], self.sem.at[slot])
 
     def length(self) -> int:
         return self.ref.shape[-2]
@@ -369,6 +377,36 @@ def _histogram_init(stats, alpha: float, bins: int, t0, w):
 # ----------------------------------------------------------------------------
 # Forward kernel
 # ----------------------------------------------------------------------------
+def _stream(seqs, lo, hi, n: int, body, carry):
+    """``fori_loop`` over tiles j ∈ [lo, hi) of every ``_Seq`` in ``seqs``:
+    carry = body(j, [tile j of each], carry). On TPU the copy of tile j + 1 (into the
+    other buffer slot) runs while tile j is computed (double buffering)."""
+    if seqs[0].buf is None:
+        return lax.fori_loop(lo, hi, lambda j, c: body(j, [s.tile(j, n) for s in seqs], c),
+                             carry)
+
+    def start(j, slot):
+        for seq in seqs:
+            seq.copy(j, n, slot).start()
+
+    @pl.when(lo < hi)
+    def _():
+        start(lo, 0)
+
+    def step(j, c):
+        slot = lax.rem(j - lo, 2)
+        for seq in seqs:
+            seq.copy(j, n, slot).wait()
+
+        @pl.when(j + 1 < hi)
+        def _():
+            start(j + 1, 1 - slot)
+
+        return body(j, [seq.shape(seq.buf[slot]) for seq in seqs], c)
+
+    return lax.fori_loop(lo, hi, step, carry)
+
+
 def _seqs(refs, lead, scratch):
     """A ``_Seq`` per ref: resident blocks (no scratch: Triton), or arrays in HBM read
     through the scratch ``(*buffers, semaphores)`` (TPU), ``lead`` their (batch, head)."""
@@ -399,21 +437,23 @@ def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref,
     kiota = _iota(live_shape, 1)
     zeros = jnp.zeros((bq, 1), _F32)
 
-    def x_tile(j):
-        return _scores(q, K.tile(j, bk), c, qpos0, j * bk, L, cfg.causal)
+    def x_tile(j, k=None):  # scores of key tile j (k: the tile, if already read)
+        k = K.tile(j, bk) if k is None else k
+        return _scores(q, k, c, qpos0, j * bk, L, cfg.causal)
 
     # 1. one pass: row max (z units) and the count and Σ(z - max) of the set A' of scores
     # above the running max - 1 when seen, for the origin t0 = mean_A' - |A'|^{1-α} ≤ τ*
     # (docs/entmax.md, "one pass for the max and the origin")
-    def max_body(j, carry):
+    def max_body(j, k, carry):
         m, cnt, s = carry
-        x = x_tile(j)
+        x = x_tile(j, *k)
         m_new = jnp.maximum(m, _rowmax(x))
         sel = (x > m_new - 1.0) & (x > 0.5 * NEG)
         s = s + cnt * (m - m_new) + _rowsum(jnp.where(sel, x - m_new, 0.0))
         return m_new, cnt + _rowsum(sel.astype(_F32)), s
 
-    xmax, cnt, ssum = lax.fori_loop(0, nkb, max_body, (jnp.full((bq, 1), NEG, _F32), zeros, zeros))
+    xmax, cnt, ssum = _stream([K], 0, nkb, bk, max_body,
+                              (jnp.full((bq, 1), NEG, _F32), zeros, zeros))
     rows = qpos0 + _iota((bq, 1), 0)
     dead = (xmax < 0.5 * NEG) | (rows >= cfg.q_len)
     mz = jnp.where(dead, 0.0, xmax)
@@ -426,16 +466,16 @@ def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref,
         t0 = jnp.maximum(t0, -1.0) if alpha <= 2.0 else jnp.full((bq, 1), -1.0, _F32)
         hi = jnp.full((bq, 1), -float(cfg.kv_len) ** (-am1), _F32)  # τ ≤ max z - S^{1-α}
 
-    def z_tile(j):
-        return _shifted(x_tile(j), mz)
+    def z_tile(j, k=None):
+        return _shifted(x_tile(j, k), mz)
 
     # 2. initialisation: histogram of z on [t0, 0] (α ∈ {1.5, 2}), the origin, or a bracket
     if cfg.init == "histogram":
         w = -t0 / bins
         inv_w = 1.0 / w
 
-        def hist_body(j, acc):
-            y = z_tile(j) - t0
+        def hist_body(j, k, acc):
+            y = z_tile(j, *k) - t0
             idx = jnp.minimum(jnp.floor(y * inv_w), bins - 1.0)  # y < 0: no bin
             d = y - idx * w
             out = []
@@ -446,7 +486,7 @@ def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref,
                         acc[3 * b + 2] + (_rowsum(sd * d) if alpha == 1.5 else 0.0)]
             return tuple(out)
 
-        acc = lax.fori_loop(0, nkb, hist_body, (zeros,) * (3 * bins))
+        acc = _stream([K], 0, nkb, bk, hist_body, (zeros,) * (3 * bins))
         stats = [acc[3 * b:3 * b + 3] for b in range(bins)]
         lo, hi, tau0 = _histogram_init(stats, alpha, bins, t0, w)
     elif cfg.init == "origin":
@@ -460,9 +500,9 @@ def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref,
     # and records the per-tile gap max (z - τ); a row stops when |f| < tol (taking the
     # polish step), after n_iter steps, or when τ no longer moves
     def stats_body(tau):
-        def body(j, carry):
+        def body(j, k, carry):
             kk, ss, pp, gaps = carry
-            z = z_tile(j)
+            z = z_tile(j, *k)
             u = jnp.maximum(z - tau, 0.0)
             gaps = jnp.where(kiota == j, jnp.max(z - tau), gaps)
             if cfg.kind == "bisect":
@@ -481,7 +521,8 @@ def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref,
     def solve_body(state):
         it, tau, lo, hi, iters, done, tau_fin, _ = state
         gaps0 = jnp.full(live_shape, NEG, _F32)
-        kk, ss, pp, gaps = lax.fori_loop(0, nkb, stats_body(tau), (zeros, zeros, zeros, gaps0))
+        kk, ss, pp, gaps = _stream([K], 0, nkb, bk, stats_body(tau),
+                                   (zeros, zeros, zeros, gaps0))
         f = pp - 1.0
         new_tau, lo, hi = solver_step(cfg.kind, tau, f, kk, ss, lo, hi)
         polished = jnp.clip(polish_step(cfg.kind, tau, f, kk, ss), lo, hi)
@@ -681,10 +722,10 @@ _HBM = pl.BlockSpec(memory_space=pl.ANY)  # left in HBM: the TPU kernels copy ti
 
 
 def _tile_scratch(*tiles):
-    """TPU scratch for ``_Seq`` reads: a VMEM buffer per (shape, dtype), one DMA semaphore
-    each."""
-    return [pltpu.VMEM(shape, dtype) for shape, dtype in tiles] + [
-        pltpu.SemaphoreType.DMA((len(tiles),))]
+    """TPU scratch for ``_Seq`` reads: a two-slot VMEM buffer per tile (shape, dtype), and
+    a DMA semaphore per slot."""
+    return [pltpu.VMEM((2, *shape), dtype) for shape, dtype in tiles] + [
+        pltpu.SemaphoreType.DMA((len(tiles), 2))]
 
 
 def _forward(q, k, v, lens, alpha, cfg: _Config):
