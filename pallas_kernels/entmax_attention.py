@@ -73,22 +73,26 @@ per-tile flag is read as a vector reduction. On CPU use ``interpret=True``.
 Memory: on GPU (Triton) a block is a pointer, so K and V of one head (Q, dO and the row
 statistics of one group in dk/dv) are passed as whole-sequence blocks and sliced per tile.
 On TPU a BlockSpec block is copied into VMEM whole, so the TPU body (``_Seq``) leaves
-those operands in HBM (``pl.ANY``) and copies each tile it reads into a VMEM scratch
-buffer (``pltpu.make_async_copy``, started and awaited per tile); a tile skipped as dead
-is neither copied nor computed. Per program, VMEM then holds (Pallas double-buffers the
-pipelined blocks; f32 [n, 1] columns are lane-padded to [n, 128]):
+those operands in HBM (``pl.ANY``) and copies the tiles it reads into two-slot VMEM
+scratch buffers (``pltpu.make_async_copy``): the dense passes (row max, histogram,
+solver) double-buffer (``_stream``: tile j+1 is copied while tile j is computed), the
+passes over live tiles only (output, dq, dk/dv) copy each live tile when they reach it, so
+a dead tile is neither copied nor computed. Per program, VMEM then holds (Pallas
+double-buffers the pipelined blocks; a [1, n] f32/int32 row pads to 8 sublanes, 32·n B):
 
-  forward   2·(bq·D·e + bq·Dv·e + 5·512·bq + 32·nk) + bk·(D + Dv)·e
-  dq        2·(bq·D·e + bq·Dv·e + bq·D·e + 3·512·bq + 512·bq·[α array] + 32·nk)
-            + bk_dq·(D + Dv)·e
-  dk/dv     2·(bk·D·e + bk·Dv·e + bk·(D + Dv)·e + G·8·4·nq) + bq_dkv·(D + Dv)·e + 4·512·bq_dkv
+  forward  2·(bq·(D + Dv)·e + 5·32·bq + 32·nk) + 2·bk·(D + Dv)·e
+  dq       2·(bq·(2D + Dv)·e + (4 + [α array])·32·bq + 32·nk) + 2·bk_dq·(D + Dv)·e
+  dk/dv    2·(2·bk·(D + Dv)·e + G·32·nq) + 2·bq·(D + Dv)·e + 4·64·bq
 
-bytes (e the bytes per element, nk/nq the number of key/query tiles rounded up to a power
-of two: the live flags, 32 B per tile), plus the kernel's [bq, bk] f32 temporaries. With
-the 128×128 default tiles, D = 128, bf16, that is under 2 MiB up to S = 1M (the flags are
-the only term that grows with S: 256 KiB at 1M). The interpreter runs the TPU body in
-the TPU interpret mode (``pltpu.InterpretParams``: DMAs and semaphores simulated), so the
-CPU tests check what Mosaic compiles; the Triton body differs only in ``_Seq.tile``.
+bytes (bq, bk the kernel's tiles, e the bytes per element, nk, nq the key/query tile
+counts rounded up to a power of two: the live flags), plus the [bq, bk] f32 temporaries of
+a tile and the f32 accumulators ([bq, Dv] forward, [bq, D] dq, [bk, D] + [bk, Dv] dk/dv).
+With the default 128×128 tiles, D = Dv = 128 and bf16 the forward's blocks and buffers
+are 0.8 MiB at S = 1M; the live flags (32 B per tile) are the only term that grows with
+the sequence (256 KiB at S = 1M). Per-row statistics live in HBM lane-dense (below). The
+interpreter runs the TPU body in the TPU interpret mode (``pltpu.InterpretParams``: DMAs
+and semaphores simulated), so the CPU tests check what Mosaic compiles; the Triton body
+differs only in how ``_Seq`` reads a tile.
 """
 
 from __future__ import annotations
