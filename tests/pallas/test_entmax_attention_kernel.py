@@ -390,6 +390,48 @@ class TestLowering:
             assert n > 0 and "dot_general" in prims and "while" in prims
             assert not prims & FORBIDDEN, prims & FORBIDDEN
 
+    @pytest.mark.parametrize("alpha", [1.5, "array"])
+    def test_tpu_vmem_blocks_do_not_grow_with_the_sequence(self, alpha):
+        """The TPU bodies (the pallas_calls with scratch: forward, dq, dk-dv) leave every
+        sequence-long operand in HBM (memory space ANY): no block they pipeline into VMEM
+        has a dimension above S/8 (16-tiles; the live flags are S/16 long), where the old
+        kernels made K, V (and the group's Q, dO) resident, [S, D] blocks."""
+        n, tiles = 512, BlockSizes(16, 16)
+
+        def loss(q, k, v, a):
+            out = entmax_attention_pallas(q, k, v, alpha=1.5 if alpha == 1.5 else a,
+                                          causal=True, block_sizes=tiles,
+                                          **solver_args(None if alpha == "array" else 1.5))
+            return jnp.sum(out)
+
+        q, k = jnp.ones((1, n, 4, 16)), jnp.ones((1, n, 2, 16))
+        jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2, 3)))(q, k, k, jnp.ones(4) * 1.5)
+        calls = []
+
+        def walk(jx):
+            for eqn in jx.eqns:
+                if eqn.primitive.name == "pallas_call":
+                    calls.append(eqn)
+                for val in eqn.params.values():
+                    for item in val if isinstance(val, (tuple, list)) else (val,):
+                        sub = getattr(item, "jaxpr", item)
+                        if hasattr(sub, "eqns"):
+                            walk(sub)
+
+        walk(jaxpr.jaxpr)
+        tpu = [e for e in calls if e.params["grid_mapping"].num_scratch_operands > 0]
+        assert sorted(e.params["name"] for e in tpu) == [
+            "entmax_attention_dkv", "entmax_attention_dq", "entmax_attention_fwd"]
+        in_hbm = 0
+        for eqn in tpu:
+            for bm in eqn.params["grid_mapping"].block_mappings:
+                if str(bm.transformed_block_aval.memory_space) == "any":
+                    in_hbm += 1
+                    continue
+                dims = [getattr(d, "block_size", 1) for d in bm.block_shape]
+                assert max(dims) <= n // 8, (eqn.params["name"], dims)
+        assert in_hbm == 2 + 2 + 6  # K, V (forward, dq); Q, dO and 4 row statistics (dk-dv)
+
     def test_lowering_check_rejects_sort(self):
         """Negative control: a kernel with a sort does not lower for either target, so the
         lowering test above would catch one."""
