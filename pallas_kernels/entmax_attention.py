@@ -725,6 +725,32 @@ def _alpha_spec():
 _HBM = pl.BlockSpec(memory_space=pl.ANY)  # left in HBM: the TPU kernels copy tiles
 
 
+def _fold_vmap(call, alpha_pos: int):
+    """``call(*args)`` (every argument but the per-head α [H, 1, 1] at ``alpha_pos``, and
+    every output, lead with the batch axis B) under ``vmap``: the mapped axis is folded
+    into B. (Pallas's own batching rule adds a grid axis, which TPU does not allow on
+    operands left in HBM.) A mapped α is refused: it would need a per-batch α."""
+
+    @jax.custom_batching.custom_vmap
+    def folded(*args):
+        return tuple(call(*args))
+
+    @folded.def_vmap
+    def rule(axis_size, in_batched, *args):
+        if in_batched[alpha_pos]:
+            raise NotImplementedError(f"{_NAME}: vmap over a per-head `alpha` array is not "
+                                      "supported; map over the batch of q, k, v instead")
+        merged = [x if i == alpha_pos else
+                  (x if in_batched[i] else jnp.broadcast_to(x, (axis_size, *x.shape)))
+                  .reshape(axis_size * x.shape[int(in_batched[i])], *x.shape[1 + in_batched[i]:])
+                  for i, x in enumerate(args)]
+        outs = folded(*merged)
+        return (tuple(o.reshape(axis_size, o.shape[0] // axis_size, *o.shape[1:])
+                      for o in outs), (True,) * len(outs))
+
+    return folded
+
+
 def _tile_scratch(*tiles):
     """TPU scratch for ``_Seq`` reads: a two-slot VMEM buffer per tile (shape, dtype), and
     a DMA semaphore per slot."""
@@ -789,7 +815,8 @@ def _regrid(live, bq_f: int, bk_f: int, bq: int, bk: int, Tp: int, Sp: int):
 
 
 def _backward(q, k, v, lens, alpha, mz, tau, l, live, d_out, cfg: _Config):
-    """dq, dk, dv and, for a per-head α (``cfg.alpha`` None), dα [H, 1, 1] (else None)."""
+    """[dq, dk, dv] and, for a per-head α (``cfg.alpha`` None), the rows' ∂L/∂α
+    [B, H, Tp] (summed into dα by ``_core_bwd``)."""
     B, H, Tp, Dp = q.shape
     Hkv, Sp, Dvp = k.shape[1], k.shape[2], v.shape[3]
     G = cfg.groups
@@ -863,27 +890,27 @@ def _backward(q, k, v, lens, alpha, mz, tau, l, live, d_out, cfg: _Config):
         interpret=cfg.interpret,
         name="entmax_attention_dkv",
     )(lens, alpha, q, k, v, d_out, *[_rows_in(x, bq) for x in (mz, tau, l, delta)], live_k)
-    # ∂L/∂α_h: the rows' contributions summed over batch and queries (padded rows give 0)
-    d_alpha = jnp.sum(da_rows[0], axis=(0, 2))[:, None, None] if learn else None
-    return dq, dk, dv, d_alpha
+    return [dq, dk, dv, *da_rows]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _core(q, k, v, lens, alpha, cfg: _Config):
-    return _forward(q, k, v, lens, alpha, cfg)
+    return _fold_vmap(functools.partial(_forward, cfg=cfg), 4)(q, k, v, lens, alpha)
 
 
 def _core_fwd(q, k, v, lens, alpha, cfg):
-    outs = _forward(q, k, v, lens, alpha, cfg)
+    outs = _fold_vmap(functools.partial(_forward, cfg=cfg), 4)(q, k, v, lens, alpha)
     _, mz, tau, l, _, live, _ = outs
     return outs, (q, k, v, lens, alpha, mz, tau, l, live)
 
 
 def _core_bwd(cfg, res, cts):
     q, k, v, lens, alpha, mz, tau, l, live = res
-    dq, dk, dv, d_alpha = _backward(q, k, v, lens, alpha, mz, tau, l, live,
-                                    cts[0].astype(q.dtype), cfg)
-    d_alpha = jnp.zeros_like(alpha) if d_alpha is None else d_alpha.astype(alpha.dtype)
+    dq, dk, dv, *da_rows = _fold_vmap(functools.partial(_backward, cfg=cfg), 4)(
+        q, k, v, lens, alpha, mz, tau, l, live, cts[0].astype(q.dtype))
+    # ∂L/∂α_h: the rows' contributions summed over batch and queries (padded rows give 0)
+    d_alpha = (jnp.sum(da_rows[0], axis=(0, 2))[:, None, None].astype(alpha.dtype) if da_rows
+               else jnp.zeros_like(alpha))
     return dq, dk, dv, np.zeros(lens.shape, jax.dtypes.float0), d_alpha
 
 

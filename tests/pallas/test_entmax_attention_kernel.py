@@ -154,6 +154,27 @@ class _EntmaxAttentionTests:
         assert np.all(np.asarray(grads[0][1]) == 0.0)
         assert np.all(np.asarray(grads[1][1]) == 0.0) and np.all(np.asarray(grads[2][1]) == 0.0)
 
+    def test_vmap_of_forward_and_gradients(self):
+        """vmap over a leading axis (folded into the kernels' batch: Pallas's own batching
+        rule would add a grid axis, which TPU refuses on the operands left in HBM) gives
+        each instance's output and gradients, against the reference per instance."""
+        q, k, v, w = _inputs(seed=5)
+        stack = [jnp.stack([x[:1], x[1:]]) for x in (q, k, v, w)]  # [2, 1, ...]
+
+        def loss(fn):
+            return lambda q, k, v, w: jnp.sum(fn(q, k, v) * w)
+
+        fk = self._kernel(causal=True, block_sizes=BLOCKS_BWD)
+        fr = functools.partial(entmax_attention_reference, causal=True)
+        vg = jax.jit(jax.vmap(jax.value_and_grad(loss(fk), argnums=(0, 1, 2))))
+        val, grads = vg(*stack)
+        for i in range(2):
+            val_r, grads_r = jax.value_and_grad(loss(fr), argnums=(0, 1, 2))(
+                *[x[i] for x in stack])
+            np.testing.assert_allclose(val[i], val_r, atol=1e-4, rtol=1e-6)
+            for name, g, gr in zip("qkv", grads, grads_r):
+                np.testing.assert_allclose(g[i], gr, atol=1e-5, rtol=1e-5, err_msg=f"d{name}")
+
     def test_other_alpha_bisection(self):
         q, k, v, _ = _inputs(seed=2)
         f = jax.jit(self._kernel(alpha=1.3, causal=True, kv_lengths=LENGTHS,
