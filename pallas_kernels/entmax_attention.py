@@ -60,7 +60,8 @@ differ from the forward ones: the live mask is carried over to their tiles by ov
 Layout: our q [B, T, H, D], k/v [B, S, Hkv, D(v)] are transposed to [B, H, T, D] and
 padded (T, S to the blocks, D to a power of two ≥ 16) in the wrapper, so every block's last
 two dims are either a multiple of (8, 128) or the array's own (TPU) and every loaded tile
-has a power-of-two size (Triton); per-row vectors are [block_q, 1] refs. Query head h reads
+has a power-of-two size (Triton); per-row values are [block_q, 1] columns in the kernels and
+are stored lane-dense, [B, H, T/block_q, 1, block_q] (``_rows_in``). Query head h reads
 kv head h // (H/Hkv) through the index_map (grouped-query attention).
 
 Targets: the same kernel bodies lower through Mosaic (TPU) and, with
@@ -68,8 +69,30 @@ Targets: the same kernel bodies lower through Mosaic (TPU) and, with
 made per lowering platform with ``lax.platform_dependent``. Inside kernels there is no
 sort, cumsum, scatter, 1-D ref or masked load: masks are ``jnp.where`` on iotas, the
 per-tile flag is read as a vector reduction. On CPU use ``interpret=True``.
-The whole K and V of one head stay resident per program (as in JAX's GPU flash attention):
-on TPU, long sequences need a larger VMEM limit.
+
+Memory: on GPU (Triton) a block is a pointer, so K and V of one head (Q, dO and the row
+statistics of one group in dk/dv) are passed as whole-sequence blocks and sliced per tile.
+On TPU a BlockSpec block is copied into VMEM whole, so the TPU body (``_Seq``) leaves
+those operands in HBM (``pl.ANY``) and copies the tiles it reads into two-slot VMEM
+scratch buffers (``pltpu.make_async_copy``): the dense passes (row max, histogram,
+solver) double-buffer (``_stream``: tile j+1 is copied while tile j is computed), the
+passes over live tiles only (output, dq, dk/dv) copy each live tile when they reach it, so
+a dead tile is neither copied nor computed. Per program, VMEM then holds (Pallas
+double-buffers the pipelined blocks; a [1, n] f32/int32 row pads to 8 sublanes, 32·n B):
+
+  forward  2·(bq·(D + Dv)·e + 5·32·bq + 32·nk) + 2·bk·(D + Dv)·e
+  dq       2·(bq·(2D + Dv)·e + (4 + [α array])·32·bq + 32·nk) + 2·bk_dq·(D + Dv)·e
+  dk/dv    2·(2·bk·(D + Dv)·e + G·32·nq) + 2·bq·(D + Dv)·e + 4·64·bq
+
+bytes (bq, bk the kernel's tiles, e the bytes per element, nk, nq the key/query tile
+counts rounded up to a power of two: the live flags), plus the [bq, bk] f32 temporaries of
+a tile and the f32 accumulators ([bq, Dv] forward, [bq, D] dq, [bk, D] + [bk, Dv] dk/dv).
+With the default 128×128 tiles, D = Dv = 128 and bf16 the forward's blocks and buffers
+are 0.8 MiB at S = 1M; the live flags (32 B per tile) are the only term that grows with
+the sequence (256 KiB at S = 1M). Per-row statistics live in HBM lane-dense (below). The
+interpreter runs the TPU body in the TPU interpret mode (``pltpu.InterpretParams``: DMAs
+and semaphores simulated), so the CPU tests check what Mosaic compiles; the Triton body
+differs only in how ``_Seq`` reads a tile.
 """
 
 from __future__ import annotations
@@ -84,6 +107,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels.entmax_rules import alpha_cotangent, hermite_root, polish_step, solver_step
 from pallas_kernels.platform import pallas_call_per_platform
@@ -189,6 +213,47 @@ def _n_key_blocks(L, qi, bq: int, bk: int, n_blocks: int, causal: bool):
 
 def _key_slice(j, bk: int):
     return pl.ds(pl.multiple_of(j * bk, bk), bk)
+
+
+class _Seq(NamedTuple):
+    """A sequence-long operand [..., N, d], read one [n, d] tile at a time.
+
+    Triton: ``ref`` is the block the BlockSpec made resident and ``lead`` the indices
+    still to apply in front of the rows (``()`` or a query head of the group). TPU (and
+    its interpreter): ``ref`` is the whole array left in HBM (``pl.ANY``), ``lead`` its
+    (batch, head) and each tile is copied into the VMEM scratch ``buf`` (semaphore
+    ``sem``) when read — VMEM holds two tiles (``buf`` [2, n, d], ``sem`` [2]: one slot
+    for a synchronous read, both for ``_stream``), whatever the sequence length."""
+
+    ref: object
+    lead: tuple = ()
+    buf: object = None
+    sem: object = None
+
+    def tile(self, j, n: int):
+        """Rows [j·n, (j+1)·n) of a [..., N, d] operand; of a per-row statistic stored as
+        [..., N/n, 1, n] (``_rows_in``), the [n, 1] column of block j. On TPU a copy into
+        slot 0, awaited."""
+        if self.buf is None:
+            return self.shape(self.ref[(*self.lead, *self.index(j, n))])
+        copy = self.copy(j, n, 0)
+        copy.start()
+        copy.wait()
+        return self.shape(self.buf[0])
+
+    def index(self, j, n: int) -> tuple:
+        return (j,) if self.ref.shape[-2] == 1 else (_key_slice(j, n),)
+
+    def shape(self, x):
+        return x.T if self.ref.shape[-2] == 1 else x
+
+    def copy(self, j, n: int, slot):
+        """The DMA of tile j into buffer slot ``slot`` (TPU only)."""
+        src = self.ref.at[(*self.lead, *self.index(j, n))]
+        return pltpu.make_async_copy(src, self.buf.at[slot], self.sem.at[slot])
+
+    def length(self) -> int:
+        return self.ref.shape[-2]
 
 
 def _scores(q, k, c: float, qpos0, kpos0, L, causal: bool):
@@ -316,37 +381,83 @@ def _histogram_init(stats, alpha: float, bins: int, t0, w):
 # ----------------------------------------------------------------------------
 # Forward kernel
 # ----------------------------------------------------------------------------
+def _stream(seqs, lo, hi, n: int, body, carry):
+    """``fori_loop`` over tiles j ∈ [lo, hi) of every ``_Seq`` in ``seqs``:
+    carry = body(j, [tile j of each], carry). On TPU the copy of tile j + 1 (into the
+    other buffer slot) runs while tile j is computed (double buffering)."""
+    if seqs[0].buf is None:
+        return lax.fori_loop(lo, hi, lambda j, c: body(j, [s.tile(j, n) for s in seqs], c),
+                             carry)
+
+    def start(j, slot):
+        for seq in seqs:
+            seq.copy(j, n, slot).start()
+
+    @pl.when(lo < hi)
+    def _():
+        start(lo, 0)
+
+    def step(j, c):
+        slot = lax.rem(j - lo, 2)
+        for seq in seqs:
+            seq.copy(j, n, slot).wait()
+
+        @pl.when(j + 1 < hi)
+        def _():
+            start(j + 1, 1 - slot)
+
+        return body(j, [seq.shape(seq.buf[slot]) for seq in seqs], c)
+
+    return lax.fori_loop(lo, hi, step, carry)
+
+
+def _seqs(refs, lead, scratch):
+    """A ``_Seq`` per ref: resident blocks (no scratch: Triton), or arrays in HBM read
+    through the scratch ``(*buffers, semaphores)`` (TPU), ``lead`` their (batch, head)."""
+    if not scratch:
+        return [_Seq(r) for r in refs]
+    *bufs, sems = scratch
+    return [_Seq(r, lead, buf, sems.at[i]) for i, (r, buf) in enumerate(zip(refs, bufs))]
+
+
+def _kv_lead(groups: int):
+    """(batch, kv head) of the program's query head (grids over (batch, head, block))."""
+    return pl.program_id(0), lax.div(pl.program_id(1), groups)
+
+
 def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref, l_ref, it_ref,
-                live_ref, taub_ref, *, cfg: _Config):
+                live_ref, taub_ref, *scratch, cfg: _Config):
     bq, bk, bins = cfg.bq, cfg.bk, cfg.bins
+    K, V = _seqs((k_ref, v_ref), _kv_lead(cfg.groups), scratch)
     alpha = cfg.alpha if cfg.alpha is not None else alpha_ref[...]  # float or [1, 1]
     am1 = alpha - 1.0
     c = cfg.scale * am1
     qi = pl.program_id(2)
     L = jnp.max(len_ref[...])
-    n_blocks = k_ref.shape[0] // bk
-    nkb = _n_key_blocks(L, qi, bq, bk, n_blocks, cfg.causal)
+    nkb = _n_key_blocks(L, qi, bq, bk, K.length() // bk, cfg.causal)
     qpos0 = qi * bq
     q = q_ref[...]
     live_shape = live_ref.shape  # (1, NKP)
     kiota = _iota(live_shape, 1)
     zeros = jnp.zeros((bq, 1), _F32)
 
-    def x_tile(j):
-        return _scores(q, k_ref[_key_slice(j, bk), :], c, qpos0, j * bk, L, cfg.causal)
+    def x_tile(j, k=None):  # scores of key tile j (k: the tile, if already read)
+        k = K.tile(j, bk) if k is None else k
+        return _scores(q, k, c, qpos0, j * bk, L, cfg.causal)
 
     # 1. one pass: row max (z units) and the count and Σ(z - max) of the set A' of scores
     # above the running max - 1 when seen, for the origin t0 = mean_A' - |A'|^{1-α} ≤ τ*
     # (docs/entmax.md, "one pass for the max and the origin")
-    def max_body(j, carry):
+    def max_body(j, k, carry):
         m, cnt, s = carry
-        x = x_tile(j)
+        x = x_tile(j, *k)
         m_new = jnp.maximum(m, _rowmax(x))
         sel = (x > m_new - 1.0) & (x > 0.5 * NEG)
         s = s + cnt * (m - m_new) + _rowsum(jnp.where(sel, x - m_new, 0.0))
         return m_new, cnt + _rowsum(sel.astype(_F32)), s
 
-    xmax, cnt, ssum = lax.fori_loop(0, nkb, max_body, (jnp.full((bq, 1), NEG, _F32), zeros, zeros))
+    xmax, cnt, ssum = _stream([K], 0, nkb, bk, max_body,
+                              (jnp.full((bq, 1), NEG, _F32), zeros, zeros))
     rows = qpos0 + _iota((bq, 1), 0)
     dead = (xmax < 0.5 * NEG) | (rows >= cfg.q_len)
     mz = jnp.where(dead, 0.0, xmax)
@@ -359,16 +470,16 @@ def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref,
         t0 = jnp.maximum(t0, -1.0) if alpha <= 2.0 else jnp.full((bq, 1), -1.0, _F32)
         hi = jnp.full((bq, 1), -float(cfg.kv_len) ** (-am1), _F32)  # τ ≤ max z - S^{1-α}
 
-    def z_tile(j):
-        return _shifted(x_tile(j), mz)
+    def z_tile(j, k=None):
+        return _shifted(x_tile(j, k), mz)
 
     # 2. initialisation: histogram of z on [t0, 0] (α ∈ {1.5, 2}), the origin, or a bracket
     if cfg.init == "histogram":
         w = -t0 / bins
         inv_w = 1.0 / w
 
-        def hist_body(j, acc):
-            y = z_tile(j) - t0
+        def hist_body(j, k, acc):
+            y = z_tile(j, *k) - t0
             idx = jnp.minimum(jnp.floor(y * inv_w), bins - 1.0)  # y < 0: no bin
             d = y - idx * w
             out = []
@@ -379,7 +490,7 @@ def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref,
                         acc[3 * b + 2] + (_rowsum(sd * d) if alpha == 1.5 else 0.0)]
             return tuple(out)
 
-        acc = lax.fori_loop(0, nkb, hist_body, (zeros,) * (3 * bins))
+        acc = _stream([K], 0, nkb, bk, hist_body, (zeros,) * (3 * bins))
         stats = [acc[3 * b:3 * b + 3] for b in range(bins)]
         lo, hi, tau0 = _histogram_init(stats, alpha, bins, t0, w)
     elif cfg.init == "origin":
@@ -393,9 +504,9 @@ def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref,
     # and records the per-tile gap max (z - τ); a row stops when |f| < tol (taking the
     # polish step), after n_iter steps, or when τ no longer moves
     def stats_body(tau):
-        def body(j, carry):
+        def body(j, k, carry):
             kk, ss, pp, gaps = carry
-            z = z_tile(j)
+            z = z_tile(j, *k)
             u = jnp.maximum(z - tau, 0.0)
             gaps = jnp.where(kiota == j, jnp.max(z - tau), gaps)
             if cfg.kind == "bisect":
@@ -414,7 +525,8 @@ def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref,
     def solve_body(state):
         it, tau, lo, hi, iters, done, tau_fin, _ = state
         gaps0 = jnp.full(live_shape, NEG, _F32)
-        kk, ss, pp, gaps = lax.fori_loop(0, nkb, stats_body(tau), (zeros, zeros, zeros, gaps0))
+        kk, ss, pp, gaps = _stream([K], 0, nkb, bk, stats_body(tau),
+                                   (zeros, zeros, zeros, gaps0))
         f = pp - 1.0
         new_tau, lo, hi = solver_step(cfg.kind, tau, f, kk, ss, lo, hi)
         polished = jnp.clip(polish_step(cfg.kind, tau, f, kk, ss), lo, hi)
@@ -442,22 +554,22 @@ def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref,
         def on(carry):
             acc, l, live = carry
             p = _weights(jnp.maximum(z_tile(j) - tau, 0.0), alpha)
-            v = v_ref[_key_slice(j, bk), :]
+            v = V.tile(j, bk)
             hit = (jnp.max(p) > 0).astype(jnp.int32)
             return acc + _nn(p.astype(v.dtype), v), l + _rowsum(p), jnp.where(kiota == j, hit,
                                                                                live)
 
         return lax.cond(_pick(maybe_live, j) > 0, on, lambda carry: carry, carry)
 
-    acc0 = (jnp.zeros((bq, v_ref.shape[1]), _F32), zeros, jnp.zeros(live_shape, jnp.int32))
+    acc0 = (jnp.zeros(o_ref.shape, _F32), zeros, jnp.zeros(live_shape, jnp.int32))
     acc, l, live = lax.fori_loop(0, nkb, out_body, acc0)
     o_ref[...] = (acc * _inv(l)).astype(o_ref.dtype)
-    mz_ref[...] = mz
-    tau_ref[...] = tau
-    l_ref[...] = l
-    it_ref[...] = iters
+    mz_ref[...] = mz.T  # per-row statistics are stored lane-dense, [1, bq]
+    tau_ref[...] = tau.T
+    l_ref[...] = l.T
+    it_ref[...] = iters.T
     live_ref[...] = live
-    taub_ref[...] = tau_build
+    taub_ref[...] = tau_build.T
 
 
 def _inv_power(n, alpha: float):
@@ -473,25 +585,26 @@ def _inv_power(n, alpha: float):
 # Backward kernels
 # ----------------------------------------------------------------------------
 def _dq_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref, l_ref,
-               live_ref, dq_ref, delta_ref, *da_ref, cfg: _Config):
+               live_ref, dq_ref, delta_ref, *rest, cfg: _Config):
     bq, bk = cfg.bq_dq, cfg.bk_dq
     learn = cfg.alpha is None  # per-head α: also the rows' ∂L/∂α (da_ref)
+    da_ref, scratch = rest[:learn], rest[learn:]
+    K, V = _seqs((k_ref, v_ref), _kv_lead(cfg.groups), scratch)
     alpha = alpha_ref[...] if learn else cfg.alpha
     c = cfg.scale * (alpha - 1.0)
     qi = pl.program_id(2)
     L = jnp.max(len_ref[...])
-    nkb = _n_key_blocks(L, qi, bq, bk, k_ref.shape[0] // bk, cfg.causal)
+    nkb = _n_key_blocks(L, qi, bq, bk, K.length() // bk, cfg.causal)
     qpos0 = qi * bq
     q, do = q_ref[...], do_ref[...]
-    mz, tau = mz_ref[...], tau_ref[...]
+    mz, tau = mz_ref[...].T, tau_ref[...].T  # [1, bq] rows -> [bq, 1] columns
     live = live_ref[...]
-    l = l_ref[...]
+    l = l_ref[...].T
     kappa = _sens_scale(l, alpha)
     inv_l, log_l = _inv(l), jnp.log(jnp.where(l > 0, l, 1.0))
 
     def tile(j):
-        k = k_ref[_key_slice(j, bk), :]
-        v = v_ref[_key_slice(j, bk), :]
+        k, v = K.tile(j, bk), V.tile(j, bk)
         z = _shifted(_scores(q, k, c, qpos0, j * bk, L, cfg.causal), mz)
         u = jnp.maximum(z - tau, 0.0)
         return k, u, _sens(u, alpha), _nt(do, v)
@@ -514,7 +627,7 @@ def _dq_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref,
     delta = sums[1] * _inv(sums[0])
     if learn:
         p_dp, ent, plogp_dp = sums[2:]
-        da_ref[0][...] = alpha_cotangent(p_dp, delta, ent, plogp_dp, alpha - 1.0)
+        da_ref[0][...] = alpha_cotangent(p_dp, delta, ent, plogp_dp, alpha - 1.0).T
 
     def dq_body(j, dq):
         def on(dq):
@@ -526,21 +639,28 @@ def _dq_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref,
 
     dq = lax.fori_loop(0, nkb, dq_body, jnp.zeros(q.shape, _F32))
     dq_ref[...] = (dq * cfg.scale).astype(dq_ref.dtype)
-    delta_ref[...] = delta
+    delta_ref[...] = delta.T
 
 
 def _dkv_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref, l_ref,
-                delta_ref, live_ref, dk_ref, dv_ref, *, cfg: _Config):
-    bq, bk = cfg.bq_dkv, cfg.bk_dkv
-    kj = pl.program_id(2)
+                delta_ref, live_ref, dk_ref, dv_ref, *scratch, cfg: _Config):
+    bq, bk, G = cfg.bq_dkv, cfg.bk_dkv, cfg.groups
+    b, hkv, kj = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    seqs = _seqs((q_ref, do_ref, mz_ref, tau_ref, l_ref, delta_ref), (), scratch)
+
+    def group_head(g):  # the sequences of query head g of the group
+        lead = (b, hkv * G + g) if scratch else (g,)
+        return [seq._replace(lead=lead) for seq in seqs]
+
     L = jnp.max(len_ref[...])
-    n_qblocks = q_ref.shape[1] // bq
+    n_qblocks = seqs[0].length() // bq
     kpos0 = kj * bk
     q_lo = lax.div(kpos0, bq) if cfg.causal else 0  # first query block that sees this block
     q_hi = jnp.where(kpos0 < L, n_qblocks, q_lo)  # a block past the length: nothing to do
     k, v = k_ref[...], v_ref[...]
 
     def head_body(g, carry):
+        Q, DO, MZ, TAU, LS, DELTA = group_head(g)
         live = live_ref[g]
         alpha = alpha_ref[g] if cfg.alpha is None else cfg.alpha  # query head g of the group
         c = cfg.scale * (alpha - 1.0)
@@ -548,10 +668,9 @@ def _dkv_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref
         def q_body(i, carry):
             def on(carry):
                 dk, dv = carry
-                rows = pl.ds(pl.multiple_of(i * bq, bq), bq)
-                q, do = q_ref[g, rows, :], do_ref[g, rows, :]
-                mz, tau = mz_ref[g, rows, :], tau_ref[g, rows, :]
-                l, delta = l_ref[g, rows, :], delta_ref[g, rows, :]
+                q, do = Q.tile(i, bq), DO.tile(i, bq)
+                mz, tau = MZ.tile(i, bq), TAU.tile(i, bq)
+                l, delta = LS.tile(i, bq), DELTA.tile(i, bq)
                 z = _shifted(_scores(q, k, c, i * bq, kpos0, L, cfg.causal), mz)
                 u = jnp.maximum(z - tau, 0.0)
                 p = _weights(u, alpha) * _inv(l)
@@ -566,7 +685,7 @@ def _dkv_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref
         return lax.fori_loop(q_lo, q_hi, q_body, carry)
 
     init = (jnp.zeros(k.shape, _F32), jnp.zeros(v.shape, _F32))
-    dk, dv = lax.fori_loop(0, q_ref.shape[0], head_body, init)
+    dk, dv = lax.fori_loop(0, G, head_body, init)
     dk_ref[...] = (dk * cfg.scale).astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
@@ -577,7 +696,21 @@ def _dkv_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref
 
 
 def _row_spec(bq):
-    return pl.BlockSpec((None, None, bq, 1), lambda b, h, i: (b, h, i, 0))
+    """Block i of a per-row statistic [B, H, nq, 1, bq] (``_rows_in``)."""
+    return pl.BlockSpec((None, None, None, 1, bq), lambda b, h, i: (b, h, i, 0, 0))
+
+
+def _rows_in(x, bq: int):
+    """A per-row statistic [B, H, Tp] as the kernels take it, [B, H, Tp/bq, 1, bq]: one
+    lane-dense [1, bq] block per query block (an [n, 1] column would be stored padded to
+    128 lanes on TPU, 128 times its size)."""
+    B, H, Tp = x.shape
+    return x.reshape(B, H, Tp // bq, 1, bq)
+
+
+def _rows_out(x):
+    """[B, H, nq, 1, bq] -> [B, H, Tp]."""
+    return x.reshape(*x.shape[:2], -1)
 
 
 def _len_spec():
@@ -589,23 +722,62 @@ def _alpha_spec():
     return pl.BlockSpec((None, 1, 1), lambda b, h, i: (h, 0, 0))
 
 
+_HBM = pl.BlockSpec(memory_space=pl.ANY)  # left in HBM: the TPU kernels copy tiles
+
+
+def _fold_vmap(call, alpha_pos: int):
+    """``call(*args)`` (every argument but the per-head α [H, 1, 1] at ``alpha_pos``, and
+    every output, lead with the batch axis B) under ``vmap``: the mapped axis is folded
+    into B. (Pallas's own batching rule adds a grid axis, which TPU does not allow on
+    operands left in HBM.) A mapped α is refused: it would need a per-batch α."""
+
+    @jax.custom_batching.custom_vmap
+    def folded(*args):
+        return tuple(call(*args))
+
+    @folded.def_vmap
+    def rule(axis_size, in_batched, *args):
+        if in_batched[alpha_pos]:
+            raise NotImplementedError(f"{_NAME}: vmap over a per-head `alpha` array is not "
+                                      "supported; map over the batch of q, k, v instead")
+        merged = [x if i == alpha_pos else
+                  (x if in_batched[i] else jnp.broadcast_to(x, (axis_size, *x.shape)))
+                  .reshape(axis_size * x.shape[int(in_batched[i])], *x.shape[1 + in_batched[i]:])
+                  for i, x in enumerate(args)]
+        outs = folded(*merged)
+        return (tuple(o.reshape(axis_size, o.shape[0] // axis_size, *o.shape[1:])
+                      for o in outs), (True,) * len(outs))
+
+    return folded
+
+
+def _tile_scratch(*tiles):
+    """TPU scratch for ``_Seq`` reads: a two-slot VMEM buffer per tile (shape, dtype), and
+    a DMA semaphore per slot."""
+    return [pltpu.VMEM((2, *shape), dtype) for shape, dtype in tiles] + [
+        pltpu.SemaphoreType.DMA((len(tiles), 2))]
+
+
 def _forward(q, k, v, lens, alpha, cfg: _Config):
     B, H, Tp, Dp = q.shape
     Sp, Dvp = k.shape[2], v.shape[3]
     G, bq, bk = cfg.groups, cfg.bq, cfg.bk
     nq, nk = Tp // bq, Sp // bk
     nkp = pl.next_power_of_2(nk)
-    row = jax.ShapeDtypeStruct((B, H, Tp, 1), _F32)
+    row = jax.ShapeDtypeStruct((B, H, nq, 1, bq), _F32)
+    head = [_len_spec(), _alpha_spec(),
+            pl.BlockSpec((None, None, bq, Dp), lambda b, h, i: (b, h, i, 0))]
+    kernel = functools.partial(_fwd_kernel, cfg=cfg)
     outs = pallas_call_per_platform(
-        functools.partial(_fwd_kernel, cfg=cfg),
+        kernel,
         grid=(B, H, nq),
-        in_specs=[
-            _len_spec(),
-            _alpha_spec(),
-            pl.BlockSpec((None, None, bq, Dp), lambda b, h, i: (b, h, i, 0)),
+        in_specs=head + [
             pl.BlockSpec((None, None, Sp, Dp), lambda b, h, i: (b, lax.div(h, G), 0, 0)),
             pl.BlockSpec((None, None, Sp, Dvp), lambda b, h, i: (b, lax.div(h, G), 0, 0)),
         ],
+        tpu_kernel=kernel,
+        tpu_in_specs=head + [_HBM, _HBM],
+        tpu_scratch_shapes=_tile_scratch(((bk, Dp), k.dtype), ((bk, Dvp), v.dtype)),
         out_specs=[
             pl.BlockSpec((None, None, bq, Dvp), lambda b, h, i: (b, h, i, 0)),
             _row_spec(bq), _row_spec(bq), _row_spec(bq), _row_spec(bq),
@@ -614,13 +786,14 @@ def _forward(q, k, v, lens, alpha, cfg: _Config):
         ],
         out_shape=[
             jax.ShapeDtypeStruct((B, H, Tp, Dvp), q.dtype), row, row, row,
-            jax.ShapeDtypeStruct((B, H, Tp, 1), jnp.int32),
+            jax.ShapeDtypeStruct((B, H, nq, 1, bq), jnp.int32),
             jax.ShapeDtypeStruct((B, H, nq, 1, nkp), jnp.int32), row,
         ],
         interpret=cfg.interpret,
         name="entmax_attention_fwd",
     )(lens, alpha, q, k, v)
     out, mz, tau, l, iters, live, taub = outs
+    mz, tau, l, iters, taub = map(_rows_out, (mz, tau, l, iters, taub))
     return out, mz, tau, l, iters, live[:, :, :, 0, :nk], taub
 
 
@@ -642,7 +815,8 @@ def _regrid(live, bq_f: int, bk_f: int, bq: int, bk: int, Tp: int, Sp: int):
 
 
 def _backward(q, k, v, lens, alpha, mz, tau, l, live, d_out, cfg: _Config):
-    """dq, dk, dv and, for a per-head α (``cfg.alpha`` None), dα [H, 1, 1] (else None)."""
+    """[dq, dk, dv] and, for a per-head α (``cfg.alpha`` None), the rows' ∂L/∂α
+    [B, H, Tp] (summed into dα by ``_core_bwd``)."""
     B, H, Tp, Dp = q.shape
     Hkv, Sp, Dvp = k.shape[1], k.shape[2], v.shape[3]
     G = cfg.groups
@@ -653,29 +827,33 @@ def _backward(q, k, v, lens, alpha, mz, tau, l, live, d_out, cfg: _Config):
     nkp = pl.next_power_of_2(nk)
     live_q = jnp.pad(live_q, ((0, 0), (0, 0), (0, 0), (0, nkp - nk)))[:, :, :, None, :]
     learn = cfg.alpha is None
+    q_spec = [_len_spec(), _alpha_spec(),
+              pl.BlockSpec((None, None, bq, Dp), lambda b, h, i: (b, h, i, 0))]
+    rest = [pl.BlockSpec((None, None, bq, Dvp), lambda b, h, i: (b, h, i, 0)),
+            _row_spec(bq), _row_spec(bq), _row_spec(bq),
+            pl.BlockSpec((None, None, None, 1, nkp), lambda b, h, i: (b, h, i, 0, 0))]
+    kernel = functools.partial(_dq_kernel, cfg=cfg)
     dq, delta, *da_rows = pallas_call_per_platform(
-        functools.partial(_dq_kernel, cfg=cfg),
+        kernel,
         grid=(B, H, nq),
-        in_specs=[
-            _len_spec(),
-            _alpha_spec(),
-            pl.BlockSpec((None, None, bq, Dp), lambda b, h, i: (b, h, i, 0)),
+        in_specs=q_spec + [
             pl.BlockSpec((None, None, Sp, Dp), lambda b, h, i: (b, lax.div(h, G), 0, 0)),
             pl.BlockSpec((None, None, Sp, Dvp), lambda b, h, i: (b, lax.div(h, G), 0, 0)),
-            pl.BlockSpec((None, None, bq, Dvp), lambda b, h, i: (b, h, i, 0)),
-            _row_spec(bq), _row_spec(bq), _row_spec(bq),
-            pl.BlockSpec((None, None, None, 1, nkp), lambda b, h, i: (b, h, i, 0, 0)),
-        ],
+        ] + rest,
+        tpu_kernel=kernel,
+        tpu_in_specs=q_spec + [_HBM, _HBM] + rest,
+        tpu_scratch_shapes=_tile_scratch(((bk, Dp), k.dtype), ((bk, Dvp), v.dtype)),
         out_specs=[
             pl.BlockSpec((None, None, bq, Dp), lambda b, h, i: (b, h, i, 0)),
             _row_spec(bq),
         ] + [_row_spec(bq)] * learn,
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                   jax.ShapeDtypeStruct((B, H, Tp, 1), _F32)]
-        + [jax.ShapeDtypeStruct((B, H, Tp, 1), _F32)] * learn,
+                   jax.ShapeDtypeStruct((B, H, nq, 1, bq), _F32)]
+        + [jax.ShapeDtypeStruct((B, H, nq, 1, bq), _F32)] * learn,
         interpret=cfg.interpret,
         name="entmax_attention_dq",
-    )(lens, alpha, q, k, v, d_out, mz, tau, l, live_q)
+    )(lens, alpha, q, k, v, d_out, *[_rows_in(x, bq) for x in (mz, tau, l)], live_q)
+    delta, da_rows = _rows_out(delta), [_rows_out(x) for x in da_rows]
     # dk, dv over key blocks of each kv head (looping over its G query heads)
     bq, bk = cfg.bq_dkv, cfg.bk_dkv
     live_k = _regrid(live, cfg.bq, cfg.bk, bq, bk, Tp, Sp)
@@ -683,20 +861,26 @@ def _backward(q, k, v, lens, alpha, mz, tau, l, live, d_out, cfg: _Config):
     nqp = pl.next_power_of_2(nq)
     live_k = jnp.pad(jnp.swapaxes(live_k, 2, 3), ((0, 0), (0, 0), (0, 0), (0, nqp - nq)))
     live_k = live_k[:, :, :, None, :]  # [B, H, nk, 1, nqp]
-    group_rows = pl.BlockSpec((None, G, Tp, 1), lambda b, g, j: (b, g, 0, 0))
+    group_rows = pl.BlockSpec((None, G, nq, 1, bq), lambda b, g, j: (b, g, 0, 0, 0))
+    alpha_spec = pl.BlockSpec((G, 1, 1), lambda b, g, j: (g, 0, 0))  # the group's heads' α
+    k_spec = pl.BlockSpec((None, None, bk, Dp), lambda b, g, j: (b, g, j, 0))
+    v_spec = pl.BlockSpec((None, None, bk, Dvp), lambda b, g, j: (b, g, j, 0))
+    live_spec = pl.BlockSpec((None, G, None, 1, nqp), lambda b, g, j: (b, g, j, 0, 0))
+    kernel = functools.partial(_dkv_kernel, cfg=cfg)
     dk, dv = pallas_call_per_platform(
-        functools.partial(_dkv_kernel, cfg=cfg),
+        kernel,
         grid=(B, Hkv, nk),
         in_specs=[
-            _len_spec(),
-            pl.BlockSpec((G, 1, 1), lambda b, g, j: (g, 0, 0)),  # α of the group's heads
+            _len_spec(), alpha_spec,
             pl.BlockSpec((None, G, Tp, Dp), lambda b, g, j: (b, g, 0, 0)),
-            pl.BlockSpec((None, None, bk, Dp), lambda b, g, j: (b, g, j, 0)),
-            pl.BlockSpec((None, None, bk, Dvp), lambda b, g, j: (b, g, j, 0)),
+            k_spec, v_spec,
             pl.BlockSpec((None, G, Tp, Dvp), lambda b, g, j: (b, g, 0, 0)),
-            group_rows, group_rows, group_rows, group_rows,
-            pl.BlockSpec((None, G, None, 1, nqp), lambda b, g, j: (b, g, j, 0, 0)),
+            group_rows, group_rows, group_rows, group_rows, live_spec,
         ],
+        tpu_kernel=kernel,
+        tpu_in_specs=[_len_spec(), alpha_spec, _HBM, k_spec, v_spec] + [_HBM] * 5 + [live_spec],
+        tpu_scratch_shapes=_tile_scratch(((bq, Dp), q.dtype), ((bq, Dvp), d_out.dtype),
+                                         *[((1, bq), _F32)] * 4),
         out_specs=[
             pl.BlockSpec((None, None, bk, Dp), lambda b, g, j: (b, g, j, 0)),
             pl.BlockSpec((None, None, bk, Dvp), lambda b, g, j: (b, g, j, 0)),
@@ -705,28 +889,28 @@ def _backward(q, k, v, lens, alpha, mz, tau, l, live, d_out, cfg: _Config):
                    jax.ShapeDtypeStruct(v.shape, v.dtype)],
         interpret=cfg.interpret,
         name="entmax_attention_dkv",
-    )(lens, alpha, q, k, v, d_out, mz, tau, l, delta, live_k)
-    # ∂L/∂α_h: the rows' contributions summed over batch and queries (padded rows give 0)
-    d_alpha = jnp.sum(da_rows[0], axis=(0, 2))[:, :, None] if learn else None
-    return dq, dk, dv, d_alpha
+    )(lens, alpha, q, k, v, d_out, *[_rows_in(x, bq) for x in (mz, tau, l, delta)], live_k)
+    return [dq, dk, dv, *da_rows]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _core(q, k, v, lens, alpha, cfg: _Config):
-    return _forward(q, k, v, lens, alpha, cfg)
+    return _fold_vmap(functools.partial(_forward, cfg=cfg), 4)(q, k, v, lens, alpha)
 
 
 def _core_fwd(q, k, v, lens, alpha, cfg):
-    outs = _forward(q, k, v, lens, alpha, cfg)
+    outs = _fold_vmap(functools.partial(_forward, cfg=cfg), 4)(q, k, v, lens, alpha)
     _, mz, tau, l, _, live, _ = outs
     return outs, (q, k, v, lens, alpha, mz, tau, l, live)
 
 
 def _core_bwd(cfg, res, cts):
     q, k, v, lens, alpha, mz, tau, l, live = res
-    dq, dk, dv, d_alpha = _backward(q, k, v, lens, alpha, mz, tau, l, live,
-                                    cts[0].astype(q.dtype), cfg)
-    d_alpha = jnp.zeros_like(alpha) if d_alpha is None else d_alpha.astype(alpha.dtype)
+    dq, dk, dv, *da_rows = _fold_vmap(functools.partial(_backward, cfg=cfg), 4)(
+        q, k, v, lens, alpha, mz, tau, l, live, cts[0].astype(q.dtype))
+    # ∂L/∂α_h: the rows' contributions summed over batch and queries (padded rows give 0)
+    d_alpha = (jnp.sum(da_rows[0], axis=(0, 2))[:, None, None].astype(alpha.dtype) if da_rows
+               else jnp.zeros_like(alpha))
     return dq, dk, dv, np.zeros(lens.shape, jax.dtypes.float0), d_alpha
 
 
@@ -931,8 +1115,8 @@ def entmax_attention_pallas(
     if not return_aux:
         return out
 
-    def per_row(t):  # [B, H, Tp, 1] -> [B, T, H]
-        return jnp.swapaxes(lax.stop_gradient(t)[:, :, :T, 0], 1, 2)
+    def per_row(t):  # [B, H, Tp] -> [B, T, H]
+        return jnp.swapaxes(lax.stop_gradient(t)[:, :, :T], 1, 2)
 
     def conv(t):  # shifted z units -> entmax convention on x
         return per_row(jnp.where(tau >= 0.5 * BIG, jnp.inf, t + mz))

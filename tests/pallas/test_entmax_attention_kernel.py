@@ -154,6 +154,27 @@ class _EntmaxAttentionTests:
         assert np.all(np.asarray(grads[0][1]) == 0.0)
         assert np.all(np.asarray(grads[1][1]) == 0.0) and np.all(np.asarray(grads[2][1]) == 0.0)
 
+    def test_vmap_of_forward_and_gradients(self):
+        """vmap over a leading axis (folded into the kernels' batch: Pallas's own batching
+        rule would add a grid axis, which TPU refuses on the operands left in HBM) gives
+        each instance's output and gradients, against the reference per instance."""
+        q, k, v, w = _inputs(seed=5)
+        stack = [jnp.stack([x[:1], x[1:]]) for x in (q, k, v, w)]  # [2, 1, ...]
+
+        def loss(fn):
+            return lambda q, k, v, w: jnp.sum(fn(q, k, v) * w)
+
+        fk = self._kernel(causal=True, block_sizes=BLOCKS_BWD)
+        fr = functools.partial(entmax_attention_reference, causal=True)
+        vg = jax.jit(jax.vmap(jax.value_and_grad(loss(fk), argnums=(0, 1, 2))))
+        val, grads = vg(*stack)
+        for i in range(2):
+            val_r, grads_r = jax.value_and_grad(loss(fr), argnums=(0, 1, 2))(
+                *[x[i] for x in stack])
+            np.testing.assert_allclose(val[i], val_r, atol=1e-4, rtol=1e-6)
+            for name, g, gr in zip("qkv", grads, grads_r):
+                np.testing.assert_allclose(g[i], gr, atol=1e-5, rtol=1e-5, err_msg=f"d{name}")
+
     def test_other_alpha_bisection(self):
         q, k, v, _ = _inputs(seed=2)
         f = jax.jit(self._kernel(alpha=1.3, causal=True, kv_lengths=LENGTHS,
@@ -389,6 +410,48 @@ class TestLowering:
             prims, n = _kernel_primitives(jax.make_jaxpr(fn)(*args))
             assert n > 0 and "dot_general" in prims and "while" in prims
             assert not prims & FORBIDDEN, prims & FORBIDDEN
+
+    @pytest.mark.parametrize("alpha", [1.5, "array"])
+    def test_tpu_vmem_blocks_do_not_grow_with_the_sequence(self, alpha):
+        """The TPU bodies (the pallas_calls with scratch: forward, dq, dk-dv) leave every
+        sequence-long operand in HBM (memory space ANY): no block they pipeline into VMEM
+        has a dimension above S/8 (16-tiles; the live flags are S/16 long), where the old
+        kernels made K, V (and the group's Q, dO) resident, [S, D] blocks."""
+        n, tiles = 512, BlockSizes(16, 16)
+
+        def loss(q, k, v, a):
+            out = entmax_attention_pallas(q, k, v, alpha=1.5 if alpha == 1.5 else a,
+                                          causal=True, block_sizes=tiles,
+                                          **solver_args(None if alpha == "array" else 1.5))
+            return jnp.sum(out)
+
+        q, k = jnp.ones((1, n, 4, 16)), jnp.ones((1, n, 2, 16))
+        jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2, 3)))(q, k, k, jnp.ones(4) * 1.5)
+        calls = []
+
+        def walk(jx):
+            for eqn in jx.eqns:
+                if eqn.primitive.name == "pallas_call":
+                    calls.append(eqn)
+                for val in eqn.params.values():
+                    for item in val if isinstance(val, (tuple, list)) else (val,):
+                        sub = getattr(item, "jaxpr", item)
+                        if hasattr(sub, "eqns"):
+                            walk(sub)
+
+        walk(jaxpr.jaxpr)
+        tpu = [e for e in calls if e.params["grid_mapping"].num_scratch_operands > 0]
+        assert sorted(e.params["name"] for e in tpu) == [
+            "entmax_attention_dkv", "entmax_attention_dq", "entmax_attention_fwd"]
+        in_hbm = 0
+        for eqn in tpu:
+            for bm in eqn.params["grid_mapping"].block_mappings:
+                if str(bm.transformed_block_aval.memory_space) == "any":
+                    in_hbm += 1
+                    continue
+                dims = [getattr(d, "block_size", 1) for d in bm.block_shape]
+                assert max(dims) <= n // 8, (eqn.params["name"], dims)
+        assert in_hbm == 2 + 2 + 6  # K, V (forward, dq); Q, dO and 4 row statistics (dk-dv)
 
     def test_lowering_check_rejects_sort(self):
         """Negative control: a kernel with a sort does not lower for either target, so the
