@@ -81,10 +81,13 @@ class BlockSizes:
       block_q: query rows per program (rows of a KV head's GQA group).
       block_m: prototypes per step of the in-kernel loop (the value tile is
         [block_q, block_m·dv]).
+      block_q_bwd: query rows per step of the backward (a scan of the reference's VJP over
+        row blocks); None: the largest power of two with block_q_bwd·M·dv ≤ 2²² elements.
     """
 
     block_q: int = 128
     block_m: int = 16
+    block_q_bwd: int | None = None
 
     @classmethod
     def get_default(cls) -> BlockSizes:
@@ -279,7 +282,9 @@ def unsupported_block_sizes(block_sizes: BlockSizes, *, interpret: bool) -> str 
     if not isinstance(block_sizes, BlockSizes):
         return f"block_sizes must be a BlockSizes, got {type(block_sizes).__name__}"
     low = _min_block(interpret)
-    for name in ("block_q", "block_m"):
+    names = ("block_q", "block_m") + (("block_q_bwd",) if block_sizes.block_q_bwd is not None
+                                      else ())
+    for name in names:
         val = getattr(block_sizes, name)
         if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < low or (
                 val & (val - 1)):
@@ -376,12 +381,44 @@ def _attend_fwd(q, table, w, scale, degree, block_sizes, interpret):
     return _attend(q, table, w, scale, degree, block_sizes, interpret), (q, table, w)
 
 
+# Rows of q per step of the backward: the reference's VJP holds [rows, M, dv] float32
+# tensors (a few of them), so a step touches about this many elements of each.
+_BWD_ELEMENTS = 1 << 22
+
+
+def _bwd_rows(block_sizes: BlockSizes, m: int, dv: int) -> int:
+    """Rows per backward step: ``block_q_bwd``, or a power of two with rows·M·dv ≲
+    ``_BWD_ELEMENTS``."""
+    if block_sizes.block_q_bwd is not None:
+        return block_sizes.block_q_bwd
+    return max(8, 1 << max((_BWD_ELEMENTS // max(m * dv, 1)).bit_length() - 1, 0))
+
+
 def _attend_bwd(scale, degree, block_sizes, interpret, res, cot):
+    """The reference's VJP, a scan over blocks of query rows (``_bwd_rows``): the table and
+    sketch cotangents are summed in the carry, so no [R, M, dv] tensor of all R rows is
+    built (R = G·T is the whole sequence in the non-causal call)."""
     q, table, w = res
-    _, pullback = jax.vjp(
-        lambda q_, t_, w_: prototype_attention_reference(q_, t_, w_, scale=scale,
-                                                         degree=degree), q, table, w)
-    return pullback(cot)
+    ref = lambda q_, t_, w_: prototype_attention_reference(q_, t_, w_, scale=scale,
+                                                           degree=degree)
+    rows, m, dv = q.shape[2], table.u.shape[2], table.u.shape[3]
+    step_rows = _bwd_rows(block_sizes, m, dv)
+    if step_rows >= rows:
+        return jax.vjp(ref, q, table, w)[1](cot)
+    n = -(-rows // step_rows)
+    split = lambda x: jnp.moveaxis(_pad(x, x.shape[:2] + (n * step_rows,) + x.shape[3:])
+                                   .reshape(x.shape[:2] + (n, step_rows) + x.shape[3:]), 2, 0)
+    dout, dlse = cot
+
+    def body(acc, xs):
+        qc, dout_c, dlse_c = xs
+        dq, dt, dw = jax.vjp(ref, qc, table, w)[1]((dout_c, dlse_c))
+        return jax.tree.map(jnp.add, acc, (dt, dw)), dq
+
+    zeros = jax.tree.map(jnp.zeros_like, (table, w))
+    (dt, dw), dq = lax.scan(body, zeros, (split(q), split(dout), split(dlse)))
+    dq = jnp.moveaxis(dq, 0, 2).reshape(q.shape[:2] + (n * step_rows,) + q.shape[3:])
+    return dq[:, :, :rows], dt, dw
 
 
 _attend.defvjp(_attend_fwd, _attend_bwd)

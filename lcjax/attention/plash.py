@@ -637,7 +637,11 @@ def _causal(qg, kh, vh, valid, protos, w, degree, scale, chunk, kernel=None, wan
 
     xs = (jnp.moveaxis(qp, 3, 0), jnp.moveaxis(kp, 2, 0), jnp.moveaxis(vp, 2, 0),
           jnp.moveaxis(validp, 2, 0))
-    _, (outs, lses, certs) = lax.scan(step, stats, xs)
+    # Rematerialised: the backward keeps per chunk only the carried statistics and the
+    # chunk's inputs, and recomputes the rest (the table the kernel saves, the chunk's
+    # [C, C] probabilities, the per-key assignment) — without this the saved residuals of
+    # all T/chunk steps are several times the statistics (8.5 GiB at 128K tokens).
+    _, (outs, lses, certs) = lax.scan(jax.checkpoint(step), stats, xs)
     out = jnp.moveaxis(outs, 0, 3).reshape(b, kk, g, length, dv)[:, :, :, :t]
     lse = jnp.moveaxis(lses, 0, 3).reshape(b, kk, g, length)[:, :, :, :t]
     cert = jnp.moveaxis(certs, 0, 3).reshape(b, kk, g, length)[:, :, :, :t]
