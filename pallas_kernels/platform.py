@@ -4,41 +4,76 @@
 function that picks the compiler parameters per lowering platform with
 ``lax.platform_dependent``: Mosaic on TPU (every grid axis ``"parallel"``) and Triton on
 GPU (``plgpu.CompilerParams``). Imports only jax.
+
+A kernel whose TPU form differs (a sequential grid axis with VMEM scratch accumulators, as
+jax's TPU flash attention streams key blocks, where Triton loops inside one program)
+passes ``tpu=TpuCall(...)``: the Mosaic branch then uses its kernel, grid, specs, scratch
+and dimension semantics; ``interpret="tpu"`` runs that form in the interpreter (tests).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as plgpu
 
-__all__ = ["pallas_call_per_platform"]
+__all__ = ["TpuCall", "pallas_call_per_platform"]
+
+
+class TpuCall(NamedTuple):
+    """The Mosaic (TPU) form of a call: its own kernel, grid, block specs, VMEM
+    ``scratch_shapes`` and ``dimension_semantics`` (None: every axis ``"parallel"``; a
+    sequential accumulation axis is ``"arbitrary"``). ``out_shape`` is the caller's."""
+
+    kernel: Callable
+    grid: tuple[int, ...]
+    in_specs: Any
+    out_specs: Any
+    scratch_shapes: Sequence[Any] = ()
+    dimension_semantics: tuple[str, ...] | None = None
 
 
 def pallas_call_per_platform(kernel: Callable, *, grid, in_specs, out_specs, out_shape,
-                             interpret: bool, name: str, num_warps: int = 4,
-                             num_stages: int = 2) -> Callable:
+                             interpret: bool | str, name: str, num_warps: int = 4,
+                             num_stages: int = 2, tpu: TpuCall | None = None) -> Callable:
     """``pl.pallas_call(kernel, ...)`` in interpret mode, or per lowering platform: TPU
-    (Mosaic, all grid axes parallel), CUDA/ROCm (Triton with ``num_warps``/``num_stages``),
-    and the default (CPU: JAX asks for interpret mode there)."""
+    (Mosaic, all grid axes parallel — or the ``tpu`` form), CUDA/ROCm (Triton with
+    ``num_warps``/``num_stages``), and the default (CPU: JAX asks for interpret mode there).
+    ``interpret="tpu"`` interprets the ``tpu`` form (``ValueError`` without one)."""
 
     def build(params, interp=False):
         return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs,
                               out_shape=out_shape, compiler_params=params, interpret=interp,
                               name=name)
 
+    def build_tpu(interp=False):
+        sem = tpu.dimension_semantics or ("parallel",) * len(tpu.grid)
+        return pl.pallas_call(tpu.kernel, grid=tpu.grid, in_specs=tpu.in_specs,
+                              out_specs=tpu.out_specs, out_shape=out_shape,
+                              scratch_shapes=tuple(tpu.scratch_shapes),
+                              compiler_params=None if interp else pltpu.CompilerParams(
+                                  dimension_semantics=sem),
+                              interpret=interp, name=name)
+
+    if interpret == "tpu":
+        if tpu is None:
+            raise ValueError(f"{name}: interpret='tpu' needs a `tpu` form of the call")
+        return build_tpu(True)
     if interpret:
         return build(None, True)
-    tpu = pltpu.CompilerParams(dimension_semantics=("parallel",) * len(grid))
+    tpu_params = pltpu.CompilerParams(dimension_semantics=("parallel",) * len(grid))
     gpu = plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+    on_tpu = (lambda *a: build_tpu()(*a)) if tpu is not None else (
+        lambda *a: build(tpu_params)(*a))
 
     def run(*args):
         return lax.platform_dependent(
             *args,
-            tpu=lambda *a: build(tpu)(*a),
+            tpu=on_tpu,
             cuda=lambda *a: build(gpu)(*a),
             rocm=lambda *a: build(gpu)(*a),
             default=lambda *a: build(None)(*a),

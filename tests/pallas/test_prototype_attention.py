@@ -60,17 +60,19 @@ def _with_grads(fn, cot, cot_l):
     return jax.jit(both)
 
 
-@pytest.mark.parametrize("block_q_bwd", [None, 8])
-def test_interpret_kernel_equals_reference_forward_and_backward(block_q_bwd):
+@pytest.mark.parametrize("interpret,block_q_bwd", [(True, None), (True, 8), ("tpu", None)])
+def test_interpret_kernel_equals_reference_forward_and_backward(interpret, block_q_bwd):
     """Ragged sizes (21 rows, 20 prototypes, d 12, dv 10, D 6) over 3 row blocks and 4
     prototype blocks, degree 3, a KV head with no live prototype; the backward in one step
-    or scanned over 3 blocks of 8 rows (the last one padded)."""
+    or scanned over 3 blocks of 8 rows (the last one padded); the Triton form (prototype
+    loop in the program) and the Mosaic form (prototype blocks on a sequential grid axis
+    with a scratch carry)."""
     degree = 3
     q, table, w = _table(0, degree=degree, qscale=2.0)
     table = table._replace(live=table.live.at[0, 1].set(False))  # a head with nothing live
     sizes = dataclasses.replace(SMALL, block_q_bwd=block_q_bwd)
     kern = functools.partial(prototype_attention_pallas, scale=0.4, degree=degree,
-                             block_sizes=sizes, interpret=True)
+                             block_sizes=sizes, interpret=interpret)
     ref = functools.partial(prototype_attention_reference, scale=0.4, degree=degree)
     cot = jax.random.normal(jax.random.key(5), q.shape[:3] + (table.u.shape[-1],))
     cot_l = jax.random.normal(jax.random.key(6), q.shape[:3])
