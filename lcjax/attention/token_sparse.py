@@ -724,7 +724,7 @@ def sparse_layers(drift: Sequence[float], rule: str | float = "median") -> tuple
 
 
 def layer_attention(num_layers: int, sparse: Sequence[int], *, sparse_variant="token_sparse",
-                    sparse_options: Mapping[str, Any] | None = None, dense_variant="blockwise",
+                    sparse_options: Mapping[str, Any] | None = None, dense_variant="softmax",
                     dense_options: Mapping[str, Any] | None = None):
     """``(attention, attention_options)`` tuples for ``DecoderConfig``: ``sparse_variant``
     in the layers ``sparse``, ``dense_variant`` elsewhere."""
