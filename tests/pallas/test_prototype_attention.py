@@ -152,6 +152,10 @@ def test_argument_errors():
                        w)
     with pytest.raises(ValueError, match="block_q"):
         P.PlashKernelConfig(block_q=24)
+    with pytest.raises(ValueError, match="block_q_bwd"):
+        jax.eval_shape(functools.partial(call, block_sizes=BlockSizes(8, 8, 12)), q, table, w)
+    with pytest.raises(ValueError, match="interpret"):
+        jax.eval_shape(functools.partial(call, interpret="gpu"), q, table, w)
     with jax.enable_x64(True):  # the kernel computes in float32: float64 is declined
         x = jnp.ones((1, 8, 2, 16), jnp.float64)
         with pytest.raises(NotImplementedError, match="float64"):
