@@ -110,7 +110,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels.entmax_rules import alpha_cotangent, hermite_root, polish_step, solver_step
-from pallas_kernels.platform import pallas_call_per_platform
+from pallas_kernels.platform import TpuCall, pallas_call_per_platform
 
 __all__ = ["BlockSizes", "entmax_attention_pallas", "entmax_attention_reference",
            "unsupported_block_sizes"]
@@ -758,6 +758,18 @@ def _tile_scratch(*tiles):
         pltpu.SemaphoreType.DMA((len(tiles), 2))]
 
 
+def _pallas_call(kernel, *, grid, in_specs, out_specs, out_shape, interpret: bool, name: str,
+                 tpu_in_specs, tpu_scratch_shapes):
+    """:func:`pallas_call_per_platform` with the TPU form of an entmax kernel: the same body,
+    its long operands left in HBM (``tpu_in_specs``) and copied tile by tile into
+    ``tpu_scratch_shapes``. On CPU the interpreter runs that TPU form (``interpret="tpu"``),
+    so the tests check what Mosaic compiles."""
+    tpu = TpuCall(kernel, grid, tpu_in_specs, out_specs, tpu_scratch_shapes)
+    return pallas_call_per_platform(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs,
+                                    out_shape=out_shape, interpret="tpu" if interpret else False,
+                                    name=name, tpu=tpu)
+
+
 def _forward(q, k, v, lens, alpha, cfg: _Config):
     B, H, Tp, Dp = q.shape
     Sp, Dvp = k.shape[2], v.shape[3]
@@ -768,14 +780,13 @@ def _forward(q, k, v, lens, alpha, cfg: _Config):
     head = [_len_spec(), _alpha_spec(),
             pl.BlockSpec((None, None, bq, Dp), lambda b, h, i: (b, h, i, 0))]
     kernel = functools.partial(_fwd_kernel, cfg=cfg)
-    outs = pallas_call_per_platform(
+    outs = _pallas_call(
         kernel,
         grid=(B, H, nq),
         in_specs=head + [
             pl.BlockSpec((None, None, Sp, Dp), lambda b, h, i: (b, lax.div(h, G), 0, 0)),
             pl.BlockSpec((None, None, Sp, Dvp), lambda b, h, i: (b, lax.div(h, G), 0, 0)),
         ],
-        tpu_kernel=kernel,
         tpu_in_specs=head + [_HBM, _HBM],
         tpu_scratch_shapes=_tile_scratch(((bk, Dp), k.dtype), ((bk, Dvp), v.dtype)),
         out_specs=[
@@ -833,14 +844,13 @@ def _backward(q, k, v, lens, alpha, mz, tau, l, live, d_out, cfg: _Config):
             _row_spec(bq), _row_spec(bq), _row_spec(bq),
             pl.BlockSpec((None, None, None, 1, nkp), lambda b, h, i: (b, h, i, 0, 0))]
     kernel = functools.partial(_dq_kernel, cfg=cfg)
-    dq, delta, *da_rows = pallas_call_per_platform(
+    dq, delta, *da_rows = _pallas_call(
         kernel,
         grid=(B, H, nq),
         in_specs=q_spec + [
             pl.BlockSpec((None, None, Sp, Dp), lambda b, h, i: (b, lax.div(h, G), 0, 0)),
             pl.BlockSpec((None, None, Sp, Dvp), lambda b, h, i: (b, lax.div(h, G), 0, 0)),
         ] + rest,
-        tpu_kernel=kernel,
         tpu_in_specs=q_spec + [_HBM, _HBM] + rest,
         tpu_scratch_shapes=_tile_scratch(((bk, Dp), k.dtype), ((bk, Dvp), v.dtype)),
         out_specs=[
@@ -867,7 +877,7 @@ def _backward(q, k, v, lens, alpha, mz, tau, l, live, d_out, cfg: _Config):
     v_spec = pl.BlockSpec((None, None, bk, Dvp), lambda b, g, j: (b, g, j, 0))
     live_spec = pl.BlockSpec((None, G, None, 1, nqp), lambda b, g, j: (b, g, j, 0, 0))
     kernel = functools.partial(_dkv_kernel, cfg=cfg)
-    dk, dv = pallas_call_per_platform(
+    dk, dv = _pallas_call(
         kernel,
         grid=(B, Hkv, nk),
         in_specs=[
@@ -877,7 +887,6 @@ def _backward(q, k, v, lens, alpha, mz, tau, l, live, d_out, cfg: _Config):
             pl.BlockSpec((None, G, Tp, Dvp), lambda b, g, j: (b, g, 0, 0)),
             group_rows, group_rows, group_rows, group_rows, live_spec,
         ],
-        tpu_kernel=kernel,
         tpu_in_specs=[_len_spec(), alpha_spec, _HBM, k_spec, v_spec] + [_HBM] * 5 + [live_spec],
         tpu_scratch_shapes=_tile_scratch(((bq, Dp), q.dtype), ((bq, Dvp), d_out.dtype),
                                          *[((1, bq), _F32)] * 4),

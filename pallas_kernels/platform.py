@@ -3,58 +3,83 @@
 ``pallas_call_per_platform`` returns either the interpret-mode call (CPU tests) or a
 function that picks the compiler parameters per lowering platform with
 ``lax.platform_dependent``: Mosaic on TPU (every grid axis ``"parallel"``) and Triton on
-GPU (``plgpu.CompilerParams``). A kernel may give TPU its own body (``tpu_kernel``,
-``tpu_in_specs``, ``tpu_scratch_shapes``: e.g. operands left in HBM and copied tile by
-tile into VMEM scratch); the interpreter then runs that body too, in the TPU interpret
-mode (``pltpu.InterpretParams``: DMAs and semaphores simulated), so the CPU tests exercise
-what Mosaic compiles. Imports only jax.
+GPU (``plgpu.CompilerParams``). Imports only jax.
+
+A kernel whose TPU form differs passes ``tpu=TpuCall(...)``, and the Mosaic branch uses its
+kernel, grid, specs, VMEM scratch and dimension semantics instead. Two shapes of TPU form
+exist here: a sequential grid axis with scratch accumulators (as jax's TPU flash attention
+streams key blocks; the PLASH prototype kernel), and operands left in HBM
+(``memory_space=pl.ANY``) copied tile by tile into VMEM scratch with async copies (the
+entmax kernels' multi-pass solver), where Triton loops over whole-sequence blocks inside one
+program. ``interpret="tpu"`` runs the TPU form in the TPU interpreter
+(``pltpu.InterpretParams()``: DMAs and semaphores simulated), so the CPU tests exercise
+what Mosaic compiles; ``interpret=True`` runs the generic (Triton) form.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as plgpu
 
-__all__ = ["pallas_call_per_platform"]
+__all__ = ["TpuCall", "pallas_call_per_platform"]
+
+
+class TpuCall(NamedTuple):
+    """The Mosaic (TPU) form of a call: its own kernel, grid, block specs, VMEM
+    ``scratch_shapes`` and ``dimension_semantics`` (None: every axis ``"parallel"``; a
+    sequential accumulation axis is ``"arbitrary"``). ``out_shape`` is the caller's."""
+
+    kernel: Callable
+    grid: tuple[int, ...]
+    in_specs: Any
+    out_specs: Any
+    scratch_shapes: Sequence[Any] = ()
+    dimension_semantics: tuple[str, ...] | None = None
 
 
 def pallas_call_per_platform(kernel: Callable, *, grid, in_specs, out_specs, out_shape,
-                             interpret: bool, name: str, num_warps: int = 4,
-                             num_stages: int = 2, tpu_kernel: Callable | None = None,
-                             tpu_in_specs: Sequence | None = None,
-                             tpu_scratch_shapes: Sequence = ()) -> Callable:
+                             interpret: bool | str, name: str, num_warps: int = 4,
+                             num_stages: int = 2, tpu: TpuCall | None = None) -> Callable:
     """``pl.pallas_call(kernel, ...)`` in interpret mode, or per lowering platform: TPU
-    (Mosaic, all grid axes parallel), CUDA/ROCm (Triton with ``num_warps``/``num_stages``),
-    and the default (CPU: JAX asks for interpret mode there).
+    (Mosaic, all grid axes parallel — or the ``tpu`` form), CUDA/ROCm (Triton with
+    ``num_warps``/``num_stages``), and the default (CPU: JAX asks for interpret mode there).
+    ``interpret="tpu"`` interprets the ``tpu`` form (``ValueError`` without one)."""
 
-    ``tpu_kernel`` (default: ``kernel``) with ``tpu_in_specs`` (default: ``in_specs``) and
-    ``tpu_scratch_shapes`` is what Mosaic compiles; when ``tpu_kernel`` is given, interpret
-    mode runs it in the TPU interpreter (``pltpu.InterpretParams()``) instead of ``kernel``.
-    """
-
-    def build(params, interp=False, tpu=False):
-        body, specs, scratch = kernel, in_specs, ()
-        if tpu and tpu_kernel is not None:
-            body, specs, scratch = tpu_kernel, tpu_in_specs or in_specs, tuple(tpu_scratch_shapes)
-        return pl.pallas_call(body, grid=grid, in_specs=specs, out_specs=out_specs,
+    def build(params, interp=False):
+        return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs,
                               out_shape=out_shape, compiler_params=params, interpret=interp,
-                              scratch_shapes=scratch, name=name)
+                              name=name)
 
+    def build_tpu(interp=False):
+        sem = tpu.dimension_semantics or ("parallel",) * len(tpu.grid)
+        return pl.pallas_call(tpu.kernel, grid=tpu.grid, in_specs=tpu.in_specs,
+                              out_specs=tpu.out_specs, out_shape=out_shape,
+                              scratch_shapes=tuple(tpu.scratch_shapes),
+                              compiler_params=None if interp else pltpu.CompilerParams(
+                                  dimension_semantics=sem),
+                              interpret=pltpu.InterpretParams() if interp else False,
+                              name=name)
+
+    if interpret == "tpu":
+        if tpu is None:
+            raise ValueError(f"{name}: interpret='tpu' needs a `tpu` form of the call")
+        return build_tpu(True)
     if interpret:
-        if tpu_kernel is not None:
-            return build(None, pltpu.InterpretParams(), tpu=True)
         return build(None, True)
-    tpu = pltpu.CompilerParams(dimension_semantics=("parallel",) * len(grid))
+    tpu_params = pltpu.CompilerParams(dimension_semantics=("parallel",) * len(grid))
     gpu = plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+    on_tpu = (lambda *a: build_tpu()(*a)) if tpu is not None else (
+        lambda *a: build(tpu_params)(*a))
 
     def run(*args):
         return lax.platform_dependent(
             *args,
-            tpu=lambda *a: build(tpu, tpu=True)(*a),
+            tpu=on_tpu,
             cuda=lambda *a: build(gpu)(*a),
             rocm=lambda *a: build(gpu)(*a),
             default=lambda *a: build(None)(*a),

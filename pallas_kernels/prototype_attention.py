@@ -17,12 +17,17 @@ query q attends by exact softmax to the M enriched prototypes. With scale s, the
     ũ_m = u_m + δ_m min(1, r_m/‖δ_m‖)
     out(q) = Σ_m softmax(λ)_m ũ_m,    lse(q) = logsumexp_m λ_m
 
-Kernel (``_kernel``; grid (batch, KV head, row block)): the rows are the queries of the KV
-head's whole GQA group (G·T rows share its prototypes); the query's sketch features are
-computed once per row block, then a ``lax.fori_loop`` over blocks of ``block_m``
-prototypes does an online softmax over prototypes (as flash attention does over keys):
-logits, the clipped log-partition, and the value shift of the block. The per-prototype
-value shifts are a [rows, block_m·dv] tile: one matmul φ₁(q)·Ḡᵀ with the block's Ḡ
+Kernels (grid (batch, KV head, row block)): the rows are the queries of the KV head's whole
+GQA group (G·T rows share its prototypes); the query's sketch features are computed once
+per row block, then an online softmax over blocks of ``block_m`` prototypes (as flash
+attention does over keys): logits, the clipped log-partition, and the value shift of the
+block. On GPU (Triton) and in the interpreter (``_kernel``) one program loops over the
+prototype blocks with ``lax.fori_loop`` (the tables stay in HBM, each step loads its
+block); on TPU (``_kernel_tpu``, Mosaic copies every BlockSpec block into VMEM) the
+prototype blocks are a fourth, sequential grid axis: a program holds one block's tiles
+(Ḡ [block_m·dv, D] is the largest) and carries (m, l, acc) in VMEM scratch, so per-program
+VMEM depends on block_q, block_m, d, dv, D — not on T, nor on M. The per-prototype value
+shifts are a [rows, block_m·dv] tile: one matmul φ₁(q)·Ḡᵀ with the block's Ḡ
 flattened to [block_m·dv, D]; the per-prototype norms ‖δ_m‖² and the weighted sum over the
 block's prototypes are matmuls with 0/1 block-indicator matrices built from iotas, so
 there is no reshape, gather, sort, cumsum or scatter in the kernel, only 2-D tiles.
@@ -31,12 +36,13 @@ turned into [1, block_m] rows by masked reductions (no dynamic lane indexing). `
 has no Mosaic lowering: it is exp(x) − 1 with a cubic Taylor branch for |x| < 1e-3.
 
 Backward (``jax.custom_vjp``): the VJP of :func:`prototype_attention_reference`, the
-pure-jnp computation of the same function (XLA, recomputed from the saved inputs). The
+pure-jnp computation of the same function (XLA, recomputed from the saved inputs, scanned
+over blocks of ``block_q_bwd`` rows with the table cotangents summed in the carry). The
 backward of this map costs what its forward costs (the T·M·dv·D value term dominates
 both) and its inputs are small per-cluster tables, so a second kernel would buy no
 asymptotic saving; the XLA VJP is exact, and it keeps one formula for the gradient that
-the PLASH XLA path and its finite-difference tests already check. It does store the
-[rows, M, dv] value shifts of the rows it differentiates (the XLA path does too).
+the PLASH XLA path and its finite-difference tests already check. Each step holds the
+[block_q_bwd, M, dv] value shifts of its rows.
 
 Layout: q [B, K, R, d] (R = G·T rows); the table per (B, K) as in :class:`Table`; all
 math in float32. The wrapper pads d, D, dv to powers of two ≥ 16, M to a power of two ≥
@@ -57,8 +63,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels.platform import pallas_call_per_platform
+from pallas_kernels.platform import TpuCall, pallas_call_per_platform
 
 __all__ = ["BlockSizes", "Table", "prototype_attention_pallas", "prototype_attention_reference",
            "unsupported_block_sizes"]
@@ -81,10 +88,13 @@ class BlockSizes:
       block_q: query rows per program (rows of a KV head's GQA group).
       block_m: prototypes per step of the in-kernel loop (the value tile is
         [block_q, block_m·dv]).
+      block_q_bwd: query rows per step of the backward (a scan of the reference's VJP over
+        row blocks); None: the largest power of two with block_q_bwd·M·dv ≤ 2²² elements.
     """
 
     block_q: int = 128
     block_m: int = 16
+    block_q_bwd: int | None = None
 
     @classmethod
     def get_default(cls) -> BlockSizes:
@@ -196,14 +206,13 @@ def _rowsum(x):
     return jnp.sum(x, axis=1, keepdims=True)
 
 
-def _kernel(q_ref, w_ref, p_ref, mu_ref, e_ref, u_ref, g_ref, sc_ref, o_ref, lse_ref, *,
-            cfg: _Config):
+def _setup(q_ref, w_ref, cfg: _Config):
+    """Per row block: the rows q [bq, dp], their norms [bq, 1], the sketch features φⱼ(q)
+    [bq, D] (j = 1…degree) and the loop constants (0/1 indicator matrices)."""
     s, bm, dvp, dsp = cfg.scale, cfg.bm, cfg.dvp, cfg.dsp
     q = q_ref[...].astype(_F32)                                   # [bq, dp]
-    bq = q.shape[0]
     sq = _rowsum(q * q)
     qn = jnp.where(sq > 0, jnp.sqrt(jnp.where(sq > 0, sq, 1.0)), 0.0)  # [bq, 1]
-    # sketch features of the rows: φⱼ(q), j = 1…degree, [bq, D] each
     feats, start = [], 0
     inv = 1.0 / math.sqrt(cfg.sketch_dim)
     for j in range(1, cfg.degree + 1):
@@ -223,48 +232,102 @@ def _kernel(q_ref, w_ref, p_ref, mu_ref, e_ref, u_ref, g_ref, sc_ref, o_ref, lse
     expand = ((col_i >= row_m * dvp) & (col_i < (row_m + 1) * dvp)).astype(_F32)
     flat_i = _iota((bm * dvp, dvp), 0)
     collapse = (jnp.bitwise_and(flat_i, dvp - 1) == _iota((bm * dvp, dvp), 1)).astype(_F32)
+    return q, qn, feats, (coef, eye, lane, expand, collapse)
 
-    def scalar_row(sc, c):
+
+def _block(cfg: _Config, rows, consts, tiles, carry):
+    """One step of the online softmax over prototypes: ``rows`` = (q, qn, feats) of the
+    row block, ``tiles`` = the block's (scalars [bm, 16], p [bm, dp], μ [bm, dp],
+    [Ē_j [bm, D] for j ≥ 2], Ḡ [bm·dv, D], u [bm, dv]); carry (m, l, acc) [bq, 1|1|dv]."""
+    s = cfg.scale
+    q, qn, feats = rows
+    coef, eye, lane, expand, collapse = consts
+    sc, pb, mub, ejs, gb, ub = tiles
+    m_run, l_run, acc = carry
+
+    def scalar_row(c):
         """Column c of the [bm, 16] scalar block as a [1, bm] row."""
         col = _rowsum(jnp.where(lane == c, sc, 0.0))              # [bm, 1]
         return jnp.sum(jnp.where(eye, col, 0.0), axis=0, keepdims=True)
 
-    def body(jb, carry):
-        m_run, l_run, acc = carry
-        rows = pl.ds(pl.multiple_of(jb * bm, bm), bm)
-        sc = sc_ref[rows, :]
-        live = scalar_row(sc, _LIVE) > 0.5
-        logn = scalar_row(sc, _LOGN)
-        radius, tau, rho = (scalar_row(sc, c) for c in (_RADIUS, _TAU, _RHO))
-        y0 = s * _nt(q, p_ref[rows, :])                            # [bq, bm]
-        qmu = _nt(q, mu_ref[rows, :])
-        zsk = jnp.zeros_like(y0)
-        for j, c in enumerate(coef):
-            ej = e_ref[pl.ds(pl.multiple_of(j * cfg.mp + jb * bm, bm), bm), :]
-            zsk = zsk + c * _nt(feats[j + 1], ej)
-        lam, r = _logit_parts(s, qn, y0, qmu, zsk, logn, radius, tau, rho)
-        lam = jnp.where(live, lam, NEG)
-        # value shifts of the block's prototypes: [bq, bm·dv]
-        gb = g_ref[pl.ds(pl.multiple_of(jb * bm * dvp, bm * dvp), bm * dvp), :]
-        ub = u_ref[rows, :]                                         # [bm, dv]
-        u_flat = jnp.sum(expand * _nt(ub, collapse), axis=0, keepdims=True)  # [1, bm·dv]
-        delta = s * (_nt(feats[0], gb) - u_flat * _nn(qmu, expand))
-        dsq = _nt(delta * delta, expand)                            # [bq, bm]
-        dn = jnp.where(dsq > 0, jnp.sqrt(jnp.where(dsq > 0, dsq, 1.0)), 0.0)
-        shrink = _shrink(dn, r)
-        # online softmax over prototype blocks
-        m_new = jnp.maximum(m_run, jnp.max(lam, axis=1, keepdims=True))
-        alpha = jnp.exp(m_run - m_new)
-        p = jnp.where(live, jnp.exp(lam - m_new), 0.0)
-        contrib = _nn(p, ub) + _nn(_nn(p * shrink, expand) * delta, collapse)
-        return m_new, l_run * alpha + _rowsum(p), acc * alpha + contrib
+    live = scalar_row(_LIVE) > 0.5
+    logn = scalar_row(_LOGN)
+    radius, tau, rho = (scalar_row(c) for c in (_RADIUS, _TAU, _RHO))
+    y0 = s * _nt(q, pb)                                            # [bq, bm]
+    qmu = _nt(q, mub)
+    zsk = jnp.zeros_like(y0)
+    for j, (c, ej) in enumerate(zip(coef, ejs)):
+        zsk = zsk + c * _nt(feats[j + 1], ej)
+    lam, r = _logit_parts(s, qn, y0, qmu, zsk, logn, radius, tau, rho)
+    lam = jnp.where(live, lam, NEG)
+    # value shifts of the block's prototypes: [bq, bm·dv]
+    u_flat = jnp.sum(expand * _nt(ub, collapse), axis=0, keepdims=True)  # [1, bm·dv]
+    delta = s * (_nt(feats[0], gb) - u_flat * _nn(qmu, expand))
+    dsq = _nt(delta * delta, expand)                                # [bq, bm]
+    dn = jnp.where(dsq > 0, jnp.sqrt(jnp.where(dsq > 0, dsq, 1.0)), 0.0)
+    shrink = _shrink(dn, r)
+    # online softmax over prototype blocks
+    m_new = jnp.maximum(m_run, jnp.max(lam, axis=1, keepdims=True))
+    alpha = jnp.exp(m_run - m_new)
+    p = jnp.where(live, jnp.exp(lam - m_new), 0.0)
+    contrib = _nn(p, ub) + _nn(_nn(p * shrink, expand) * delta, collapse)
+    return m_new, l_run * alpha + _rowsum(p), acc * alpha + contrib
 
-    init = (jnp.full((bq, 1), NEG, _F32), jnp.zeros((bq, 1), _F32),
+
+def _init(bq, dvp):
+    return (jnp.full((bq, 1), NEG, _F32), jnp.zeros((bq, 1), _F32),
             jnp.zeros((bq, dvp), _F32))
-    m_run, l_run, acc = lax.fori_loop(0, cfg.mp // bm, body, init)
+
+
+def _finish(carry, o_ref, lse_ref):
+    m_run, l_run, acc = carry
     pos = l_run > 0
     o_ref[...] = (acc / jnp.where(pos, l_run, 1.0)).astype(o_ref.dtype)
     lse_ref[...] = jnp.where(pos, m_run + jnp.log(jnp.where(pos, l_run, 1.0)), NEG)
+
+
+def _kernel(q_ref, w_ref, p_ref, mu_ref, e_ref, u_ref, g_ref, sc_ref, o_ref, lse_ref, *,
+            cfg: _Config):
+    """Triton / interpreter form: whole tables per program (on a GPU they stay in HBM and
+    each loop step loads its block), a ``fori_loop`` over prototype blocks."""
+    bm, dvp = cfg.bm, cfg.dvp
+    q, qn, feats, consts = _setup(q_ref, w_ref, cfg)
+
+    def body(jb, carry):
+        rows = pl.ds(pl.multiple_of(jb * bm, bm), bm)
+        tiles = (sc_ref[rows, :], p_ref[rows, :], mu_ref[rows, :],
+                 [e_ref[j, rows, :] for j in range(cfg.degree - 1)],
+                 g_ref[pl.ds(pl.multiple_of(jb * bm * dvp, bm * dvp), bm * dvp), :],
+                 u_ref[rows, :])
+        return _block(cfg, (q, qn, feats), consts, tiles, carry)
+
+    carry = lax.fori_loop(0, cfg.mp // bm, body, _init(q.shape[0], dvp))
+    _finish(carry, o_ref, lse_ref)
+
+
+def _kernel_tpu(q_ref, w_ref, p_ref, mu_ref, e_ref, u_ref, g_ref, sc_ref, o_ref, lse_ref,
+                m_sc, l_sc, acc_sc, *, cfg: _Config):
+    """Mosaic form: grid (batch, KV head, row block, prototype block), the last axis
+    sequential; each program gets one prototype block's tiles in VMEM and carries the online
+    softmax in VMEM scratch (m, l [bq, 1], acc [bq, dv]); outputs are written at the last
+    prototype block. Per-program VMEM is independent of T and of M."""
+    jb = pl.program_id(3)
+
+    @pl.when(jb == 0)
+    def _():
+        m0, l0, a0 = _init(m_sc.shape[0], cfg.dvp)
+        m_sc[...], l_sc[...], acc_sc[...] = m0, l0, a0
+
+    q, qn, feats, consts = _setup(q_ref, w_ref, cfg)
+    tiles = (sc_ref[...], p_ref[...], mu_ref[...],
+             [e_ref[j] for j in range(cfg.degree - 1)], g_ref[...], u_ref[...])
+    m_new, l_new, acc_new = _block(cfg, (q, qn, feats), consts, tiles,
+                                   (m_sc[...], l_sc[...], acc_sc[...]))
+    m_sc[...], l_sc[...], acc_sc[...] = m_new, l_new, acc_new
+
+    @pl.when(jb == pl.num_programs(3) - 1)
+    def _():
+        _finish((m_sc[...], l_sc[...], acc_sc[...]), o_ref, lse_ref)
 
 
 # ----------------------------------------------------------------------------
@@ -279,7 +342,9 @@ def unsupported_block_sizes(block_sizes: BlockSizes, *, interpret: bool) -> str 
     if not isinstance(block_sizes, BlockSizes):
         return f"block_sizes must be a BlockSizes, got {type(block_sizes).__name__}"
     low = _min_block(interpret)
-    for name in ("block_q", "block_m"):
+    names = ("block_q", "block_m") + (("block_q_bwd",) if block_sizes.block_q_bwd is not None
+                                      else ())
+    for name in names:
         val = getattr(block_sizes, name)
         if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < low or (
                 val & (val - 1)):
@@ -341,7 +406,7 @@ def _forward(q, table: Table, w, *, scale, degree, block_sizes, interpret):
     wp = _pad(f32(w), (cp, dsp, dp)).reshape(cp * dsp, dp)
     pp = _pad(f32(table.protos), (b, kk, mp, dp))
     mup = _pad(f32(table.mu), (b, kk, mp, dp))
-    ep = _pad(f32(table.e), (b, kk, jp, mp, dsp)).reshape(b, kk, jp * mp, dsp)
+    ep = _pad(f32(table.e), (b, kk, jp, mp, dsp))
     up = _pad(f32(table.u), (b, kk, mp, dvp))
     gp = _pad(f32(table.g), (b, kk, mp, dvp, dsp)).reshape(b, kk, mp * dvp, dsp)
     live = table.live.astype(bool)
@@ -349,18 +414,33 @@ def _forward(q, table: Table, w, *, scale, degree, block_sizes, interpret):
             f32(table.tau), f32(table.rho)]
     sc = jnp.stack(cols + [jnp.zeros_like(cols[0])] * (_SCALARS - len(cols)), axis=-1)
     sc = _pad(sc, (b, kk, mp, _SCALARS))
-    whole = lambda *shape: pl.BlockSpec((None, None) + shape, lambda i, j, r: (i, j, 0, 0))
+    q_spec = pl.BlockSpec((None, None, bq, dp), lambda i, j, r, *_: (i, j, r, 0))
+    w_spec = pl.BlockSpec((cp * dsp, dp), lambda i, j, r, *_: (0, 0))
+    out_specs = [pl.BlockSpec((None, None, bq, dvp), lambda i, j, r, *_: (i, j, r, 0)),
+                 pl.BlockSpec((None, None, bq, 1), lambda i, j, r, *_: (i, j, r, 0))]
+    whole = lambda *shape: pl.BlockSpec((None, None) + shape,
+                                        lambda i, j, r: (i, j) + (0,) * len(shape))
+    # TPU: one prototype block per program along a sequential 4th grid axis
+    tile = lambda *shape: pl.BlockSpec((None, None) + shape,
+                                       lambda i, j, r, mb: (i, j, mb) + (0,) * (len(shape) - 1))
+    grid = (b, kk, rp // bq)
+    tpu = TpuCall(
+        functools.partial(_kernel_tpu, cfg=cfg), grid + (mp // bm,),
+        in_specs=[q_spec, w_spec, tile(bm, dp), tile(bm, dp),
+                  pl.BlockSpec((None, None, jp, bm, dsp), lambda i, j, r, mb: (i, j, 0, mb, 0)),
+                  tile(bm, dvp), tile(bm * dvp, dsp), tile(bm, _SCALARS)],
+        out_specs=out_specs,
+        scratch_shapes=[pltpu.VMEM((bq, 1), _F32), pltpu.VMEM((bq, 1), _F32),
+                        pltpu.VMEM((bq, dvp), _F32)],
+        dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
     out, lse = pallas_call_per_platform(
-        functools.partial(_kernel, cfg=cfg), grid=(b, kk, rp // bq),
-        in_specs=[pl.BlockSpec((None, None, bq, dp), lambda i, j, r: (i, j, r, 0)),
-                  pl.BlockSpec((cp * dsp, dp), lambda i, j, r: (0, 0)),
-                  whole(mp, dp), whole(mp, dp), whole(jp * mp, dsp), whole(mp, dvp),
-                  whole(mp * dvp, dsp), whole(mp, _SCALARS)],
-        out_specs=[pl.BlockSpec((None, None, bq, dvp), lambda i, j, r: (i, j, r, 0)),
-                   pl.BlockSpec((None, None, bq, 1), lambda i, j, r: (i, j, r, 0))],
+        functools.partial(_kernel, cfg=cfg), grid=grid,
+        in_specs=[q_spec, w_spec, whole(mp, dp), whole(mp, dp), whole(jp, mp, dsp),
+                  whole(mp, dvp), whole(mp * dvp, dsp), whole(mp, _SCALARS)],
+        out_specs=out_specs,
         out_shape=[jax.ShapeDtypeStruct((b, kk, rp, dvp), _F32),
                    jax.ShapeDtypeStruct((b, kk, rp, 1), _F32)],
-        interpret=bool(interpret), name="plash_prototype_attention",
+        interpret=interpret, name="plash_prototype_attention", tpu=tpu,
     )(qp, wp, pp, mup, ep, up, gp, sc)
     lse = lse[:, :, :rows, 0]
     return out[:, :, :rows, :dv], jnp.where(lse > 0.5 * NEG, lse, -jnp.inf)
@@ -376,12 +456,44 @@ def _attend_fwd(q, table, w, scale, degree, block_sizes, interpret):
     return _attend(q, table, w, scale, degree, block_sizes, interpret), (q, table, w)
 
 
+# Rows of q per step of the backward: the reference's VJP holds [rows, M, dv] float32
+# tensors (a few of them), so a step touches about this many elements of each.
+_BWD_ELEMENTS = 1 << 22
+
+
+def _bwd_rows(block_sizes: BlockSizes, m: int, dv: int) -> int:
+    """Rows per backward step: ``block_q_bwd``, or a power of two with rows·M·dv ≲
+    ``_BWD_ELEMENTS``."""
+    if block_sizes.block_q_bwd is not None:
+        return block_sizes.block_q_bwd
+    return max(8, 1 << max((_BWD_ELEMENTS // max(m * dv, 1)).bit_length() - 1, 0))
+
+
 def _attend_bwd(scale, degree, block_sizes, interpret, res, cot):
+    """The reference's VJP, a scan over blocks of query rows (``_bwd_rows``): the table and
+    sketch cotangents are summed in the carry, so no [R, M, dv] tensor of all R rows is
+    built (R = G·T is the whole sequence in the non-causal call)."""
     q, table, w = res
-    _, pullback = jax.vjp(
-        lambda q_, t_, w_: prototype_attention_reference(q_, t_, w_, scale=scale,
-                                                         degree=degree), q, table, w)
-    return pullback(cot)
+    ref = lambda q_, t_, w_: prototype_attention_reference(q_, t_, w_, scale=scale,
+                                                           degree=degree)
+    rows, m, dv = q.shape[2], table.u.shape[2], table.u.shape[3]
+    step_rows = _bwd_rows(block_sizes, m, dv)
+    if step_rows >= rows:
+        return jax.vjp(ref, q, table, w)[1](cot)
+    n = -(-rows // step_rows)
+    split = lambda x: jnp.moveaxis(_pad(x, x.shape[:2] + (n * step_rows,) + x.shape[3:])
+                                   .reshape(x.shape[:2] + (n, step_rows) + x.shape[3:]), 2, 0)
+    dout, dlse = cot
+
+    def body(acc, xs):
+        qc, dout_c, dlse_c = xs
+        dq, dt, dw = jax.vjp(ref, qc, table, w)[1]((dout_c, dlse_c))
+        return jax.tree.map(jnp.add, acc, (dt, dw)), dq
+
+    zeros = jax.tree.map(jnp.zeros_like, (table, w))
+    (dt, dw), dq = lax.scan(body, zeros, (split(q), split(dout), split(dlse)))
+    dq = jnp.moveaxis(dq, 0, 2).reshape(q.shape[:2] + (n * step_rows,) + q.shape[3:])
+    return dq[:, :, :rows], dt, dw
 
 
 _attend.defvjp(_attend_fwd, _attend_bwd)
@@ -389,7 +501,7 @@ _attend.defvjp(_attend_fwd, _attend_bwd)
 
 def prototype_attention_pallas(q: jax.Array, table: Table, w: jax.Array, *, scale: float,
                                degree: int, block_sizes: BlockSizes | None = None,
-                               interpret: bool = False) -> tuple[jax.Array, jax.Array]:
+                               interpret: bool | str = False) -> tuple[jax.Array, jax.Array]:
     """Exact softmax of each query row to the enriched prototypes (module docstring).
 
     Args:
@@ -399,19 +511,24 @@ def prototype_attention_pallas(q: jax.Array, table: Table, w: jax.Array, *, scal
         (``lcjax.attention.plash.plash_sketch``).
       scale: s. degree: the logit enrichment's degree p.
       block_sizes: :class:`BlockSizes` (default ``BlockSizes.get_default()``).
-      interpret: run in the Pallas interpreter (required on CPU).
+      interpret: run in the Pallas interpreter (required on CPU); ``"tpu"`` interprets the
+        Mosaic form (prototype blocks on a sequential grid axis, VMEM scratch carry).
 
     Returns:
       (out [B, K, R, dv] float32, lse [B, K, R] float32, −inf where no prototype is live).
       Differentiable in q, every table entry and w (backward: the reference's VJP).
     """
     bs = BlockSizes.get_default() if block_sizes is None else block_sizes
+    if interpret not in (True, False, "tpu"):
+        raise ValueError(f"{_NAME}: `interpret` must be True, False or 'tpu', got "
+                         f"{interpret!r}")
     reason = unsupported_block_sizes(bs, interpret=bool(interpret))
     if reason:
         raise ValueError(f"{_NAME}: {reason}")
     _check(q, table, w, degree)
     table = table._replace(live=lax.stop_gradient(table.live.astype(_F32)))
-    return _attend(q, table, w, float(scale), int(degree), bs, bool(interpret))
+    interpret = interpret if interpret == "tpu" else bool(interpret)
+    return _attend(q, table, w, float(scale), int(degree), bs, interpret)
 
 
 def prototype_attention_reference(q: jax.Array, table: Table, w: jax.Array, *, scale: float,

@@ -9,22 +9,28 @@ i ∈ [P, L), P = L - W, and s_ij = scale · q_i·k_j:
     m_i = max_j s_ij,   l_i = Σ_j e^{s_ij - m_i}        (over all L keys; causal: j ≤ i)
     a[j] = (1/W) Σ_i e^{s_ij - m_i} / l_i,   j < P      (prefix keys: visible to every row)
 
-Two kernels, each a pass over key blocks, so neither the [L, L] nor the [W, L] matrix is
-stored:
+Two kernels over a (batch, head, key block) grid, every axis parallel, so neither the
+[L, L] nor the [W, L] matrix is stored and per-program memory does not grow with L:
 
-1. ``_stats_kernel`` (grid (batch, head)): the W window rows of one head against every key
-   block of its kv head, online softmax statistics (m, l) per row;
-2. ``_columns_kernel`` (grid (batch, head, prefix key block)): the window rows against one
-   prefix key block, probabilities e^{s - m}/l, summed over the rows (column sums) and
-   divided by W.
+1. ``_stats_kernel``: the W window rows of one head against one key block of its kv head:
+   the block's softmax statistics (m_b, l_b) per row, written per block; the blocks are
+   merged outside the kernel (m = max_b m_b, l = Σ_b l_b e^{m_b - m}, an [nk, W] array);
+2. ``_columns_kernel``: the window rows against one prefix key block, probabilities
+   e^{s - m}/l, summed over the rows (column sums) and divided by W.
 
-Masks are ``jnp.where`` on iotas (keys ≥ L, keys above the diagonal of a window row,
-padding rows ≥ W); masked scores are a finite -1e30, so no inf - inf arises. The window is
-one block of Wp rows (W padded to a power of two ≥ 16, or ≥ 8 in interpret mode); the keys
-of one kv head stay resident in the stats kernel (on TPU, long sequences need a larger VMEM
-limit). Targets: Mosaic (TPU) and Triton (GPU, ``plgpu.CompilerParams``), chosen per
-lowering platform with ``lax.platform_dependent``; on CPU use ``interpret=True``. No sort,
-cumsum or scatter inside the kernels.
+On TPU each program holds in VMEM the Wp window rows of its head, one [bk, D] key tile and
+the [Wp, bk] float32 score tile (plus Mosaic's double buffers): O(Wp·(D + bk)) whatever L.
+On GPU (Triton) the same tiles live in registers / shared memory. Masks are ``jnp.where``
+on iotas (keys ≥ L, keys above the diagonal of a window row, padding rows ≥ W); masked
+scores are a finite -1e30, so no inf - inf arises; a key block that a row cannot see at all
+gets l_b = 0. The window is one block of Wp rows (W padded to a power of two ≥ 16, or ≥ 8
+in interpret mode); compiled, Wp·bk is capped (:data:`MAX_TILE`) so the score tile fits
+VMEM. Outputs are laid out [.., nk, 1, Wp] (statistics, from key-major [bk, Wp] score
+tiles) and [.., npb, 1, bk] (columns), so every block's last two dims equal the array's
+(Mosaic accepts any bk) and no lane dimension of size 1 pads to 128 in HBM. Targets:
+Mosaic (TPU) and Triton (GPU, ``plgpu.CompilerParams``), chosen per lowering platform with
+``lax.platform_dependent``; on CPU use ``interpret=True``. No sort, cumsum or scatter
+inside the kernels.
 
 The scores feed a discrete selection: they carry no gradient (inputs are
 ``lax.stop_gradient``-ed, so ``jax.grad`` through a caller is defined and never enters the
@@ -46,11 +52,14 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels.platform import pallas_call_per_platform
 
-__all__ = ["BlockSizes", "token_scores_pallas", "token_scores_reference",
-           "unsupported_block_sizes"]
+__all__ = ["MAX_TILE", "BlockSizes", "merge_stats", "token_scores_pallas",
+           "token_scores_reference", "unsupported_block_sizes"]
 
 _NAME = "token_scores_pallas"
 NEG = -1e30
+# Compiled, the padded window Wp times block_kv is at most this: the [Wp, bk] float32 score
+# tile and its exponentials (~3 such tiles live at once) stay within a few MiB of VMEM.
+MAX_TILE = 1 << 18
 _F32 = jnp.float32
 
 
@@ -86,29 +95,31 @@ def _iota(shape, dim):
 
 
 def _stats_kernel(q_ref, k_ref, m_ref, l_ref, *, cfg: _Config):
+    """Softmax statistics of the window rows over key block j = program_id(2), as [1, Wp]
+    rows (the scores are computed key-major, [bk, Wp], so the reductions give lane rows and
+    the per-block outputs are not padded to 128 lanes per window row)."""
+    j = pl.program_id(2)
     q = q_ref[...]
-    wp = q.shape[0]
-    bk = cfg.bk
-    n_blocks = k_ref.shape[0] // bk
-    q_pos = (cfg.length - cfg.window) + _iota((wp, 1), 0)
-
-    def body(j, carry):
-        m, l = carry
-        kb = k_ref[pl.ds(pl.multiple_of(j * bk, bk), bk), :]
-        s = _nt(q, kb) * cfg.scale
-        k_pos = j * bk + _iota((1, bk), 1)
-        valid = k_pos < cfg.length
-        if cfg.causal:
-            valid = valid & (k_pos <= q_pos)
-        s = jnp.where(valid, s, NEG)
-        m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
-        l = l * jnp.exp(m - m_new) + jnp.sum(jnp.exp(s - m_new), axis=1, keepdims=True)
-        return m_new, l
-
-    init = (jnp.full((wp, 1), NEG, _F32), jnp.zeros((wp, 1), _F32))
-    m, l = lax.fori_loop(0, n_blocks, body, init)
+    wp, bk = q.shape[0], cfg.bk
+    q_pos = (cfg.length - cfg.window) + _iota((1, wp), 1)
+    s = _nt(k_ref[...], q) * cfg.scale                           # [bk, Wp]
+    k_pos = j * bk + _iota((bk, 1), 0)
+    valid = k_pos < cfg.length
+    if cfg.causal:
+        valid = valid & (k_pos <= q_pos)
+    s = jnp.where(valid, s, NEG)
+    m = jnp.max(s, axis=0, keepdims=True)
+    l = jnp.sum(jnp.where(valid, jnp.exp(s - m), 0.0), axis=0, keepdims=True)
     m_ref[...] = m
     l_ref[...] = l
+
+
+def merge_stats(m_blocks: jax.Array, l_blocks: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Merge per-key-block softmax statistics [..., nk, Wp] over the block axis:
+    m = max_b m_b, l = Σ_b l_b e^{m_b - m} -> ([..., Wp], [..., Wp])."""
+    m = jnp.max(m_blocks, axis=-2)
+    l = jnp.sum(l_blocks * jnp.exp(m_blocks - m[..., None, :]), axis=-2)
+    return m, l
 
 
 def _columns_kernel(q_ref, m_ref, l_ref, k_ref, o_ref, *, cfg: _Config):
@@ -122,8 +133,6 @@ def _columns_kernel(q_ref, m_ref, l_ref, k_ref, o_ref, *, cfg: _Config):
     keep = (_iota((wp, 1), 0) < cfg.window) & (k_pos < cfg.length - cfg.window)
     p = jnp.where(keep, p, 0.0)
     o_ref[...] = jnp.sum(p, axis=0, keepdims=True) * (1.0 / cfg.window)
-
-
 
 
 def _min_block(interpret: bool) -> int:
@@ -206,27 +215,29 @@ def token_scores_pallas(
     q, k = lax.stop_gradient(q), lax.stop_gradient(k)
     qw = _pad_to(_pad_to(jnp.swapaxes(q[:, t - window:], 1, 2), 2, wp), 3, dp)  # [B,H,Wp,Dp]
     kp = _pad_to(_pad_to(jnp.swapaxes(k, 1, 2), 2, nk * bk), 3, dp)  # [B, Hkv, Sp, Dp]
+    if not interpret and wp * bk > MAX_TILE:
+        raise ValueError(f"{_NAME}: the window {window} (padded to {wp} rows) times block_kv "
+                         f"{bk} is {wp * bk} score entries per tile, more than {MAX_TILE} "
+                         f"(VMEM); pass block_sizes=BlockSizes(block_kv <= "
+                         f"{max(low, MAX_TILE // wp)}) or a smaller window")
     g = cfg.groups
-    row = pl.BlockSpec((None, None, wp, 1), lambda b_, h_: (b_, h_, 0, 0))
-    m, l = pallas_call_per_platform(
-        functools.partial(_stats_kernel, cfg=cfg), grid=(b, h),
-        in_specs=[pl.BlockSpec((None, None, wp, dp), lambda b_, h_: (b_, h_, 0, 0)),
-                  pl.BlockSpec((None, None, nk * bk, dp),
-                               lambda b_, h_: (b_, lax.div(h_, g), 0, 0))],
-        out_specs=[row, row],
-        out_shape=[jax.ShapeDtypeStruct((b, h, wp, 1), _F32)] * 2,
+    kv_tile = pl.BlockSpec((None, None, bk, dp), lambda b_, h_, j: (b_, lax.div(h_, g), j, 0))
+    q_tile = pl.BlockSpec((None, None, wp, dp), lambda b_, h_, j: (b_, h_, 0, 0))
+    per_block = pl.BlockSpec((None, None, None, 1, wp), lambda b_, h_, j: (b_, h_, j, 0, 0))
+    m_b, l_b = pallas_call_per_platform(
+        functools.partial(_stats_kernel, cfg=cfg), grid=(b, h, nk),
+        in_specs=[q_tile, kv_tile], out_specs=[per_block, per_block],
+        out_shape=[jax.ShapeDtypeStruct((b, h, nk, 1, wp), _F32)] * 2,
         interpret=cfg.interpret, name="token_scores_stats")(qw, kp)
-    row3 = pl.BlockSpec((None, None, wp, 1), lambda b_, h_, j: (b_, h_, 0, 0))
+    m, l = (x[..., None] for x in merge_stats(m_b[:, :, :, 0], l_b[:, :, :, 0]))
+    row = pl.BlockSpec((None, None, wp, 1), lambda b_, h_, j: (b_, h_, 0, 0))
     cols = pallas_call_per_platform(
         functools.partial(_columns_kernel, cfg=cfg), grid=(b, h, npb),
-        in_specs=[pl.BlockSpec((None, None, wp, dp), lambda b_, h_, j: (b_, h_, 0, 0)),
-                  row3, row3,
-                  pl.BlockSpec((None, None, bk, dp),
-                               lambda b_, h_, j: (b_, lax.div(h_, g), j, 0))],
-        out_specs=pl.BlockSpec((None, None, 1, bk), lambda b_, h_, j: (b_, h_, 0, j)),
-        out_shape=jax.ShapeDtypeStruct((b, h, 1, npb * bk), _F32),
+        in_specs=[q_tile, row, row, kv_tile],
+        out_specs=pl.BlockSpec((None, None, None, 1, bk), lambda b_, h_, j: (b_, h_, j, 0, 0)),
+        out_shape=jax.ShapeDtypeStruct((b, h, npb, 1, bk), _F32),
         interpret=cfg.interpret, name="token_scores_columns")(qw, m, l, kp)
-    return cols[:, :, 0, :p_len]
+    return cols.reshape(b, h, npb * bk)[:, :, :p_len]
 
 
 def token_scores_reference(q: jax.Array, k: jax.Array, *, window: int, causal: bool = True,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from lcjax.attention import dot_product_attention
+from lcjax.attention import dot_product_attention, get
 from lcjax.attention.entmax import entmax_attention_reference
 from lcjax.attention.token_sparse import (
     drift_per_layer,
@@ -153,8 +153,12 @@ def test_capacity_pads_or_clips_the_selection():
 # the attention
 # ----------------------------------------------------------------------------
 def test_coverage_zero_and_short_sequences_are_exactly_dense():
+    """Dense = the default inner variant ("blockwise") on the whole sequence, bit for bit;
+    and that is softmax attention (to rounding)."""
     q, k, v = _inputs(3)
-    dense = jax.jit(functools.partial(dot_product_attention, causal=True))(q, k, v)
+    dense = jax.jit(functools.partial(get("blockwise"), causal=True))(q, k, v)
+    exact = jax.jit(functools.partial(dot_product_attention, causal=True))(q, k, v)
+    np.testing.assert_allclose(dense, exact, rtol=1e-5, atol=1e-5)
     out, aux = _call(q, k, v, **{**SPARSE, "coverage": 0.0})
     np.testing.assert_array_equal(out, dense)
     assert bool(np.all(aux["dense"])) and bool(np.all(aux["kept_fraction"] == 1))

@@ -28,6 +28,8 @@ RoPE already applied), window W, prefix P = L - W:
    **inner** attention variant on the compressed set (any registry name or callable;
    causal on the compressed order), **decompress** (scatter the outputs back into zeros:
    a skipped token gets 0 from that head and the residual stream carries it on).
+   The default inner variant is ``"blockwise"`` (exact softmax by key blocks): no default
+   call builds an [L, L] or [W, L] matrix, so it compiles at 128K tokens on one TPU chip.
 
 Dense attention (the inner variant on the whole sequence) exactly when L ≤ min_tokens + W,
 ``coverage == 0``, or, per example, n = 0. Calls outside the method's domain — a KV-cache
@@ -493,7 +495,7 @@ def _token_sparse(q, k, v, *, causal, mask, scale, q_segment_ids, kv_segment_ids
 def _xla(q: Float[Array, "B L H D"], k: Float[Array, "B L Hkv D"],
          v: Float[Array, "B L Hkv Dv"], *, causal=False, mask=None, scale=None,
          q_segment_ids=None, kv_segment_ids=None, return_aux=False, coverage=0.005,
-         min_tokens=1024, window=128, pool=7, capacity=None, share="head", inner="softmax",
+         min_tokens=1024, window=128, pool=7, capacity=None, share="head", inner="blockwise",
          inner_options=None, block_kv=TokenScoresConfig.block_kv):
     """The XLA implementation: scoring by :func:`token_scores`' blockwise pass."""
     TokenScoresConfig(block_kv)
@@ -511,7 +513,7 @@ def _xla(q: Float[Array, "B L H D"], k: Float[Array, "B L Hkv D"],
 def _pallas(q: Float[Array, "B L H D"], k: Float[Array, "B L Hkv D"],
             v: Float[Array, "B L Hkv Dv"], *, causal=False, mask=None, scale=None,
             q_segment_ids=None, kv_segment_ids=None, return_aux=False, coverage=0.005,
-            min_tokens=1024, window=128, pool=7, capacity=None, share="head", inner="softmax",
+            min_tokens=1024, window=128, pool=7, capacity=None, share="head", inner="blockwise",
             inner_options=None, block_kv=TokenScoresConfig.block_kv, block_sizes=None,
             interpret=None):
     """The scoring pass as the Pallas kernel ``pallas_kernels.token_scores`` (the rest —
@@ -581,7 +583,7 @@ def token_sparse_reference(
     q_segment_ids: Int[Array, "B T"] | None = None,
     kv_segment_ids: Int[Array, "B S"] | None = None, coverage: float = 0.005,
     min_tokens: int = 1024, window: int = 128, pool: int = 7, capacity: int | None = None,
-    share: str = "head", inner="softmax", inner_options=None,
+    share: str = "head", inner="blockwise", inner_options=None,
 ) -> Float[Array, "B T H Dv"]:
     """Exact slow token-sparse attention: the selection from dense [L, L] scores (softmax,
     pool by shifted sums, sort-based budget, argsort ranks), then the inner variant's
@@ -625,7 +627,7 @@ def token_sparse_attention(
     pool: int = 7,
     capacity: int | None = None,
     share: str = "head",
-    inner: str | Callable = "softmax",
+    inner: str | Callable = "blockwise",
     inner_options: Mapping[str, Any] | None = None,
     implementation: str | None = None,
     return_aux: bool = False,
@@ -648,7 +650,9 @@ def token_sparse_attention(
         :func:`select_tokens`.
       share: ``"head"`` or ``"kv_group"`` (see :func:`select_tokens`).
       inner: the attention variant run on the compressed set (a registry name or a
-        callable under the contract), ``inner_options`` its keyword options.
+        callable under the contract), ``inner_options`` its keyword options. Default
+        ``"blockwise"`` (online softmax by key blocks, the same function as ``"softmax"``
+        without the [L, L] scores, so a default call stays O(L) in memory at long L).
       implementation: None, ``"pallas"`` (the scoring kernel) or ``"xla"``.
       return_aux: also return the aux dict (``AUX``: indices, valid, kept_fraction,
         budget, dense).

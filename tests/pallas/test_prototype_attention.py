@@ -5,6 +5,7 @@ not, GQA, cross lengths, a key mask: output, log-sum-exp, certificate and the gr
 q, k, v and the prototypes), bfloat16 without NaN, argument errors, and lowering for TPU
 (Mosaic) and GPU (Triton) from this CPU."""
 
+import dataclasses
 import functools
 
 import jax
@@ -59,14 +60,19 @@ def _with_grads(fn, cot, cot_l):
     return jax.jit(both)
 
 
-def test_interpret_kernel_equals_reference_forward_and_backward():
+@pytest.mark.parametrize("interpret,block_q_bwd", [(True, None), (True, 8), ("tpu", None)])
+def test_interpret_kernel_equals_reference_forward_and_backward(interpret, block_q_bwd):
     """Ragged sizes (21 rows, 20 prototypes, d 12, dv 10, D 6) over 3 row blocks and 4
-    prototype blocks, degree 3, a KV head with no live prototype."""
+    prototype blocks, degree 3, a KV head with no live prototype; the backward in one step
+    or scanned over 3 blocks of 8 rows (the last one padded); the Triton form (prototype
+    loop in the program) and the Mosaic form (prototype blocks on a sequential grid axis
+    with a scratch carry)."""
     degree = 3
     q, table, w = _table(0, degree=degree, qscale=2.0)
     table = table._replace(live=table.live.at[0, 1].set(False))  # a head with nothing live
+    sizes = dataclasses.replace(SMALL, block_q_bwd=block_q_bwd)
     kern = functools.partial(prototype_attention_pallas, scale=0.4, degree=degree,
-                             block_sizes=SMALL, interpret=True)
+                             block_sizes=sizes, interpret=interpret)
     ref = functools.partial(prototype_attention_reference, scale=0.4, degree=degree)
     cot = jax.random.normal(jax.random.key(5), q.shape[:3] + (table.u.shape[-1],))
     cot_l = jax.random.normal(jax.random.key(6), q.shape[:3])
@@ -146,6 +152,10 @@ def test_argument_errors():
                        w)
     with pytest.raises(ValueError, match="block_q"):
         P.PlashKernelConfig(block_q=24)
+    with pytest.raises(ValueError, match="block_q_bwd"):
+        jax.eval_shape(functools.partial(call, block_sizes=BlockSizes(8, 8, 12)), q, table, w)
+    with pytest.raises(ValueError, match="interpret"):
+        jax.eval_shape(functools.partial(call, interpret="gpu"), q, table, w)
     with jax.enable_x64(True):  # the kernel computes in float32: float64 is declined
         x = jnp.ones((1, 8, 2, 16), jnp.float64)
         with pytest.raises(NotImplementedError, match="float64"):

@@ -13,6 +13,7 @@ import pytest
 from lcjax.attention import token_sparse
 from pallas_kernels.token_scores import (
     BlockSizes,
+    merge_stats,
     token_scores_pallas,
     token_scores_reference,
 )
@@ -78,3 +79,30 @@ def test_lowers_for_real_targets(platform):
     lowered = jax.jit(f).trace(q, k).lower(lowering_platforms=(platform,))
     text = lowered.as_text()
     assert "token_scores_stats" in text or "tpu_custom_call" in text or "triton" in text
+
+
+def test_key_blocks_a_window_row_cannot_see():
+    """Causal, window 12, 8-key blocks: row 33 sees no key of block [40, 48), so that
+    block's statistics are empty (l_b = 0) and must not enter the merged normaliser."""
+    q, k = _qk(4)
+    f = jax.jit(functools.partial(token_scores_pallas, window=12, block_sizes=BlockSizes(8),
+                                  interpret=True))
+    np.testing.assert_allclose(f(q, k), token_scores_reference(q, k, window=12), rtol=2e-5,
+                               atol=1e-7)
+
+
+def test_merge_stats_equals_logsumexp_of_all_keys():
+    s = jax.random.normal(jax.random.key(5), (3, 4, 40)) * 3.0  # [heads, rows, keys]
+    blocks = s.reshape(3, 4, 5, 8)                                # 5 key blocks of 8
+    m_b = jnp.max(blocks, -1).transpose(0, 2, 1)                  # [heads, nk, rows]
+    l_b = jnp.sum(jnp.exp(blocks - jnp.max(blocks, -1, keepdims=True)), -1).transpose(0, 2, 1)
+    m, l = merge_stats(m_b, l_b)
+    np.testing.assert_allclose(m + jnp.log(l), jax.nn.logsumexp(s, -1), rtol=1e-6)
+
+
+def test_window_times_block_too_big_for_vmem_is_a_value_error():
+    q, k = _qk(6, length=4096)
+    f = functools.partial(token_scores_pallas, window=2048, block_sizes=BlockSizes(512))
+    with pytest.raises(ValueError, match=r"window 2048 .* block_kv 512 is 1048576"):
+        jax.eval_shape(f, q, k)
+    jax.eval_shape(functools.partial(f, block_sizes=BlockSizes(128)), q, k)  # fits
