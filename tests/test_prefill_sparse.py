@@ -143,3 +143,73 @@ def test_plash_prototypes_come_from_the_checkpoints_keys(tmp_path):
             if np.any(assign == m):
                 np.testing.assert_allclose(proto[h, m], keys[assign == m, h].mean(0),
                                            atol=1e-1)
+
+
+def _write_run_dir(model, path):
+    """A run folder as `lcjax train --out` leaves it (config.json + checkpoints/)."""
+    import json
+    import os
+
+    from lcjax.train import checkpoint
+    from lcjax.train.loop import config_dict
+
+    os.makedirs(path)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({"model": config_dict(model.config), "train": {}}, f)
+    _, params, rest = nnx.split(model, nnx.Param, ...)
+    manager = checkpoint.checkpoint_manager(os.path.join(path, "checkpoints"))
+    checkpoint.save_checkpoint(manager, 1, params=params, rest=rest,
+                               opt_state={"count": np.zeros((), np.int32)}, data_state={})
+    manager.close()
+
+
+def test_load_model_with_a_variant_that_has_parameters(tmp_path):
+    from lcjax.train.checkpoint import load_model
+
+    trained = DecoderLM(DecoderConfig(**BASE), rngs=nnx.Rngs(2))
+    run = str(tmp_path / "run")
+    _write_run_dir(trained, run)
+    for name in ("ssmax", "plash", "asentmax"):
+        model = load_model(run, attention=name)
+        assert model.config.attention == name and model.blocks[0].attn.variant_params
+        np.testing.assert_array_equal(model.blocks[1].mlp.w_down[...],
+                                      trained.blocks[1].mlp.w_down[...])
+        assert np.all(np.isfinite(np.asarray(model(jnp.ones((1, 8), jnp.int32)))))
+    # asentmax per head starts neutral; with alpha -> softmax-like only via alpha, so
+    # compare the length scaling alone: beta = 0 leaves q unchanged
+    model = load_model(run, attention="asentmax")
+    assert float(jnp.max(jnp.abs(model.blocks[0].attn.variant_params.beta[...]))) == 0.0
+
+
+def test_short_finetune_moves_only_the_variant_parameters(tmp_path):
+    """A few Adam steps on the variant's own parameters (the checkpoint's frozen, as
+    `lcjax train --init HF_DIR --attention plash` with frozen base weights) change the
+    prototypes (their gradient is not zero) and nothing else."""
+    import optax
+
+    path = _hf_folder(str(tmp_path / "hf"))
+    # chunks of 8: queries past the first chunk attend to the past through the prototypes
+    model, _, init = load_hf(path, attention="plash",
+                             attention_options={"num_prototypes": 4, "chunk": 8},
+                             return_initialised=True)
+    before = nnx.to_pure_dict(nnx.state(model))
+    is_variant = nnx.All(nnx.Param, nnx.PathContains("variant_params"))
+    opt = nnx.Optimizer(model, optax.adam(1e-2), wrt=is_variant)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 40, (4, 24)), jnp.int32)
+
+    def loss_fn(m):
+        logits = m(tokens[:, :-1])
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None],
+                                             axis=-1))
+
+    losses = []
+    for _ in range(5):
+        loss, grads = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, is_variant))(model)
+        opt.update(model, grads)
+        losses.append(float(loss))
+    assert np.all(np.isfinite(losses))
+    after = nnx.to_pure_dict(nnx.state(model))
+    flat_b = dict(jax.tree_util.tree_flatten_with_path(before)[0])
+    for p, x in jax.tree_util.tree_flatten_with_path(after)[0]:
+        changed = not np.array_equal(np.asarray(x), np.asarray(flat_b[p]))
+        assert changed == ("variant_params" in jax.tree_util.keystr(p)), p
