@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from typing import Any
 
-__all__ = ["parse_attention_options"]
+__all__ = ["attention_options_arg", "parse_attention_options"]
 
 
 def parse_attention_options(text: str) -> dict[str, Any]:
@@ -36,3 +37,11 @@ def parse_attention_options(text: str) -> dict[str, Any]:
         return tuple(freeze(y) for y in x) if isinstance(x, list) else x
 
     return {str(k): freeze(v) for k, v in value.items()}
+
+
+def attention_options_arg(text: str) -> dict[str, Any]:
+    """:func:`parse_attention_options` as an argparse ``type=`` (a usage error, exit 2)."""
+    try:
+        return parse_attention_options(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

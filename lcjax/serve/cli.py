@@ -16,6 +16,8 @@ import contextlib
 import signal
 import threading
 
+from lcjax.attention.options import attention_options_arg
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the ``lcjax serve`` flags to ``parser``."""
@@ -32,6 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the most requests in one generate call (default 8)")
     parser.add_argument("--min-bucket", type=int, default=16, metavar="INT",
                         help="smallest padded prompt length (default 16)")
+    parser.add_argument("--attention", default=None, metavar="NAME",
+                        help="attention variant to serve with (default: the checkpoint's); "
+                        "e.g. token_sparse")
+    parser.add_argument("--attention-options", type=attention_options_arg, default=None, metavar="JSON",
+                        help="the variant's options as a JSON object (or @FILE)")
     parser.add_argument("--log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug"])
 
@@ -65,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     from lcjax.serve.app import create_app
     from lcjax.serve.model import load_served
 
-    served = load_served(args.checkpoint, name=args.name, max_len=args.max_len)
+    served = load_served(args.checkpoint, name=args.name, max_len=args.max_len,
+                         attention=args.attention, attention_options=args.attention_options)
     app = create_app(served, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
                      min_bucket=args.min_bucket)
     print(f"lcjax serve: {served.name!r} (context {served.max_len}) on "

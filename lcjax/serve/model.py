@@ -67,7 +67,8 @@ def _is_run_dir(path: str) -> bool:
 
 
 def load_served(path: str | os.PathLike, *, name: str | None = None,
-                max_len: int | None = None, dtype=None) -> ServedModel:
+                max_len: int | None = None, dtype=None, attention: str | None = None,
+                attention_options=None) -> ServedModel:
     """The :class:`ServedModel` of a run folder or a Hugging Face checkpoint folder.
 
     Args:
@@ -77,6 +78,10 @@ def load_served(path: str | os.PathLike, *, name: str | None = None,
       max_len: the context (default: the run's ``max_len``, or the HF config's
         ``max_position_embeddings``).
       dtype: a Hugging Face checkpoint's compute dtype (default: the checkpoint's).
+      attention, attention_options: the attention variant to serve with and its options
+        (default: the run's, or softmax); generation prefills with it (a token-sparse
+        prefill, see ``lcjax.nn.sampling.prefill``), the variant's own parameters are
+        initialised on the checkpoint (``lcjax.nn.pretrained``).
 
     Raises:
       ValueError: the folder is neither kind, or lacks a piece.
@@ -88,7 +93,7 @@ def load_served(path: str | os.PathLike, *, name: str | None = None,
     if _is_run_dir(path):
         from lcjax.train.checkpoint import load_model
 
-        model = load_model(path)
+        model = load_model(path, attention=attention, attention_options=attention_options)
         return ServedModel(model, ByteTokenizer(), name, max_len or model.config.max_len)
     hf = _read_json(os.path.join(path, "config.json"))
     if "model" in hf:
@@ -100,5 +105,6 @@ def load_served(path: str | os.PathLike, *, name: str | None = None,
     from lcjax.interop.hf import load_hf
 
     context = max_len or int(hf.get("max_position_embeddings", 2048))
-    model, _ = load_hf(path, dtype=dtype, max_len=context)
+    model, _ = load_hf(path, dtype=dtype, max_len=context, attention=attention,
+                       attention_options=attention_options)
     return ServedModel(model, HFTokenizer(path), name, context)
