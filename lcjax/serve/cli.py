@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention", default=None, metavar="NAME",
                         help="attention variant to serve with (default: the checkpoint's); "
                         "e.g. token_sparse")
-    parser.add_argument("--attention-options", type=attention_options_arg, default=None, metavar="JSON",
+    parser.add_argument("--attention-options", type=attention_options_arg, default=None,
+                        metavar="JSON",
                         help="the variant's options as a JSON object (or @FILE)")
     parser.add_argument("--log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug"])
