@@ -30,9 +30,19 @@ RoPE already applied), window W, prefix P = L - W:
    a skipped token gets 0 from that head and the residual stream carries it on).
 
 Dense attention (the inner variant on the whole sequence) exactly when L ≤ min_tokens + W,
-``coverage == 0``, or, per example, n = 0. Calls outside the method's domain — a KV-cache
-decoding step or cross attention (kv_len ≠ q_len), an explicit ``mask``, segment ids — are
-dense too, as decoding is in the public code.
+``coverage == 0``, or, per example, n = 0. A call outside the method's domain — a KV-cache
+decoding step or cross attention (kv_len ≠ q_len) — is dense too, as decoding is in the
+public code; such a call and a too-short one warn once (per reason, per process) and set
+``aux["dense"]``.
+
+**Ragged rows** (segment ids, or a ``mask``): each row is laid out over its own tokens
+(segment id ≥ 0, and for a key-padding mask [B|1, 1, 1, L] the keys it allows): its window
+is its last W tokens, its prefix the others, scored by those window queries over the keys
+they may see (causal, same segment, ``mask``), with its own budget and dense decision (a
+row with ≤ min_tokens + W tokens is dense); the inner variant gets the selected tokens'
+own segment ids and the mask gathered onto them. A right-padded row gives what the row
+alone gives; its padding positions get 0 (on a sparse row; a dense row is the inner
+variant's own output there).
 
 Beyond the public code (``docs/token_sparse.md``):
 
@@ -887,8 +897,8 @@ def token_sparse_attention(
     Args:
       q: [B, L, H, D]; k: [B, L, Hkv, D]; v: [B, L, Hkv, Dv]; RoPE already applied.
       causal: causal prefill (the default here; the contract's default is False).
-      mask, q_segment_ids, kv_segment_ids: accepted, and make the call dense (as does
-        kv_len ≠ q_len, e.g. a decoding step over a KV cache).
+      mask, q_segment_ids, kv_segment_ids: ragged rows, selected per row (module
+        docstring); kv_len ≠ q_len (a decoding step over a KV cache) is dense.
       coverage: mass of the least important prefix tokens allowed to be dropped (a Python
         number in [0, 1); 0 = dense).
       min_tokens: the least number of prefix tokens kept; L ≤ min_tokens + window is dense.

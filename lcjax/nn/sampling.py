@@ -227,7 +227,8 @@ def split_prefill_layers(model) -> tuple[int, ...]:
                  if getattr(block.attn.attention_fn, "name", None) in SPLIT_PREFILL)
 
 
-def prefill(model, prompts: jax.Array, prompt_lengths: jax.Array, cache_len: int):
+def prefill(model, prompts: jax.Array, prompt_lengths: jax.Array, cache_len: int, *,
+            return_inputs: bool = False):
     """The prompts' pass of :func:`generate` (traceable): (logits [B, P, V], caches of
     ``cache_len`` slots holding the prompts' K/V, padding at segment id -1).
 
@@ -235,13 +236,17 @@ def prefill(model, prompts: jax.Array, prompt_lengths: jax.Array, cache_len: int
     in training (no cache, segment ids marking each row's padding), so those layers run
     their method (e.g. token-sparse selection per row); each layer's K/V (what its
     variant received, RoPE applied) then fills its cache, and decoding runs from it.
-    Otherwise the prompts are written through the cache in one cached call."""
+    Otherwise the prompts are written through the cache in one cached call.
+    ``return_inputs``: also return, per layer, the ``{"q", "k", "v", "scale"}`` its
+    variant received (split prefill only; None otherwise), e.g. for a method's
+    statistics."""
     b, p = prompts.shape
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     seg = lengths_to_segment_ids(prompt_lengths, p)
     cache = model.init_cache(b, cache_len)
     if not split_prefill_layers(model):
-        return model(prompts, positions=positions, cache=cache, segment_ids=seg)
+        out = model(prompts, positions=positions, cache=cache, segment_ids=seg)
+        return (*out, None) if return_inputs else out
     if model.config.trsp or model.context_lm is not None:
         raise ValueError("generate: a split prefill (layers "
                          f"{split_prefill_layers(model)} use {sorted(SPLIT_PREFILL)}) needs "
@@ -252,7 +257,7 @@ def prefill(model, prompts: jax.Array, prompt_lengths: jax.Array, cache_len: int
         raise ValueError(f"generate: the prefill captured {len(inputs)} attention inputs for "
                          f"{len(cache)} layer caches")
     caches = tuple(update_kv_cache(c, x["k"], x["v"], seg) for c, x in zip(cache, inputs))
-    return logits, caches
+    return (logits, caches, inputs) if return_inputs else (logits, caches)
 
 
 _STATIC = ("graphdef", "max_new_tokens", "top_k", "greedy", "use_top_p", "return_logprobs",
