@@ -21,9 +21,9 @@ at toy scale:
    and 128 scaled down with L; ``pool`` 7 as in the paper; inner variant ``"softmax"``, the
    model's own attention). The model is run as the paper runs it
    (:class:`SparsePrefillGenerator`): the prompt is **prefilled** with token-sparse
-   attention (rows of one length, no padding and no cache: ``lcjax.nn.generate``'s
-   padded, cached prefill is outside the method's domain and would run dense), every
-   layer's full K/V is cached (``capture_attention(tap="inputs")``), and the answer is
+   attention by the library's prefill (``lcjax.nn.sampling.prefill``, the one
+   ``lcjax.nn.generate`` runs: the prompt alone through the model, sparse per row),
+   every layer's full K/V is cached, and the answer is
    **decoded** greedily and densely through that cache — so the first answer byte comes
    from the sparse prefill and the later ones see the K/V the sparse prefill produced.
    The kept fraction (selected (token, head) pairs / (L·H)) is recorded per layer and item.
@@ -268,26 +268,27 @@ def _kept(q, k, opts: Mapping):
 def _prefill_fn(graphdef, cache_len: int, sparse: tuple):
     """jit: (state, tokens [B, n]) -> (next-token logits at the last position [B, V],
     per-layer KVCache of ``cache_len`` slots holding the prompt's K/V, ((kept [B],
-    budget [B]) per sparse layer))."""
+    budget [B]) per sparse layer)). The prefill is the library's
+    (``lcjax.nn.sampling.prefill``: the prompt alone through the model, each layer's K/V
+    into its cache), the one ``lcjax.nn.generate`` runs."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
-    from lcjax.nn import capture_attention, init_kv_cache, update_kv_cache
+    from lcjax.nn.attention import capture_attention
+    from lcjax.nn.sampling import prefill
 
-    def prefill(state, tokens):
+    def run(state, tokens):
         model = nnx.merge(graphdef, state)
-        logits, inputs = capture_attention(model, tokens, tap="inputs")
         b, n = tokens.shape
-        caches = tuple(
-            update_kv_cache(init_kv_cache(b, cache_len, x["k"].shape[2], x["k"].shape[3],
-                                          x["k"].dtype),
-                            x["k"], x["v"], jnp.zeros((b, n), jnp.int32))
-            for x in inputs)
+        logits, caches, inputs = prefill(model, tokens, jnp.full((b,), n, jnp.int32),
+                                         cache_len, return_inputs=True)
+        if inputs is None and sparse:  # no split-prefill layer: read the inputs for `kept`
+            _, inputs = capture_attention(model, tokens, tap="inputs")
         kept = tuple(_kept(inputs[i]["q"], inputs[i]["k"], dict(opts)) for i, opts in sparse)
         return logits[:, -1], caches, kept
 
-    return jax.jit(prefill)
+    return jax.jit(run)
 
 
 class SparsePrefillGenerator:

@@ -32,9 +32,19 @@ RoPE already applied), window W, prefix P = L - W:
    call builds an [L, L] or [W, L] matrix, so it compiles at 128K tokens on one TPU chip.
 
 Dense attention (the inner variant on the whole sequence) exactly when L ≤ min_tokens + W,
-``coverage == 0``, or, per example, n = 0. Calls outside the method's domain — a KV-cache
-decoding step or cross attention (kv_len ≠ q_len), an explicit ``mask``, segment ids — are
-dense too, as decoding is in the public code.
+``coverage == 0``, or, per example, n = 0. A call outside the method's domain — a KV-cache
+decoding step or cross attention (kv_len ≠ q_len) — is dense too, as decoding is in the
+public code; such a call and a too-short one warn once (per reason, per process) and set
+``aux["dense"]``.
+
+**Ragged rows** (segment ids, or a ``mask``): each row is laid out over its own tokens
+(segment id ≥ 0, and for a key-padding mask [B|1, 1, 1, L] the keys it allows): its window
+is its last W tokens, its prefix the others, scored by those window queries over the keys
+they may see (causal, same segment, ``mask``), with its own budget and dense decision (a
+row with ≤ min_tokens + W tokens is dense); the inner variant gets the selected tokens'
+own segment ids and the mask gathered onto them. A right-padded row gives what the row
+alone gives; its padding positions get 0 (on a sparse row; a dense row is the inner
+variant's own output there).
 
 Beyond the public code (``docs/token_sparse.md``):
 
@@ -62,6 +72,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -81,6 +92,7 @@ from lcjax.attention.spec import (
     Implementation,
     pallas_skip_on_cpu,
     resolve_kernel,
+    validate_segment_ids,
 )
 
 __all__ = [
@@ -330,28 +342,163 @@ def select_tokens(
     b, h, p_len = scores.shape
     if p_len < 1:
         raise ValueError(f"select_tokens: empty prefix: scores {scores.shape}")
+    if share == "kv_group" and (kv_heads is None or kv_heads <= 0 or h % kv_heads):
+        raise ValueError(f"select_tokens: share='kv_group' needs `kv_heads` dividing the "
+                         f"{h} heads, got {kv_heads!r}")
     length = p_len + window
-    budget, dense = coverage_budget(scores, coverage=coverage, min_tokens=min_tokens)
-    acc = jnp.promote_types(scores.dtype, jnp.float32)
-    norm = scores.astype(acc) / (jnp.sum(scores.astype(acc), axis=-1, keepdims=True) + 1e-8)
+    pos = jnp.arange(length)
+    prefix = jnp.broadcast_to(pos < p_len, (b, length))
+    win_pos = jnp.broadcast_to(pos[p_len:].astype(jnp.int32), (b, window))
+    return _select_rows(pad_axis(scores, 2, length), prefix, win_pos, jnp.zeros((b,), bool),
+                        coverage=coverage, min_tokens=min_tokens, capacity=capacity,
+                        share=share, kv_heads=kv_heads)
+
+
+# ----------------------------------------------------------------------------
+# Ragged rows: segment ids and masks
+# ----------------------------------------------------------------------------
+def _as_mask4(mask) -> Array | None:
+    """``mask`` broadcastable to [B, H, T, S] as a rank-4 bool array (size-1 axes kept)."""
+    if mask is None:
+        return None
+    m = jnp.asarray(mask, bool)
+    return m.reshape((1,) * (4 - m.ndim) + m.shape)
+
+
+def _row_layout(length: int, window: int, q_segment_ids, mask4):
+    """Per row b: which tokens exist and which form its window.
+
+    A token exists (``valid`` [B, L]) when its segment id is >= 0 (all, without segment
+    ids) and, for a key-padding mask (shape [B|1, 1, 1, L]), when the mask lets it be
+    attended. The window is the row's last ``window`` existing tokens, the prefix the
+    others. Returns (valid [B, L] bool, prefix [B, L] bool, window positions [B, W] int32
+    ascending, L where a row has fewer than W tokens; tokens per row [B] int32)."""
+    valid = jnp.ones((1, length), bool)
+    if q_segment_ids is not None:
+        valid = jnp.asarray(q_segment_ids) >= 0
+    if mask4 is not None and mask4.shape[1] == 1 and mask4.shape[2] == 1:
+        valid = valid & mask4[:, 0, 0, :]
+    from_end = jnp.cumsum(valid[:, ::-1].astype(jnp.int32), axis=1)[:, ::-1]
+    win = valid & (from_end <= window)
+    pos = jnp.arange(length, dtype=jnp.int32)
+    top, _ = lax.top_k(jnp.where(win, pos, -1), window)
+    win_pos = jnp.sort(jnp.where(top < 0, length, top), axis=-1).astype(jnp.int32)
+    return valid, valid & ~win, win_pos, jnp.sum(valid, axis=1).astype(jnp.int32)
+
+
+def _gather_rows(x, b: int, idx):
+    """x [B|1, ...] at per-row positions idx [B, n] of axis 1 -> [B, n, ...]."""
+    x = jnp.broadcast_to(x, (b,) + x.shape[1:])
+    return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+def _scores_rows(q, k, *, win_pos, valid, prefix, q_segment_ids, kv_segment_ids, mask4,
+                 causal: bool, scale: float, block_kv: int):
+    """Mean window probabilities [B, H, L] (unpooled, 0 outside each row's prefix) for
+    ragged rows: the window queries are each row's ``win_pos``; a window query sees the
+    existing keys of its segment (causally, under ``causal``) that ``mask4`` allows.
+    The same two key-block passes as :func:`_scores_xla`."""
+    b, s_len, hk, d = k.shape
+    h = q.shape[2]
+    g = h // hk
+    acc = stat_dtype(q, k)
+    w = win_pos.shape[1]
+    row_ok = win_pos < s_len  # [B, W]
+    qpos = jnp.minimum(win_pos, s_len - 1)
+    qw = _gather_rows(q, b, qpos)  # [B, W, H, D]
+    qw = jnp.transpose(group_queries(qw, hk), (0, 2, 3, 1, 4))  # [B, Hkv, G, W, D]
+    bk = min(block_kv, s_len)
+    nk = -(-s_len // bk)
+    kp = jnp.swapaxes(pad_axis(k, 1, nk * bk), 1, 2)  # [B, Hkv, Sp, D]
+    kvalid = pad_axis(jnp.broadcast_to(valid, (b, s_len)), 1, nk * bk)
+    kseg = qseg = None
+    if q_segment_ids is not None:
+        kseg = pad_axis(jnp.asarray(kv_segment_ids), 1, nk * bk)
+        qseg = _gather_rows(jnp.asarray(q_segment_ids), b, qpos)  # [B, W]
+    mrows = None
+    if mask4 is not None:  # the window queries' rows [B, Hm, W, L]
+        m = mask4 if mask4.shape[2] == 1 else jax.vmap(
+            lambda mb, r: mb[:, r, :])(jnp.broadcast_to(mask4, (b,) + mask4.shape[1:]), qpos)
+        m = jnp.broadcast_to(m, (b, m.shape[1], w, s_len))
+        mrows = pad_axis(m.reshape(b, -1, 1, w, s_len) if m.shape[1] == 1
+                         else m.reshape(b, hk, g, w, s_len), 4, nk * bk)
+
+    def tile(kj):
+        kb = lax.dynamic_slice_in_dim(kp, kj * bk, bk, axis=2)
+        sc = jnp.einsum("bkgwd,bksd->bkgws", qw, kb, preferred_element_type=acc)
+        k_pos = kj * bk + jnp.arange(bk)
+        ok = lax.dynamic_slice_in_dim(kvalid, kj * bk, bk, axis=1)[:, None, :]  # [B, 1, bk]
+        ok = ok & row_ok[:, :, None]
+        if causal:
+            ok = ok & (k_pos[None, None, :] <= qpos[:, :, None])
+        if kseg is not None:
+            ks = lax.dynamic_slice_in_dim(kseg, kj * bk, bk, axis=1)
+            ok = ok & (qseg[:, :, None] == ks[:, None, :])
+        ok = ok[:, None, None]  # [B, 1, 1, W, bk]
+        if mrows is not None:
+            ok = ok & lax.dynamic_slice_in_dim(mrows, kj * bk, bk, axis=4)
+        return jnp.where(ok, sc * acc.type(scale), -jnp.inf)
+
+    def stats(carry, kj):
+        m, l = carry
+        sc = tile(kj)
+        m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
+        safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+        l = l * jnp.exp(jnp.where(jnp.isfinite(m), m - safe, -jnp.inf)) + jnp.sum(
+            jnp.exp(sc - safe[..., None]), axis=-1)
+        return (m_new, l), None
+
+    init = match_varying((jnp.full((b, hk, g, w), -jnp.inf, acc),
+                          jnp.zeros((b, hk, g, w), acc)), q, k)
+    (m, l), _ = lax.scan(stats, init, jnp.arange(nk))
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    inv_l = jnp.where(l > 0, 1.0 / jnp.where(l > 0, l, 1.0), 0.0)  # a query seeing nothing: 0
+
+    def column_sums(kj):
+        prob = jnp.exp(tile(kj) - m[..., None]) * inv_l[..., None]
+        return jnp.sum(prob, axis=-2)  # [B, Hkv, G, bk]
+
+    cols = lax.map(column_sums, jnp.arange(nk))  # [nk, B, Hkv, G, bk]
+    cols = jnp.moveaxis(cols, 0, 3).reshape(b, h, nk * bk)[..., :s_len]
+    return jnp.where(prefix[:, None, :], cols / acc.type(w), 0.0)
+
+
+def _select_rows(pooled, prefix, win_pos, short, *, coverage, min_tokens, capacity, share,
+                 kv_heads):
+    """The budget and per-head selection (module docstring, 2-3) of each row on pooled
+    scores [B, H, L] over that row's ``prefix`` [B, L]; ``win_pos`` [B, W] (L = none) is
+    always kept; ``short`` [B] rows are dense. Returns :class:`TokenSelection` (budget
+    P_b for a dense row)."""
+    b, h, length = pooled.shape
+    acc = jnp.promote_types(pooled.dtype, jnp.float32)
+    pooled = jnp.where(prefix[:, None, :], pooled.astype(acc), 0.0)
+    p_b = jnp.sum(prefix, axis=1).astype(jnp.int32)
+    g = jnp.mean(pooled, axis=1)
+    g = g / (jnp.sum(g, axis=-1, keepdims=True) + 1e-8)
+    # the prefix values (<= 1) sort before the others (2), whose running sums exceed 1
+    cum = jnp.cumsum(jnp.sort(jnp.where(prefix, g, 2.0), axis=-1), axis=-1)
+    n = jnp.sum(cum < coverage, axis=-1).astype(jnp.int32)
+    dense = (n == 0) | short
+    budget = jnp.minimum(jnp.maximum(min_tokens, p_b - (n + 1)), p_b)
+    budget = jnp.where(dense, p_b, budget).astype(jnp.int32)
+    norm = pooled / (jnp.sum(pooled, axis=-1, keepdims=True) + 1e-8)
     if share == "kv_group":
-        if kv_heads is None or kv_heads <= 0 or h % kv_heads:
-            raise ValueError(f"select_tokens: share='kv_group' needs `kv_heads` dividing the "
-                             f"{h} heads, got {kv_heads!r}")
-        norm = jnp.mean(norm.reshape(b, kv_heads, h // kv_heads, p_len), axis=2)
+        norm = jnp.mean(norm.reshape(b, kv_heads, h // kv_heads, length), axis=2)
+    norm = jnp.where(prefix[:, None, :], norm, -jnp.inf)
+    p_max = length - win_pos.shape[1]
     if capacity is None:
         if _is_concrete(budget):
             kb = np.asarray(budget)[~np.asarray(dense)]
-            capacity = int(kb.max()) if kb.size else p_len
+            capacity = int(kb.max()) if kb.size else p_max
         else:
-            capacity = p_len
-    cap = min(int(capacity), p_len)
+            capacity = p_max
+    cap = max(min(int(capacity), p_max), 1)
     _, top = lax.top_k(norm, cap)  # [B, Hs, C], best first (ties: lower index first)
     rank_ok = jnp.arange(cap)[None, None, :] < budget[:, None, None]
-    prefix = jnp.where(rank_ok, top, length)
-    win = jnp.broadcast_to(jnp.arange(p_len, length, dtype=prefix.dtype),
-                           prefix.shape[:2] + (window,))
-    indices = jnp.sort(jnp.concatenate([prefix, win], axis=-1), axis=-1).astype(jnp.int32)
+    chosen = jnp.where(rank_ok, top, length)
+    win = jnp.broadcast_to(win_pos[:, None, :], chosen.shape[:2] + win_pos.shape[1:])
+    indices = jnp.sort(jnp.concatenate([chosen, win.astype(chosen.dtype)], axis=-1),
+                       axis=-1).astype(jnp.int32)
     return TokenSelection(indices, indices < length, budget, dense)
 
 
@@ -379,13 +526,36 @@ def _inner_call(fn, q, k, v, *, causal, scale, options, q_segment_ids=None,
     return fn(q, k, v, causal=causal, scale=scale, **kw)
 
 
+def _compressed_mask(mask4, idx, share: str, h: int):
+    """``mask4`` [B|1, H|1, L|1, L] on each head's selected tokens ``idx`` [B, Hs, K'],
+    shaped for the folded inner call: [B·H, 1, K'|1, K'] (``share="head"``) or
+    [B·Hkv, G|1, K'|1, K'] (``"kv_group"``)."""
+    mb, mh, mq, _ = mask4.shape
+    b, hs, kk = idx.shape
+    bi = jnp.arange(b).reshape(b, 1, 1, 1) if mb > 1 else 0
+    if share == "head":
+        hi = jnp.arange(h).reshape(1, h, 1, 1) if mh > 1 else 0
+        rq = idx[..., :, None] if mq > 1 else 0
+        m = mask4[bi, hi, rq, idx[..., None, :]]  # [B, H, K'|1, K']
+        return m.reshape(b * h, 1, m.shape[-2], kk)
+    g = h // hs
+    bi = bi if mb == 1 else bi[..., None]
+    hi = (jnp.arange(hs)[:, None] * g + jnp.arange(g)[None, :]).reshape(1, hs, g, 1, 1) \
+        if mh > 1 else 0
+    rq = idx[:, :, None, :, None] if mq > 1 else 0
+    m = mask4[bi, hi, rq, idx[:, :, None, None, :]]  # [B, Hkv, G|1, K'|1, K']
+    return m.reshape(b * hs, m.shape[2], m.shape[3], kk)
+
+
 def _sparse_attention(q, k, v, sel: TokenSelection, *, causal, scale, inner_fn, inner_options,
-                      share: str, padded: bool):
+                      share: str, padded: bool, segment_ids=None, mask4=None):
     """Gather per head, inner attention on the compressed set, scatter back into zeros.
 
     Heads (or kv groups) are folded into the batch axis of the inner call, so each has its
     own token set: [B·H, K', 1, D] (``share="head"``) or [B·Hkv, K', G, D] (``"kv_group"``);
-    unused slots (last in every row) get segment id -1 when ``padded``."""
+    unused slots (last in every row) get segment id -1 when ``padded`` or with
+    ``segment_ids`` (q [B, L], kv [B, L]: the selected tokens keep their own segment ids,
+    so packed segments stay apart); ``mask4`` (rank 4) is gathered onto the selected tokens."""
     b, length, h, d = q.shape
     hk, dv = k.shape[2], v.shape[3]
     g = h // hk
@@ -407,11 +577,18 @@ def _sparse_attention(q, k, v, sel: TokenSelection, *, causal, scale, inner_fn, 
         kf = jnp.take_along_axis(kt, idx[..., None], axis=2).reshape(b * hk, kk, 1, d)
         vf = jnp.take_along_axis(vt, idx[..., None], axis=2).reshape(b * hk, kk, 1, dv)
         heads_idx = jnp.repeat(sel.indices, g, axis=1)
-    seg = None
-    if padded:
-        seg = jnp.where(sel.valid, 0, -1).astype(jnp.int32).reshape(-1, kk)
+    def compress(ids):
+        rows = jnp.take_along_axis(jnp.asarray(ids, jnp.int32)[:, None, :], idx, axis=2)
+        return jnp.where(sel.valid, rows, -1).astype(jnp.int32).reshape(-1, kk)
+
+    q_seg = kv_seg = None
+    if segment_ids is not None:
+        q_seg, kv_seg = compress(segment_ids[0]), compress(segment_ids[1])
+    elif padded:
+        q_seg = kv_seg = jnp.where(sel.valid, 0, -1).astype(jnp.int32).reshape(-1, kk)
+    mask = None if mask4 is None else _compressed_mask(mask4, idx, share, h)
     out = _inner_call(inner_fn, qf, kf, vf, causal=causal, scale=scale, options=inner_options,
-                      q_segment_ids=seg, kv_segment_ids=seg)
+                      q_segment_ids=q_seg, kv_segment_ids=kv_seg, mask=mask)
     if share == "head":
         out = out.reshape(b, h, kk, dv)
     else:
@@ -430,34 +607,84 @@ def _dense_aux(b: int, h: int, length: int, window: int):
             "dense": jnp.ones((b,), bool)}
 
 
+_WARNED: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    """Warn ``message`` the first time ``key`` comes up in this process."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(f"{_NAME}: {message}", stacklevel=5)
+
+
+def _dense_reason(length: int, kv_len: int, min_tokens: int, window: int):
+    """(key, message) saying why a call is dense by the method's domain, or None."""
+    if kv_len != length:
+        return "cross", (f"kv_len {kv_len} != q_len {length} (a KV-cache decoding step or "
+                         f"cross attention): the method selects tokens in a self-attention "
+                         f"prefill only and decodes densely, so this call is dense "
+                         f"(aux['dense'] is True)")
+    if length <= min_tokens + window:
+        return "short", (f"length {length} <= min_tokens + window = {min_tokens} + {window}: "
+                         f"dense by the method's rule (aux['dense'] is True); pass a smaller "
+                         f"`min_tokens` / `window` to make short sequences sparse")
+    return None
+
+
 def _token_sparse(q, k, v, *, causal, mask, scale, q_segment_ids, kv_segment_ids, return_aux,
                   coverage, min_tokens, window, pool, capacity, share, inner, inner_options,
-                  scorer: Callable):
+                  scorer: Callable, block_kv: int):
     """The method, with the raw (unpooled) scoring pass ``scorer(q, k, window=, causal=,
-    scale=) -> [B, H, P]`` of one implementation."""
+    scale=) -> [B, H, P]`` of one implementation (rows without segment ids or mask), and
+    :func:`_scores_rows` (by ``block_kv`` key blocks) for ragged rows."""
     shapes = validate_qkv(q, k, v, mask=mask, name=_NAME)
     _check_options(coverage=coverage, min_tokens=min_tokens, window=window, pool=pool,
                    capacity=capacity, share=share)
+    validate_segment_ids(q, k, q_segment_ids, kv_segment_ids, name=_NAME)
     inner_fn = _resolve_inner(inner)
     inner_options = dict(inner_options or {})
     b, length, h = shapes.batch, shapes.q_len, shapes.heads
-    sparse_domain = (shapes.kv_len == length and mask is None and q_segment_ids is None
-                     and length > min_tokens + window and float(coverage) > 0.0)
-    if not sparse_domain:
+    reason = _dense_reason(length, shapes.kv_len, min_tokens, window)
+    if reason is not None or float(coverage) == 0.0:
+        if reason is not None:
+            _warn_once(*reason)
         out = _inner_call(inner_fn, q, k, v, causal=causal, scale=scale, options=inner_options,
                           q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                           mask=mask)
         return (out, _dense_aux(b, h, length, window)) if return_aux else out
     sc = default_scale(shapes.head_dim, scale)
-    raw = scorer(lax.stop_gradient(q), lax.stop_gradient(k), window=window, causal=causal,
-                 scale=sc)
-    sel = select_tokens(pool_scores(raw, pool), coverage=coverage, min_tokens=min_tokens,
-                        window=window, capacity=capacity, share=share,
-                        kv_heads=shapes.kv_heads)
+    ragged = mask is not None or q_segment_ids is not None
+    mask4 = _as_mask4(mask)
+    segments = None
+    if ragged:  # per-row windows, budgets and selections over each row's own tokens
+        valid, prefix, win_pos, n_tok = _row_layout(length, window, q_segment_ids, mask4)
+        valid = jnp.broadcast_to(valid, (b, length))
+        prefix = jnp.broadcast_to(prefix, (b, length))
+        win_pos = jnp.broadcast_to(win_pos, (b, window))
+        n_tok = jnp.broadcast_to(n_tok, (b,))
+        raw = _scores_rows(lax.stop_gradient(q), lax.stop_gradient(k), win_pos=win_pos,
+                           valid=valid, prefix=prefix, q_segment_ids=q_segment_ids,
+                           kv_segment_ids=kv_segment_ids, mask4=mask4, causal=causal,
+                           scale=sc, block_kv=block_kv)
+        sel = _select_rows(pool_scores(raw, pool), prefix, win_pos,
+                           n_tok <= min_tokens + window, coverage=coverage,
+                           min_tokens=min_tokens, capacity=capacity, share=share,
+                           kv_heads=shapes.kv_heads)
+        own = jnp.where(valid, 0, -1).astype(jnp.int32)
+        segments = ((own, own) if q_segment_ids is None
+                    else (q_segment_ids, kv_segment_ids))
+        per_row = n_tok
+    else:
+        raw = scorer(lax.stop_gradient(q), lax.stop_gradient(k), window=window, causal=causal,
+                     scale=sc)
+        sel = select_tokens(pool_scores(raw, pool), coverage=coverage, min_tokens=min_tokens,
+                            window=window, capacity=capacity, share=share,
+                            kv_heads=shapes.kv_heads)
+        per_row = jnp.full((b,), length, jnp.int32)
     cap = sel.indices.shape[-1] - window
     # Unused slots sit after every used one (index L sorts last). Causal, no used query
     # sees them and their own rows are dropped by the scatter, so they need no masking;
-    # not causal, segment id -1 hides them.
+    # not causal, segment id -1 hides them (always given to ragged rows).
     if _is_concrete(sel.budget):  # eager: exact padding and dense decisions
         kb, dn = np.asarray(sel.budget), np.asarray(sel.dense)
         padded = not causal and bool(np.any(kb[~dn] < cap))
@@ -465,17 +692,22 @@ def _token_sparse(q, k, v, *, causal, mask, scale, q_segment_ids, kv_segment_ids
     else:
         padded = not causal and cap > min_tokens  # K >= min_tokens fills min_tokens slots
         any_dense = None
+
+    def dense():
+        return _inner_call(inner_fn, q, k, v, causal=causal, scale=scale,
+                           options=inner_options, q_segment_ids=q_segment_ids,
+                           kv_segment_ids=kv_segment_ids, mask=mask)
+
     if any_dense is True and bool(np.all(np.asarray(sel.dense))):
-        out = _inner_call(inner_fn, q, k, v, causal=causal, scale=scale, options=inner_options)
+        out = dense()
     else:
         sparse = lambda: _sparse_attention(q, k, v, sel, causal=causal, scale=scale,
                                            inner_fn=inner_fn, inner_options=inner_options,
-                                           share=share, padded=padded)
+                                           share=share, padded=padded, segment_ids=segments,
+                                           mask4=mask4)
 
         def with_dense():
-            dense_out = _inner_call(inner_fn, q, k, v, causal=causal, scale=scale,
-                                    options=inner_options)
-            return jnp.where(sel.dense[:, None, None, None], dense_out, sparse())
+            return jnp.where(sel.dense[:, None, None, None], dense(), sparse())
 
         if any_dense is None:
             out = lax.cond(jnp.any(sel.dense), with_dense, sparse)
@@ -486,7 +718,7 @@ def _token_sparse(q, k, v, *, causal, mask, scale, q_segment_ids, kv_segment_ids
     g = h // shapes.kv_heads
     valid = sel.valid if share == "head" else jnp.repeat(sel.valid, g, axis=1)
     indices = sel.indices if share == "head" else jnp.repeat(sel.indices, g, axis=1)
-    kept = jnp.sum(valid, axis=(1, 2)) / float(h * length)
+    kept = jnp.sum(valid, axis=(1, 2)) / (h * jnp.maximum(per_row, 1)).astype(jnp.float32)
     kept = jnp.where(sel.dense, 1.0, kept).astype(jnp.float32)
     return out, {"indices": indices, "valid": valid, "kept_fraction": kept,
                  "budget": sel.budget, "dense": sel.dense}
@@ -507,7 +739,8 @@ def _xla(q: Float[Array, "B L H D"], k: Float[Array, "B L Hkv D"],
                          q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                          return_aux=return_aux, coverage=coverage, min_tokens=min_tokens,
                          window=window, pool=pool, capacity=capacity, share=share,
-                         inner=inner, inner_options=inner_options, scorer=scorer)
+                         inner=inner, inner_options=inner_options, scorer=scorer,
+                         block_kv=block_kv)
 
 
 def _pallas(q: Float[Array, "B L H D"], k: Float[Array, "B L Hkv D"],
@@ -537,43 +770,64 @@ def _pallas(q: Float[Array, "B L H D"], k: Float[Array, "B L Hkv D"],
                          q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                          return_aux=return_aux, coverage=coverage, min_tokens=min_tokens,
                          window=window, pool=pool, capacity=capacity, share=share,
-                         inner=inner, inner_options=inner_options, scorer=scorer)
+                         inner=inner, inner_options=inner_options, scorer=scorer,
+                         block_kv=block_kv)
 
 
 # ----------------------------------------------------------------------------
 # Reference and public function
 # ----------------------------------------------------------------------------
 def _reference_selection(q, k, *, causal, scale, coverage, min_tokens, window, pool, capacity,
-                         share):
-    """Dense, slow selection: bool [B, H, L] (True = token kept for that head)."""
+                         share, q_segment_ids=None, kv_segment_ids=None, mask4=None):
+    """Dense, slow selection: bool [B, H, L] (True = token kept for that head). Rows are
+    laid out by :func:`_row_layout` (all tokens and the last W as the window without
+    segment ids or mask)."""
     b, length, h, d = q.shape
     hk = k.shape[2]
     g = h // hk
     acc = stat_dtype(q, k)
-    p_len = length - window
+    valid, prefix, win_pos, n_tok = _row_layout(length, window, q_segment_ids, mask4)
+    valid = jnp.broadcast_to(valid, (b, length))
+    prefix = jnp.broadcast_to(prefix, (b, length))
+    win_pos = jnp.broadcast_to(win_pos, (b, window))
+    short = jnp.broadcast_to(n_tok, (b,)) <= min_tokens + window
     kr = jnp.repeat(k, g, axis=2).astype(acc)
     x = jnp.einsum("bthd,bshd->bhts", q.astype(acc), kr) * default_scale(d, scale)
+    vis = jnp.broadcast_to(valid[:, None, None, :], x.shape)
     if causal:
-        x = jnp.where(jnp.tril(jnp.ones((length, length), bool)), x, -jnp.inf)
-    probs = jax.nn.softmax(x[:, :, p_len:], axis=-1)  # [B, H, W, L]
-    a = jnp.mean(probs, axis=2)[..., :p_len]  # [B, H, P]
+        vis = vis & jnp.tril(jnp.ones((length, length), bool))
+    if q_segment_ids is not None:
+        vis = vis & (q_segment_ids[:, None, :, None] == kv_segment_ids[:, None, None, :])
+    if mask4 is not None:
+        vis = vis & mask4
+    rows = jnp.minimum(win_pos, length - 1)[:, None, :, None]
+    xw = jnp.take_along_axis(jnp.where(vis, x, -jnp.inf), rows, axis=2)  # [B, H, W, L]
+    seen = jnp.any(jnp.isfinite(xw), axis=-1, keepdims=True) & (win_pos < length)[:, None, :,
+                                                                                  None]
+    probs = jnp.where(seen, jax.nn.softmax(jnp.where(seen, xw, 0.0), axis=-1), 0.0)
+    a = jnp.where(prefix[:, None, :], jnp.sum(probs, axis=2) / window, 0.0)  # [B, H, L]
     r = pool // 2
     padded = jnp.pad(a, ((0, 0), (0, 0), (r, r)))
-    pooled = sum(padded[..., t:t + p_len] for t in range(pool)) / pool
+    pooled = sum(padded[..., t:t + length] for t in range(pool)) / pool
+    pooled = jnp.where(prefix[:, None, :], pooled, 0.0)
+    p_b = jnp.sum(prefix, axis=-1)
     gm = jnp.mean(pooled, axis=1)
     gm = gm / (jnp.sum(gm, -1, keepdims=True) + 1e-8)
-    n = jnp.sum(jnp.cumsum(jnp.sort(gm, -1), -1) < coverage, -1)
-    dense = n == 0
-    budget = jnp.where(dense, p_len, jnp.clip(p_len - n - 1, min_tokens, p_len))
+    ordered = jnp.sort(jnp.where(prefix, gm, jnp.inf), -1)
+    n = jnp.sum(jnp.isfinite(ordered) & (jnp.cumsum(jnp.where(jnp.isfinite(ordered), ordered,
+                                                                0.0), -1) < coverage), -1)
+    dense = (n == 0) | short
+    budget = jnp.where(dense, p_b, jnp.clip(p_b - n - 1, min_tokens, p_b))
     if capacity is not None:
         budget = jnp.minimum(budget, capacity)
     norm = pooled / (jnp.sum(pooled, -1, keepdims=True) + 1e-8)
     if share == "kv_group":
-        norm = jnp.repeat(jnp.mean(norm.reshape(b, hk, g, p_len), axis=2), g, axis=1)
+        norm = jnp.repeat(jnp.mean(norm.reshape(b, hk, g, length), axis=2), g, axis=1)
+    norm = jnp.where(prefix[:, None, :], norm, -jnp.inf)
     order = jnp.argsort(-norm, axis=-1, stable=True)
     rank = jnp.argsort(order, axis=-1, stable=True)  # rank of each token, 0 = best
-    keep = (rank < budget[:, None, None]) | dense[:, None, None]
-    keep = jnp.concatenate([keep, jnp.ones((b, h, window), bool)], axis=-1)
+    keep = (rank < budget[:, None, None]) & prefix[:, None, :]
+    keep = keep | (valid & ~prefix)[:, None, :] | dense[:, None, None]
     return lax.stop_gradient(keep)
 
 
@@ -586,10 +840,12 @@ def token_sparse_reference(
     share: str = "head", inner="blockwise", inner_options=None,
 ) -> Float[Array, "B T H Dv"]:
     """Exact slow token-sparse attention: the selection from dense [L, L] scores (softmax,
-    pool by shifted sums, sort-based budget, argsort ranks), then the inner variant's
-    reference with the mask "query and key both selected for this head" (and causal): a
-    skipped query row is empty, hence exactly 0. Outside the sparse domain (module
-    docstring) it is the inner reference itself."""
+    pool by shifted sums, sort-based budget, argsort ranks; per row over its own tokens
+    with segment ids or a mask), then the inner variant's reference with the mask "query
+    and key both selected for this head" (and causal, the segment ids and ``mask``): a
+    skipped query row is empty, hence exactly 0 — on sparse rows; a dense row is the inner
+    reference itself. Outside the sparse domain (module docstring) it is the inner
+    reference itself."""
     shapes = validate_qkv(q, k, v, mask=mask, name="token_sparse_reference")
     _check_options(coverage=coverage, min_tokens=min_tokens, window=window, pool=pool,
                    capacity=capacity, share=share)
@@ -600,13 +856,17 @@ def token_sparse_reference(
     else:
         ref, inner_options = inner, dict(inner_options or {})
     length = shapes.q_len
-    sparse_domain = (shapes.kv_len == length and mask is None and q_segment_ids is None
-                     and length > min_tokens + window and float(coverage) > 0.0)
+    sparse_domain = (_dense_reason(length, shapes.kv_len, min_tokens, window) is None
+                     and float(coverage) > 0.0)
     if sparse_domain:
+        mask4 = _as_mask4(mask)
         keep = _reference_selection(q, k, causal=causal, scale=scale, coverage=coverage,
                                     min_tokens=min_tokens, window=window, pool=pool,
-                                    capacity=capacity, share=share)
-        mask = keep[:, :, :, None] & keep[:, :, None, :]
+                                    capacity=capacity, share=share,
+                                    q_segment_ids=q_segment_ids,
+                                    kv_segment_ids=kv_segment_ids, mask4=mask4)
+        both = keep[:, :, :, None] & keep[:, :, None, :]
+        mask = both if mask4 is None else both & mask4
     return _inner_call(ref, q, k, v, causal=causal, scale=scale, options=inner_options,
                        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, mask=mask)
 
@@ -639,8 +899,8 @@ def token_sparse_attention(
     Args:
       q: [B, L, H, D]; k: [B, L, Hkv, D]; v: [B, L, Hkv, Dv]; RoPE already applied.
       causal: causal prefill (the default here; the contract's default is False).
-      mask, q_segment_ids, kv_segment_ids: accepted, and make the call dense (as does
-        kv_len ≠ q_len, e.g. a decoding step over a KV cache).
+      mask, q_segment_ids, kv_segment_ids: ragged rows, selected per row (module
+        docstring); kv_len ≠ q_len (a decoding step over a KV cache) is dense.
       coverage: mass of the least important prefix tokens allowed to be dropped (a Python
         number in [0, 1); 0 = dense).
       min_tokens: the least number of prefix tokens kept; L ≤ min_tokens + window is dense.
@@ -742,7 +1002,9 @@ def layer_attention(num_layers: int, sparse: Sequence[int], *, sparse_variant="t
 # The spec
 # ----------------------------------------------------------------------------
 _FEATURES = Features(lse=False)
-_PALLAS_FEATURES = Features(lse=False, dtypes=("float32", "bfloat16", "float16"))
+# the scoring kernel has no segment ids or mask: ragged rows go to the XLA implementation
+_PALLAS_FEATURES = Features(lse=False, mask=False, segment_ids=False,
+                            dtypes=("float32", "bfloat16", "float16"))
 # Tiny conformance shapes (L = 21..27) take the sparse path: P = L - 4 > min_tokens = 6,
 # coverage 0.9 leaves K = min_tokens (the top 7 of ≤ 23 tokens always hold > 10% of the
 # mass), so every head-sharding agrees with the reference, and capacity 10 > K leaves

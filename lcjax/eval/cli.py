@@ -24,6 +24,7 @@ import json
 import os
 import sys
 
+from lcjax.attention.options import attention_options_arg
 from lcjax.eval.items import DEFAULT_DEPTHS, parse_depths, parse_lengths
 
 
@@ -35,7 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the ``lcjax eval`` flags to ``parser``."""
     parser.add_argument("--suite", required=True, help="registered suite: ruler, nolima, ...")
     target = parser.add_mutually_exclusive_group(required=True)
-    target.add_argument("--model", help="run folder of `lcjax train --out DIR`")
+    target.add_argument("--model", help="run folder of `lcjax train --out DIR` or a Hugging "
+                        "Face checkpoint folder (prompts encoded, and --lengths counted, in "
+                        "its tokenizer)")
     target.add_argument("--endpoint", help="base URL of an OpenAI-compatible server")
     parser.add_argument("--lengths", type=parse_lengths, required=True,
                         help="comma list of lengths in tokens, k = 1024 (e.g. 1k,2k,4k)")
@@ -58,9 +61,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="default: the longest answer + 16")
     parser.add_argument("--no-progress", dest="progress", action="store_false")
+    parser.add_argument("--allow-errors", action="store_true",
+                        help="exit 0 even when items failed (default: exit 1 after a summary)")
     m = parser.add_argument_group("model (--model)")
     m.add_argument("--attention", default=None, help="attention variant for decoding "
                    "(default: the trained one; e.g. blockwise)")
+    m.add_argument("--attention-options", type=attention_options_arg, default=None, metavar="JSON",
+                   help="the variant's options as a JSON object (or @FILE), e.g. "
+                   "'{\"min_tokens\": 256, \"window\": 64}' for token_sparse")
     m.add_argument("--batch-size", type=int, default=8)
     e = parser.add_argument_group("endpoint (--endpoint)")
     e.add_argument("--api-model", default=None, help="the request's model field")
@@ -68,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--api-key-env", default=None, metavar="NAME",
                    help="environment variable with the API key (default: no key is sent; "
                    "refused with plain http to another machine)")
+    e.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="folder with the endpoint model's tokenizer.json: --lengths count "
+                   "its tokens (default: bytes)")
     e.add_argument("--concurrency", type=int, default=4)
     e.add_argument("--timeout", type=float, default=60.0,
                    help="seconds per attempt in all (connect, send, every read)")
@@ -97,22 +108,42 @@ def run(args: argparse.Namespace) -> int:
     else:
         target = args.model
     suite, options = suite_from_args(args)
+    tokenizer = None
+    if args.endpoint and args.tokenizer:
+        from lcjax.data.model_tokenizers import HFTokenizer
+
+        tokenizer = HFTokenizer(args.tokenizer).encode
     results = evaluate(
         target, suite, args.lengths, args.depths, args.n_per_cell, args.seed,
         tasks=args.tasks, results_file=os.path.join(args.out, "results.jsonl"),
         resume=args.resume, retry_errors=args.retry_errors, batch_size=args.batch_size,
-        max_new_tokens=args.max_new_tokens, attention=args.attention, progress=args.progress)
+        max_new_tokens=args.max_new_tokens, attention=args.attention, progress=args.progress,
+        attention_options=args.attention_options, tokenizer=tokenizer)
     command = command_line(["lcjax", "eval"], [
         ("--suite", args.suite), ("--model", args.model), ("--endpoint", args.endpoint),
         ("--api-model", args.api_model), ("--chat", args.chat or None),
         ("--lengths", args.lengths), ("--depths", args.depths),
         ("--n-per-cell", args.n_per_cell), ("--seed", args.seed), ("--tasks", args.tasks),
-        *options, ("--attention", args.attention), ("--out", args.out)])
+        *options, ("--attention", args.attention),
+        ("--attention-options", None if args.attention_options is None
+         else json.dumps(args.attention_options)),
+        ("--tokenizer", args.tokenizer), ("--out", args.out)])
     write_report(results, args.out, command=command, machine=machine_info())
     printed = {"overall": results.summary["overall"], "out": args.out}
     if suite.report is not None:
         printed[suite.name] = suite.report(results.records, args.out)
     print(json.dumps(printed))
+    failed = [r for r in results.records if r.get("error") is not None]
+    if failed:
+        kinds: dict[str, int] = {}
+        for r in failed:
+            kinds[str(r["error"])[:120]] = kinds.get(str(r["error"])[:120], 0) + 1
+        lines = "\n".join(f"  {n} x {msg}" for msg, n in sorted(kinds.items(),
+                                                                  key=lambda x: -x[1]))
+        print(f"lcjax eval: {len(failed)} of {len(results.records)} items failed:\n{lines}",
+              file=sys.stderr)
+        if not args.allow_errors:
+            return 1
     return 0
 
 

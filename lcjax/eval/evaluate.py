@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,7 +27,13 @@ from lcjax.data.suites import Suite
 from lcjax.eval.endpoint import EndpointConfig, endpoint_runner
 from lcjax.eval.items import DEFAULT_DEPTHS, EvalItem, build_items, resolve_suite
 from lcjax.eval.results import ResultsFile, make_record, read_results, summarize
-from lcjax.eval.runners import Runner, callable_runner, model_runner, with_attention
+from lcjax.eval.runners import (  # noqa: F401  (with_attention re-exported)
+    Runner,
+    callable_runner,
+    load_target,
+    model_runner,
+    with_attention,
+)
 
 __all__ = ["EvalResults", "evaluate", "max_answer_tokens", "make_runner"]
 
@@ -60,27 +67,38 @@ def _is_model(target) -> bool:
 
 
 def make_runner(target: Any, *, max_new_tokens: int, batch_size: int = 8,
-                attention: str | None = None, min_bucket: int = 64) -> tuple[Runner, str]:
-    """``(runner, backend description)`` for a model, run folder, endpoint or callable
-    (``min_bucket``: the models' smallest padded-length step, see
-    :func:`lcjax.eval.runners.bucket_length`)."""
+                attention: str | None = None, min_bucket: int = 64, attention_options=None,
+                tokenizer=None) -> tuple[Runner, str]:
+    """``(runner, backend description)`` for a model, model folder (run or Hugging Face),
+    endpoint or callable (``min_bucket``: the models' smallest padded-length step, see
+    :func:`lcjax.eval.runners.bucket_length`; ``tokenizer``: a model's own tokenizer
+    object, see :func:`lcjax.eval.runners.model_runner`)."""
     if isinstance(target, str | os.PathLike) and not isinstance(target, EndpointConfig):
         if not os.path.isdir(target):
             raise ValueError(f"evaluate: `target` {os.fspath(target)!r} is not a directory "
-                             "(give a model, a run folder, an EndpointConfig or a callable)")
-        from lcjax.train.checkpoint import load_model
+                             "(give a model, a run or HF folder, an EndpointConfig or a "
+                             "callable)")
+        model, tok = load_target(target, attention=attention,
+                                 attention_options=attention_options)
+        from lcjax.data.model_tokenizers import ByteTokenizer
 
-        model = load_model(target, attention=attention)
+        runner_tok = None if isinstance(tok, ByteTokenizer) else tok
         return (model_runner(model, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                             min_bucket=min_bucket),
+                             min_bucket=min_bucket, tokenizer=runner_tok),
                 f"model {os.path.abspath(target)} attention={model.config.attention}")
     if _is_model(target):
-        model = target if attention is None else with_attention(target, attention)
+        model = target
+        if attention is not None or attention_options is not None:
+            from lcjax.train.checkpoint import with_attention as switch
+
+            model = switch(target, attention, attention_options)
+        tok = tokenizer if hasattr(tokenizer, "decode") else None
         return (model_runner(model, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                             min_bucket=min_bucket),
+                             min_bucket=min_bucket, tokenizer=tok),
                 f"model {type(model).__name__} attention={model.config.attention}")
-    if attention is not None:
-        raise ValueError("evaluate: `attention` applies to lcjax models only")
+    if attention is not None or attention_options is not None:
+        raise ValueError("evaluate: `attention` / `attention_options` apply to lcjax models "
+                         "only")
     if isinstance(target, EndpointConfig):
         return endpoint_runner(target, max_tokens=max_new_tokens), "endpoint " + target.describe()
     if callable(target):
@@ -88,6 +106,14 @@ def make_runner(target: Any, *, max_new_tokens: int, batch_size: int = 8,
         return callable_runner(target, batch_size=batch_size), f"callable {name}"
     raise ValueError(f"evaluate: cannot evaluate a {type(target).__name__}: give an lcjax "
                      "model, a run folder, an EndpointConfig or a callable")
+
+
+def _counter(tokenizer):
+    """What item lengths count: ``tokenizer.encode`` of a tokenizer object, a callable
+    as it is, None (bytes)."""
+    if tokenizer is None or callable(tokenizer) and not hasattr(tokenizer, "decode"):
+        return tokenizer
+    return lambda text: tokenizer.encode(text)
 
 
 def _with_suite_metrics(suite: Suite, item: EvalItem, record: dict) -> dict:
@@ -138,6 +164,7 @@ def evaluate(
     attention: str | None = None,
     progress: bool = True,
     min_bucket: int = 64,
+    attention_options: Any = None,
 ) -> EvalResults:
     """Evaluate ``target`` on every item of ``suite`` (:func:`lcjax.eval.items.build_items`).
 
@@ -170,13 +197,29 @@ def evaluate(
       error; resumed records without it are scored again from their prediction).
     """
     suite = resolve_suite(suite)
+    if isinstance(target, str | os.PathLike) and not isinstance(target, EndpointConfig) \
+            and os.path.isdir(target):  # load once: the folder's tokenizer sizes the items
+        target, own = load_target(target, attention=attention,
+                                  attention_options=attention_options)
+        attention = attention_options = None
+        from lcjax.data.model_tokenizers import ByteTokenizer
+
+        tokenizer = tokenizer if tokenizer is not None or isinstance(own, ByteTokenizer) \
+            else own
+    skipped: list[str] = []
     items = build_items(suite, lengths, depths, n_per_cell, seed, tasks=tasks,
-                        tokenizer=tokenizer)
+                        tokenizer=_counter(tokenizer), skipped=skipped)
+    for note in skipped:
+        print(f"evaluate: skipped {note}", file=sys.stderr)
+    if not items:
+        raise ValueError(f"evaluate: no item fits the requested lengths {list(lengths)}: "
+                         + "; ".join(skipped))
     if max_new_tokens is None:
         max_new_tokens = max_answer_tokens(items)
     runner, backend = make_runner(target, max_new_tokens=max_new_tokens,
                                   batch_size=batch_size, attention=attention,
-                                  min_bucket=min_bucket)
+                                  min_bucket=min_bucket, attention_options=attention_options,
+                                  tokenizer=tokenizer)
     header = {"suite": suite.name, "seed": int(seed), "backend": backend,
               "max_new_tokens": int(max_new_tokens)}
     done: dict[tuple, dict] = {}
@@ -213,5 +256,5 @@ def evaluate(
     config = {**header, "tasks": list(dict.fromkeys(it.task for it in items)),
               "lengths": [int(n) for n in lengths], "depths": [float(d) for d in depths],
               "n_per_cell": int(n_per_cell), "items": len(items),
-              "resumed": len(items) - len(todo)}
+              "resumed": len(items) - len(todo), "skipped": skipped}
     return EvalResults(config, [done[it.key] for it in items])

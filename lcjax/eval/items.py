@@ -110,12 +110,15 @@ def _check_cells(lengths, depths, n_per_cell):
 
 def build_items(suite: str | Suite, lengths: Sequence[int],
                 depths: Sequence[float] = DEFAULT_DEPTHS, n_per_cell: int = 4, seed: int = 0,
-                *, tasks: Sequence[str] | None = None, tokenizer: Any = None) -> list[EvalItem]:
+                *, tasks: Sequence[str] | None = None, tokenizer: Any = None,
+                skipped: list[str] | None = None) -> list[EvalItem]:
     """Every item of ``suite`` for ``tasks`` (default: all) x ``lengths`` x ``depths``
     (one depth, None, for a task without depth) x ``n_per_cell``, in that order.
 
     ``tokenizer`` is passed to the suite's generator (``length`` then counts its tokens);
-    with None it is not passed, and lengths count bytes.
+    with None it is not passed, and lengths count bytes. ``skipped``: a list; a (task,
+    length) the task cannot reach (its generator's "too short" ``ValueError``) is then
+    left out and noted there, instead of raising.
     """
     suite = resolve_suite(suite)
     _check_cells(lengths, depths, n_per_cell)
@@ -123,15 +126,25 @@ def build_items(suite: str | Suite, lengths: Sequence[int],
     items = []
     for t in chosen:
         for length in lengths:
-            for depth in (depths if t.uses_depth else (None,)):
-                depth = None if depth is None else float(depth)
-                for i in range(n_per_cell):
-                    s = _sample(suite, t, _item_seed(seed, t.name, length, depth, i), length,
-                                depth, tokenizer)
-                    items.append(EvalItem(t.name, int(length), depth, i, bytes(s.prompt),
-                                          bytes(s.answer), tuple(bytes(r) for r in s.references),
-                                          s))
+            try:
+                items.extend(_cell_items(suite, t, length, depths, n_per_cell, seed, tokenizer))
+            except ValueError as e:
+                if skipped is None or "too short" not in str(e):
+                    raise
+                skipped.append(f"task {t.name!r} at length {length}: {e}")
     return items
+
+
+def _cell_items(suite, t, length, depths, n_per_cell, seed, tokenizer) -> list[EvalItem]:
+    out = []
+    for depth in (depths if t.uses_depth else (None,)):
+        depth = None if depth is None else float(depth)
+        for i in range(n_per_cell):
+            s = _sample(suite, t, _item_seed(seed, t.name, length, depth, i), length, depth,
+                        tokenizer)
+            out.append(EvalItem(t.name, int(length), depth, i, bytes(s.prompt),
+                                bytes(s.answer), tuple(bytes(r) for r in s.references), s))
+    return out
 
 
 _LENGTH = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")

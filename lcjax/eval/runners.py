@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -28,6 +29,7 @@ __all__ = [
     "bucket_length",
     "callable_runner",
     "length_buckets",
+    "load_target",
     "model_runner",
     "with_attention",
 ]
@@ -132,9 +134,35 @@ def _check_model(model):
                          f"byte tokenizer's {tok.VOCAB_SIZE} (BOS/EOS/PAD)")
 
 
+def load_target(path, *, attention: str | None = None, attention_options=None):
+    """``(model, tokenizer)`` of a model folder: an ``lcjax train`` run (``load_model``,
+    the byte tokenizer) or a Hugging Face checkpoint folder (``load_hf``, its
+    ``tokenizer.json``), with ``attention`` / ``attention_options`` switched on (the
+    variant's own parameters initialised, see :mod:`lcjax.nn.pretrained`)."""
+    from lcjax.data.model_tokenizers import ByteTokenizer, HFTokenizer, read_json
+
+    path = os.fspath(path)
+    cfg = read_json(os.path.join(path, "config.json"))
+    if not cfg:
+        raise ValueError(f"evaluate: {path!r} has no config.json (expected an `lcjax train` "
+                         "run folder or a Hugging Face checkpoint folder)")
+    if "model" in cfg:
+        from lcjax.train.checkpoint import load_model
+
+        return (load_model(path, attention=attention, attention_options=attention_options),
+                ByteTokenizer())
+    from lcjax.interop.hf import load_hf
+
+    model, _ = load_hf(path, attention=attention, attention_options=attention_options)
+    return model, HFTokenizer(path)
+
+
 def model_runner(model, *, max_new_tokens: int, batch_size: int = 8, bos: bool = True,
-                 stop_tokens: Sequence[int] = (tok.EOS,), min_bucket: int = 64) -> Runner:
-    """A runner decoding greedily with an ``lcjax.nn.DecoderLM`` over the byte tokenizer.
+                 stop_tokens: Sequence[int] = (tok.EOS,), min_bucket: int = 64,
+                 tokenizer=None) -> Runner:
+    """A runner decoding greedily with an ``lcjax.nn.DecoderLM`` over the byte tokenizer,
+    or over ``tokenizer`` (``encode(text) -> ids`` with its special tokens, ``decode``,
+    ``eos_ids`` the stop tokens, ``pad_id``; e.g. ``lcjax.data.model_tokenizers.HFTokenizer``).
 
     Row layout: ``[BOS] + prompt`` (``bos=True``, the layout ``lcjax.data.ruler.make_batch``
     trains on), right-padded with PAD to :func:`bucket_length`; every batch has
@@ -144,6 +172,9 @@ def model_runner(model, *, max_new_tokens: int, batch_size: int = 8, bos: bool =
     """
     from lcjax.nn import generate
 
+    if tokenizer is not None:
+        return _tokenizer_runner(model, tokenizer, max_new_tokens=max_new_tokens,
+                                 batch_size=batch_size, min_bucket=min_bucket)
     _check_model(model)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"model_runner: `max_new_tokens` must be an int >= 1, got "
@@ -169,5 +200,41 @@ def model_runner(model, *, max_new_tokens: int, batch_size: int = 8, bos: bool =
             for r, i in enumerate(chunk):
                 gen = tokens[r, lens[r]:ends[r]]
                 yield i, tok.decode(gen[gen < 256]), None
+
+    return run
+
+
+def _tokenizer_runner(model, tokenizer, *, max_new_tokens: int, batch_size: int,
+                      min_bucket: int) -> Runner:
+    """:func:`model_runner` with a model's own tokenizer: prompts encoded by
+    ``tokenizer.encode``, padded with ``tokenizer.pad_id``, stopped by its ``eos_ids``,
+    answers decoded by ``tokenizer.decode`` (the stop token dropped)."""
+    from lcjax.nn import generate
+
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"model_runner: `max_new_tokens` must be an int >= 1, got "
+                         f"{max_new_tokens!r}")
+    stops = tuple(int(i) for i in tokenizer.eos_ids)
+    pad = int(tokenizer.pad_id)
+
+    def run(prompts: list[bytes]):
+        ids = [np.asarray(tokenizer.encode(_text(p)), np.int32) for p in prompts]
+        for i in [i for i, x in enumerate(ids) if len(x) == 0]:
+            yield i, None, "empty prompt after tokenization"
+        keep = [i for i, x in enumerate(ids) if len(x)]
+        for p, chunk in length_buckets([len(ids[i]) for i in keep], batch_size,
+                                       min_bucket=min_bucket):
+            chunk = [keep[j] for j in chunk]
+            rows = np.full((batch_size, p), pad, np.int32)
+            lens = np.ones(batch_size, np.int32)
+            for r, i in enumerate(chunk):
+                rows[r, :len(ids[i])] = ids[i]
+                lens[r] = len(ids[i])
+            out = generate(model, rows, max_new_tokens, prompt_lengths=lens,
+                           stop_tokens=stops, pad_id=pad)
+            tokens, ends = np.asarray(out.tokens), np.asarray(out.lengths)
+            for r, i in enumerate(chunk):
+                gen = tokens[r, lens[r]:ends[r]]
+                yield i, tokenizer.decode(gen[~np.isin(gen, stops)]), None
 
     return run

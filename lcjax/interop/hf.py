@@ -36,6 +36,7 @@ biases raise ``ValueError``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import warnings
@@ -49,6 +50,7 @@ import numpy as np
 from flax import nnx
 
 from lcjax.nn import DecoderConfig, DecoderLM
+from lcjax.nn.pretrained import init_variant_params
 from lcjax.rope import check_rope_scaling
 
 __all__ = ["byte_tokenizer_files", "load_hf", "save_hf", "read_hf_config", "read_qk_weights",
@@ -61,6 +63,7 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
 _MODEL_TYPES = {v: k for k, v in ARCHITECTURES.items()}
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 _INDEX = "model.safetensors.index.json"
+_log = logging.getLogger(__name__)
 _SINGLE = "model.safetensors"
 # the most tensors' bytes in one shard file that save_hf writes (as save_pretrained's 5GB)
 DEFAULT_SHARD_BYTES = 5 * 10**9
@@ -328,7 +331,8 @@ def _get(model: nnx.Module, where: tuple):
     return node[...]
 
 
-def load_hf(path: str | os.PathLike, dtype=None, **overrides) -> tuple[DecoderLM, DecoderConfig]:
+def load_hf(path: str | os.PathLike, dtype=None, *, attention=None, attention_options=None,
+            calibration=None, return_initialised: bool = False, **overrides):
     """Load a Llama / Qwen2 / Qwen3 checkpoint directory into a :class:`DecoderLM`.
 
     Args:
@@ -336,12 +340,23 @@ def load_hf(path: str | os.PathLike, dtype=None, **overrides) -> tuple[DecoderLM
         ``model.safetensors.index.json`` or not).
       dtype: parameter and compute dtype; None keeps the checkpoint's (bf16 loads as bf16),
         e.g. ``jnp.float32`` casts on load.
-      overrides: DecoderConfig fields to replace (e.g. ``attention="blockwise"``,
-        ``max_len=32768``).
+      attention, attention_options: the attention variant (a registry name) and its
+        options, as the DecoderConfig fields of the same names. A variant with parameters
+        of its own (``"plash"``, ``"ssmax"``, ``"asentmax"``, ``"entmax"`` with
+        ``attention_learn``) gets them from :func:`lcjax.nn.pretrained.init_variant_params`
+        (PLASH prototypes by k-means of the checkpoint's keys on ``calibration``, the
+        length-scaling scalars neutral where the method has a neutral value); each
+        initialised parameter is logged (logger ``lcjax.interop.hf``, level INFO).
+      calibration: int tokens [B, T] for a data-dependent init (PLASH); None: seeded
+        random ids.
+      return_initialised: also return ``{parameter path: how it was initialised}``.
+      overrides: other DecoderConfig fields to replace (e.g. ``max_len=32768``,
+        ``attention_learn=("alpha",)``).
 
     Returns:
       ``(model, config)``: the model (logits [B, T, V] float32 from int tokens [B, T]) and
-      its :class:`DecoderConfig`.
+      its :class:`DecoderConfig`; with ``return_initialised``, ``(model, config,
+      initialised)``.
     """
     from safetensors import safe_open
 
@@ -353,6 +368,10 @@ def load_hf(path: str | os.PathLike, dtype=None, **overrides) -> tuple[DecoderLM
             first = f.keys()[0]
             dtype = f.get_slice(first).get_dtype()
         dtype = {"BF16": jnp.bfloat16, "F16": jnp.float16}.get(dtype, jnp.float32)
+    if attention is not None:
+        overrides["attention"] = attention
+    if attention_options is not None:
+        overrides["attention_options"] = dict(attention_options)
     config = hf_to_decoder_config(hf, dtype=dtype, **overrides)
     names = _hf_names(config)
     missing = sorted(set(names) - set(files))
@@ -376,13 +395,16 @@ def load_hf(path: str | os.PathLike, dtype=None, **overrides) -> tuple[DecoderLM
                 x = _to_ours(f.get_tensor(name), how, config.head_dim)
                 _set(model, where, jnp.asarray(x, config.param_dtype))
                 del x
+    initialised = init_variant_params(model, calibration=calibration)
+    for name, how in initialised.items():
+        _log.info("load_hf: initialised %s: %s", name, how)
     abstract = [jax.tree_util.keystr(p) for p, x in
                 jax.tree_util.tree_flatten_with_path(nnx.state(model))[0]
                 if isinstance(x, jax.ShapeDtypeStruct)]
     if abstract:
         raise ValueError(f"load_hf: {len(abstract)} model parameters have no checkpoint "
-                         f"tensor (a variant with its own parameters?), e.g. {abstract[:3]}")
-    return model, config
+                         f"tensor and no initialisation, e.g. {abstract[:3]}")
+    return (model, config, initialised) if return_initialised else (model, config)
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -51,12 +51,13 @@ from flax import nnx
 from jax import lax
 
 from lcjax.attention import lengths_to_segment_ids
+from lcjax.nn.attention import capture_attention, update_kv_cache
 
 if TYPE_CHECKING:
     from lcjax.nn.decoder import DecoderLM
 
-__all__ = ["DecodeResult", "GenerateResult", "decode_from_caches", "generate", "row_keys",
-           "sample_logits", "sampling_candidates"]
+__all__ = ["SPLIT_PREFILL", "DecodeResult", "GenerateResult", "decode_from_caches", "generate",
+           "prefill", "row_keys", "sample_logits", "sampling_candidates", "split_prefill_layers"]
 
 
 class GenerateResult(NamedTuple):
@@ -214,6 +215,51 @@ def _decode_loop(model, last, cache, start, rng, temperature, top_p, stop_tokens
     return out_tokens, count, out_logprobs
 
 
+# Variants whose method computes a prefill differently from a call over a KV cache:
+# token_sparse selects tokens in a self-attention prefill only (a cached call has
+# kv_len != q_len and decodes densely, as the method does).
+SPLIT_PREFILL = frozenset({"token_sparse"})
+
+
+def split_prefill_layers(model) -> tuple[int, ...]:
+    """Layers of ``model`` whose attention variant is in :data:`SPLIT_PREFILL`."""
+    return tuple(i for i, block in enumerate(model.blocks)
+                 if getattr(block.attn.attention_fn, "name", None) in SPLIT_PREFILL)
+
+
+def prefill(model, prompts: jax.Array, prompt_lengths: jax.Array, cache_len: int, *,
+            return_inputs: bool = False):
+    """The prompts' pass of :func:`generate` (traceable): (logits [B, P, V], caches of
+    ``cache_len`` slots holding the prompts' K/V, padding at segment id -1).
+
+    With a layer of :func:`split_prefill_layers` the model runs on the prompts alone, as
+    in training (no cache, segment ids marking each row's padding), so those layers run
+    their method (e.g. token-sparse selection per row); each layer's K/V (what its
+    variant received, RoPE applied) then fills its cache, and decoding runs from it.
+    Otherwise the prompts are written through the cache in one cached call.
+    ``return_inputs``: also return, per layer, the ``{"q", "k", "v", "scale"}`` its
+    variant received (split prefill only; None otherwise), e.g. for a method's
+    statistics."""
+    b, p = prompts.shape
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    seg = lengths_to_segment_ids(prompt_lengths, p)
+    cache = model.init_cache(b, cache_len)
+    if not split_prefill_layers(model):
+        out = model(prompts, positions=positions, cache=cache, segment_ids=seg)
+        return (*out, None) if return_inputs else out
+    if model.config.trsp or model.context_lm is not None:
+        raise ValueError("generate: a split prefill (layers "
+                         f"{split_prefill_layers(model)} use {sorted(SPLIT_PREFILL)}) needs "
+                         "plain KV caches; TRSP and ContextLM keep more state")
+    logits, inputs = capture_attention(model, prompts, tap="inputs", positions=positions,
+                                       segment_ids=seg)
+    if len(inputs) != len(cache):
+        raise ValueError(f"generate: the prefill captured {len(inputs)} attention inputs for "
+                         f"{len(cache)} layer caches")
+    caches = tuple(update_kv_cache(c, x["k"], x["v"], seg) for c, x in zip(cache, inputs))
+    return (logits, caches, inputs) if return_inputs else (logits, caches)
+
+
 _STATIC = ("graphdef", "max_new_tokens", "top_k", "greedy", "use_top_p", "return_logprobs",
            "pad_id")
 
@@ -223,11 +269,7 @@ def _generate(state, prompts, prompt_lengths, rng, temperature, top_p, stop_toke
               graphdef, max_new_tokens: int, top_k, greedy: bool, use_top_p: bool,
               return_logprobs: bool, pad_id: int) -> GenerateResult:
     model = nnx.merge(graphdef, state)
-    b, p = prompts.shape
-    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    cache = model.init_cache(b, p + max_new_tokens - 1)
-    logits, cache = model(prompts, positions=positions, cache=cache,
-                          segment_ids=lengths_to_segment_ids(prompt_lengths, p))
+    logits, cache = prefill(model, prompts, prompt_lengths, prompts.shape[1] + max_new_tokens - 1)
     last = jnp.take_along_axis(logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
     out_tokens, count, out_logprobs = _decode_loop(
         model, last, cache, prompt_lengths, rng, temperature, top_p, stop_tokens,

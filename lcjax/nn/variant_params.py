@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -137,7 +138,7 @@ def build_variant_params(fn: Callable, config: VariantConfig, *,
 # ----------------------------------------------------------------------------
 def _alpha_param_inverse(alpha: float) -> float:
     """raw with ``alpha_from_param(raw) = alpha``: logit(alpha - 1), for alpha in [1.01, 2)."""
-    return float(jnp.log(alpha - 1.0) - jnp.log(2.0 - alpha))
+    return math.log(alpha - 1.0) - math.log(2.0 - alpha)  # Python floats: works under eval_shape
 
 
 class LearnableAlpha(nnx.Module):

@@ -18,6 +18,8 @@ import contextlib
 import signal
 import threading
 
+from lcjax.attention.options import attention_options_arg
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the ``lcjax serve`` flags to ``parser``."""
@@ -59,6 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lim.add_argument("--precompile", default=None, metavar="PROMPT_LEN:MAX_TOKENS",
                      help="compile the greedy shapes up to these prompt tokens and this "
                      "max_tokens before accepting requests (default: none)")
+    parser.add_argument("--attention", default=None, metavar="NAME",
+                        help="attention variant to serve with (default: the checkpoint's); "
+                        "e.g. token_sparse")
+    parser.add_argument("--attention-options", type=attention_options_arg, default=None,
+                        metavar="JSON",
+                        help="the variant's options as a JSON object (or @FILE)")
     parser.add_argument("--log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug"])
 
@@ -107,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
         except (ValueError, AssertionError):
             raise SystemExit(f"lcjax serve: --precompile takes PROMPT_LEN:MAX_TOKENS (two ints "
                              f">= 1), got {args.precompile!r}") from None
-    served = load_served(args.checkpoint, name=args.name, max_len=args.max_len)
+    served = load_served(args.checkpoint, name=args.name, max_len=args.max_len,
+                         attention=args.attention, attention_options=args.attention_options)
     app = create_app(served, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
                      min_bucket=args.min_bucket, limits=limits, max_shapes=args.max_shapes,
                      precompile=precompile)

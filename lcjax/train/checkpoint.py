@@ -420,14 +420,19 @@ def model_config_from_dict(fields: dict) -> Any:
 
 
 def load_model(run_dir: str | os.PathLike, *, step: int | None = None,
-               attention: str | None = None) -> Any:
+               attention: str | None = None, attention_options=None,
+               calibration=None) -> Any:
     """The ``lcjax.nn.DecoderLM`` of a training run folder (``lcjax train --out DIR``).
 
     Reads ``DIR/config.json`` (the model config) and the parameters of checkpoint ``step``
-    (default: the latest intact one) from ``DIR/checkpoints``. ``attention`` replaces the config's
-    attention variant (e.g. ``"blockwise"`` for a long-context prefill); the variant must
-    take the same parameters as the trained one. The folder is opened read-only: loading a
-    run while it trains is safe (:func:`checkpoint_reader`, :func:`restore_latest_intact`).
+    (default: the latest intact one) from ``DIR/checkpoints``. ``attention`` /
+    ``attention_options`` replace the config's attention variant and options (e.g.
+    ``"blockwise"`` for a long-context prefill, or ``"plash"`` on a model trained with
+    softmax): the stored model is restored as trained, then :func:`with_attention` moves its
+    parameters to the new variant and initialises that variant's own parameters
+    (``calibration``: tokens for PLASH's data-dependent init). The folder is opened
+    read-only: loading a run while it trains is safe (:func:`checkpoint_reader`,
+    :func:`restore_latest_intact`).
 
     Raises:
       ValueError: no ``config.json``, no checkpoint in ``DIR/checkpoints``, or none that
@@ -446,8 +451,6 @@ def load_model(run_dir: str | os.PathLike, *, step: int | None = None,
                          "folder of `lcjax train --out DIR`)")
     with open(path, encoding="utf-8") as f:
         fields = json.load(f)["model"]
-    if attention is not None:
-        fields["attention"] = attention
     model = DecoderLM(model_config_from_dict(fields), rngs=nnx.Rngs(0))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     ckpt = os.path.join(run_dir, "checkpoints")
@@ -460,7 +463,41 @@ def load_model(run_dir: str | os.PathLike, *, step: int | None = None,
         manager.close()
     if restored is None:
         raise ValueError(f"load_model: no checkpoint in {ckpt!r}")
-    return nnx.merge(graphdef, restored["params"], restored["rest"])
+    model = nnx.merge(graphdef, restored["params"], restored["rest"])
+    if attention is None and attention_options is None:
+        return model
+    return with_attention(model, attention, attention_options, calibration=calibration)
+
+
+def with_attention(model, attention=None, attention_options=None, *, calibration=None):
+    """``model`` (a DecoderLM) with another attention variant: the checkpoint's parameters
+    are shared, the new variant's own parameters initialised by
+    :func:`lcjax.nn.pretrained.init_variant_params` (each logged), the old variant's own
+    parameters dropped."""
+    import dataclasses
+    import logging
+
+    from flax import nnx
+
+    from lcjax.nn import DecoderLM
+    from lcjax.nn.pretrained import init_variant_params
+
+    changes = {}
+    if attention is not None:
+        changes["attention"] = attention
+    if attention_options is not None:
+        changes["attention_options"] = dict(attention_options)
+    cfg = dataclasses.replace(model.config, **changes)
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: DecoderLM(cfg, rngs=nnx.Rngs(0))))
+    pure = nnx.to_pure_dict(nnx.state(model))
+    for block in pure["blocks"].values():
+        block["attn"].pop("variant_params", None)
+    nnx.replace_by_pure_dict(state, pure)  # the variants' own parameters stay abstract
+    out = nnx.merge(graphdef, state)
+    report = init_variant_params(out, calibration=calibration)
+    for name, how in report.items():
+        logging.getLogger(__name__).info("load_model: initialised %s: %s", name, how)
+    return out
 
 
 def open_run(directory: str | os.PathLike, *, resume: bool, meta: dict,
