@@ -33,6 +33,27 @@ here: shapes (``ValueError`` naming the argument and the shapes), the features t
 spec supports (``ValueError``), and option names (an option that no implementation
 takes is a ``ValueError``; one that the tried implementation does not take makes it
 decline with ``NotImplementedError``, so an option is never silently dropped).
+
+Dispatch follows the *target*, not the host. A call that may reach a target-dependent
+implementation (``Implementation.per_target``; by default the one named ``"pallas"``) is
+traced once per target — ``"tpu"``, ``"gpu"``, ``"cpu"`` (:func:`lowering_target`) — and
+``lax.platform_dependent`` keeps the branch of the platform the computation is lowered for
+(the devices of the arguments' shardings: a TPU topology from ``lcjax.aot`` on a CPU host
+gets the TPU branch). Per target:
+
+- TPU / GPU: ``implementation=None`` tries the implementations in order, so the Pallas
+  kernel, compiled (Mosaic on TPU, Triton on GPU), serves when it can, else the XLA path;
+  ``implementation="pallas"`` runs the compiled kernel (``interpret=None``).
+- CPU: ``implementation=None`` passes the Pallas implementation over (its interpreter is
+  for tests) and the XLA path serves; ``implementation="pallas"`` runs the kernel in the
+  Pallas interpreter (``interpret=None`` means "interpret exactly when lowering for CPU").
+
+A target whose trace raises while another's serves gets a branch that raises the same
+exception when, and only when, the computation is lowered for it (block sizes only the
+interpreter takes work on CPU and fail when compiling for TPU — before compilation); when
+every target raises, the call raises at once. Called eagerly (no ``jit``), only the
+default device's target is traced. A call with no target-dependent implementation is
+traced once, as before.
 """
 
 from __future__ import annotations
