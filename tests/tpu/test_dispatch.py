@@ -63,10 +63,13 @@ def _block_fields(method) -> tuple[str, ...]:
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_a_block_size_that_is_not_a_power_of_two_is_a_value_error(method):
+def test_a_block_size_that_is_not_a_power_of_two_is_refused_naming_it(method):
+    """A ``ValueError`` when the config rejects it for every implementation; when only the
+    named kernel cannot take it, the contract's ``NotImplementedError`` (the XLA path may
+    take it). Either way while tracing, naming the option and the number."""
     args = _structs(aot.topology_devices("v5e:2x2"))
     for field in _block_fields(method):
-        with pytest.raises(ValueError, match=rf"{field}.*\b96\b"):
+        with pytest.raises((ValueError, NotImplementedError), match=rf"{field}.*\b96\b"):
             _hlo(method, args, implementation="pallas", **{field: 96})
 
 
@@ -84,13 +87,25 @@ def _compile_or_value_error(method, args, **kwargs):
     options = {**spec.options_for("pallas", spec.benchmark_options), **kwargs}
     fn = lambda q, k, v: spec(q, k, v, causal=True, implementation="pallas", **options)  # noqa: E731
     try:
-        lowered = jax.jit(fn).trace(*args).lower()
+        with jax.default_matmul_precision(tpu_gate.PRECISION):
+            lowered = jax.jit(fn).trace(*args).lower()
     except ValueError as err:
         numbers = [str(n) for n in (*kwargs.values(), args[0].shape[1])]
         assert any(n in str(err) for n in numbers), f"ValueError names none of {numbers}: {err}"
         return "ValueError"
     lowered.compile()
     return "compiled"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_kernels_compile_under_the_highest_matmul_precision(method):
+    """``jax_default_matmul_precision="highest"`` (this suite's setting, and a user's) must
+    not break the TPU compile: a kernel pins the precision of its own dots."""
+    spec = attention.get(method)
+    options = spec.options_for("pallas", spec.benchmark_options)
+    fn = lambda q, k, v: spec(q, k, v, causal=True, implementation="pallas", **options)  # noqa: E731
+    with jax.default_matmul_precision("highest"):
+        jax.jit(fn).trace(*_structs(aot.topology_devices("v5e:2x2"))).lower().compile()
 
 
 @pytest.mark.parametrize("method", METHODS)
