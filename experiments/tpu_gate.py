@@ -262,15 +262,24 @@ def main(argv=None) -> int:
     parser.add_argument("--only", nargs="*", help="methods (default: all)")
     parser.add_argument("--lengths", nargs="*", type=int, default=list(LENGTHS))
     parser.add_argument("--out", default=str(ROOT / "reports" / "tpu" / "compile_gate"))
+    parser.add_argument("--from-json", nargs="*", default=[],
+                        help="only render the report from the rows of earlier runs' .json "
+                             "(e.g. runs split by --only, in parallel)")
     args = parser.parse_args(argv)
-    start = time.perf_counter()
-    rows = []
-    for cell in cells(args.only, tuple(args.lengths)):
-        rows.append(compile_cell(cell))
-        print(row_line(rows[-1]), flush=True)
-    text = report(rows, time.perf_counter() - start)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    if args.from_json:
+        rows = [r for path in args.from_json for r in json.loads(Path(path).read_text())]
+        wall = sum(r["seconds"] for r in rows)
+    else:
+        rows, wall = [], 0.0
+        for cell in cells(args.only, tuple(args.lengths)):
+            rows.append(compile_cell(cell))
+            print(row_line(rows[-1]), flush=True)
+            out.with_suffix(".json").write_text(json.dumps(rows, indent=1))  # as it goes
+        wall = time.perf_counter() - start
+    text = report(rows, wall)
     out.with_suffix(".md").write_text(text)
     out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
     print(text)
