@@ -197,11 +197,12 @@ def row_line(r: dict) -> str:
     """One markdown table row."""
     head = f"| {r['method']} | {r['topology']} | {r['mode']} | {r['length']:,} |"
     if not r["ok"]:
-        return (f"{head} FAIL | | | {r['seconds']:.1f} | {r['cpu_seconds']:.1f} | "
+        cpu = r.get("cpu_seconds", float("nan"))
+        return (f"{head} FAIL | | | {r['seconds']:.1f} | {cpu:.1f} | "
                 f"{r['error'].replace('|', '/')} |")
     bound = TEMP_PER_IO * io_bytes(r["length"], r["mode"])
     return (f"{head} ok | {r['temp_bytes'] / MiB:,.1f} | {bound / MiB:,.0f} | "
-            f"{r['seconds']:.1f} | {r['cpu_seconds']:.1f} | "
+            f"{r['seconds']:.1f} | {r.get('cpu_seconds', float('nan')):.1f} | "
             f"total {r['hbm_fraction']:.1%} of HBM, "
             f"{r['mosaic_calls']} Mosaic call(s) |")
 
