@@ -2,6 +2,8 @@
 that subprocess tests and notebook kernels (nbmake) inherit it:
 
 - 8 CPU devices for multi-device tests;
+- ``ALLOW_MULTIPLE_LIBTPU_LOAD=1`` so parallel workers can all compile for TPU topologies
+  (``tests/tpu``);
 - ``--xla_backend_optimization_level=0`` (LLVM's opt level for the CPU code): this suite
   is compile-bound (~1,100 tests, mostly tiny programs) and compiles 20-30% faster at level
   0 with the same IEEE results. ``LCJAX_TEST_XLA_OPT=<n>`` picks another level and
@@ -30,6 +32,10 @@ if _opt != "default" and "xla_backend_optimization_level" not in _flags:
     _flags += f" --xla_backend_optimization_level={_opt}"
 os.environ["XLA_FLAGS"] = _flags.strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# the TPU compile gate (tests/tpu) loads libtpu in every pytest worker: allow it, and quiet
+# libtpu's harmless "no host bounds" error on a host without TPUs
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 
 import jax  # noqa: E402
 

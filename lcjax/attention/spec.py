@@ -33,10 +33,32 @@ here: shapes (``ValueError`` naming the argument and the shapes), the features t
 spec supports (``ValueError``), and option names (an option that no implementation
 takes is a ``ValueError``; one that the tried implementation does not take makes it
 decline with ``NotImplementedError``, so an option is never silently dropped).
+
+Dispatch follows the *target*, not the host. A call that may reach a target-dependent
+implementation (``Implementation.per_target``; by default the one named ``"pallas"``) is
+traced once per target — ``"tpu"``, ``"gpu"``, ``"cpu"`` (:func:`lowering_target`) — and
+``lax.platform_dependent`` keeps the branch of the platform the computation is lowered for
+(the devices of the arguments' shardings: a TPU topology from ``lcjax.aot`` on a CPU host
+gets the TPU branch). Per target:
+
+- TPU / GPU: ``implementation=None`` tries the implementations in order, so the Pallas
+  kernel, compiled (Mosaic on TPU, Triton on GPU), serves when it can, else the XLA path;
+  ``implementation="pallas"`` runs the compiled kernel (``interpret=None``).
+- CPU: ``implementation=None`` passes the Pallas implementation over (its interpreter is
+  for tests) and the XLA path serves; ``implementation="pallas"`` runs the kernel in the
+  Pallas interpreter (``interpret=None`` means "interpret exactly when lowering for CPU").
+
+A target whose trace raises while another's serves gets a branch that raises the same
+exception when, and only when, the computation is lowered for it (block sizes only the
+interpreter takes work on CPU and fail when compiling for TPU — before compilation); when
+every target raises, the call raises at once. Called eagerly (no ``jit``), only the
+default device's target is traced. A call with no target-dependent implementation is
+traced once, as before.
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import importlib
@@ -48,6 +70,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
+from jax.extend import core as jex_core
+from jax.interpreters import ad, batching, mlir
 from jaxtyping import Array, Bool, Float, Int
 
 from lcjax.attention.core import validate_qkv
@@ -60,8 +85,11 @@ __all__ = [
     "Implementation",
     "keyword_names",
     "validate_segment_ids",
+    "TARGETS",
+    "lowering_target",
     "on_accelerator",
     "pallas_skip_on_cpu",
+    "per_target",
     "resolve_kernel",
     "with_empty_aux",
 ]
@@ -150,28 +178,140 @@ def on_accelerator() -> bool:
     return jax.default_backend() in ("gpu", "cuda", "rocm", "tpu")
 
 
+# The lowering target a dispatched call is being traced for ("tpu", "gpu": Pallas kernels
+# compile; "cpu": only the Pallas interpreter runs them); None outside the per-target
+# branches of :func:`per_target`.
+_TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("lcjax_target",
+                                                                    default=None)
+TARGETS = ("tpu", "gpu", "cpu")
+_BACKEND_TARGET = {"tpu": "tpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu"}
+
+
+def lowering_target() -> str:
+    """``"tpu"``, ``"gpu"`` or ``"cpu"``: the target the call being traced is for.
+
+    Inside a spec call that has a target-dependent implementation this is the branch of
+    ``lax.platform_dependent`` being traced (so it follows the devices the computation is
+    lowered for, e.g. a TPU topology from a CPU host); elsewhere (a kernel function
+    called directly) it is JAX's default backend."""
+    target = _TARGET.get()
+    if target is not None:
+        return target
+    return _BACKEND_TARGET.get(jax.default_backend(), "cpu")
+
+
 def pallas_skip_on_cpu() -> str | None:
-    """The ``skip_unless_named`` rule of every Pallas implementation: on CPU a kernel runs
-    only in the Pallas interpreter (for tests, ``implementation="pallas"``), so
-    ``implementation=None`` passes it over; on a GPU or TPU it may serve (None)."""
-    if not on_accelerator():
-        return ("no GPU or TPU: on CPU the kernel runs only in the Pallas interpreter, for "
+    """The ``skip_unless_named`` rule of every Pallas implementation: for a CPU target a
+    kernel runs only in the Pallas interpreter (for tests, ``implementation="pallas"``), so
+    ``implementation=None`` passes it over; for a GPU or TPU target it may serve (None)."""
+    if lowering_target() == "cpu":
+        return ("CPU target: on CPU the kernel runs only in the Pallas interpreter, for "
                 "tests (implementation='pallas')")
     return None
 
 
 def resolve_kernel(module: str, interpret: bool | None):
     """``(kernel module, interpret flag)`` for a Pallas implementation: ``interpret=None``
-    means interpret mode exactly when no GPU/TPU is present; ``NotImplementedError`` (so
-    dispatch falls through) when the kernel cannot run — no accelerator and
-    ``interpret=False``, or the kernel module missing."""
-    on_accel = on_accelerator()
+    means interpret mode exactly when the lowering target is a CPU
+    (:func:`lowering_target`); ``NotImplementedError`` (so dispatch falls through) when the
+    kernel cannot run — a CPU target and ``interpret=False``, or the kernel module
+    missing."""
+    on_accel = lowering_target() != "cpu"
     interpret = (not on_accel) if interpret is None else bool(interpret)
     if not (on_accel or interpret):
-        raise NotImplementedError("needs a GPU or TPU backend (or interpret=True)")
+        raise NotImplementedError("needs a GPU or TPU target (or interpret=True)")
     if importlib.util.find_spec(module) is None:
         raise NotImplementedError(f"needs the kernel module {module}")
     return importlib.import_module(module), interpret
+
+
+# An identity whose lowering raises: what a per-target branch returns when the call cannot
+# be served for that target but can for another (see :func:`per_target`). The error then
+# surfaces when, and only when, the computation is lowered for that target.
+_unservable_p = jex_core.Primitive("lcjax_unservable")
+_unservable_p.multiple_results = True
+_unservable_p.def_abstract_eval(lambda *avals, error, target: list(avals))
+
+
+def _unservable_impl(*args, error, target):
+    raise error
+
+
+def _unservable_lowering(ctx, *args, error, target):
+    raise error
+
+
+def _unservable_jvp(primals, tangents, **params):
+    tangents = [ad.instantiate_zeros(t) for t in tangents]
+    return _unservable_p.bind(*primals, **params), _unservable_p.bind(*tangents, **params)
+
+
+def _unservable_transpose(cts, *args, **params):
+    return _unservable_p.bind(*[ad.instantiate_zeros(c) for c in cts], **params)
+
+
+_unservable_p.def_impl(_unservable_impl)
+mlir.register_lowering(_unservable_p, _unservable_lowering)
+ad.primitive_jvps[_unservable_p] = _unservable_jvp
+ad.primitive_transposes[_unservable_p] = _unservable_transpose
+batching.primitive_batchers[_unservable_p] = (
+    lambda args, dims, **params: (_unservable_p.bind(*args, **params), dims))
+
+
+def _lowering_is_deferred() -> bool:
+    """Whether a ``lax.platform_dependent`` here is staged out (under ``jit``/a trace),
+    i.e. its branch is chosen at lowering rather than now."""
+    probe = lax.platform_dependent(default=lambda: jnp.int32(0))
+    return isinstance(probe, jax.core.Tracer)
+
+
+def per_target(fn: Callable, *args):
+    """``fn(*args)`` traced once per target of :data:`TARGETS` (with
+    :func:`lowering_target` giving it) and chosen when lowering, by
+    ``lax.platform_dependent``: the ``"tpu"`` trace for TPU, the ``"gpu"`` trace for CUDA
+    and ROCm, the ``"cpu"`` trace for every other platform. Only the chosen branch is
+    lowered.
+
+    A target whose trace raises while another's succeeds gets a branch that raises the
+    same exception when lowered for it (an explicit ``implementation="pallas"`` with block
+    sizes only the interpreter takes still runs on CPU, and fails when compiled for a TPU,
+    before compilation); when every trace raises, the error of the first target is
+    raised now. Called eagerly, only the default device's target is traced and its error
+    raised at once."""
+
+    def branch(target: str) -> Callable:
+        def run(*a):
+            token = _TARGET.set(target)
+            try:
+                return fn(*a)
+            except Exception as err:  # deferred to this target's lowering, or re-raised
+                if not _lowering_is_deferred():
+                    raise
+                shaped = _first_served(fn, a, [t for t in TARGETS if t != target])
+                if shaped is None:
+                    raise
+                err.add_note(f"(traced for a {target} target; raised when lowering for it)")
+                leaves, tree = jax.tree_util.tree_flatten(shaped)
+                return jax.tree_util.tree_unflatten(
+                    tree, _unservable_p.bind(*leaves, error=err, target=target))
+            finally:
+                _TARGET.reset(token)
+        return run
+
+    gpu = branch("gpu")
+    return lax.platform_dependent(*args, tpu=branch("tpu"), cuda=gpu, rocm=gpu,
+                                  default=branch("cpu"))
+
+
+def _first_served(fn: Callable, args, targets):
+    """``fn(*args)`` traced for the first of ``targets`` it serves (None: none)."""
+    for target in targets:
+        _TARGET.set(target)
+        try:
+            return fn(*args)
+        except Exception:  # noqa: S112 - this target cannot serve either; try the next
+            continue
+    return None
 
 
 def validate_segment_ids(q, k, q_segment_ids, kv_segment_ids, *, name: str) -> None:
@@ -211,6 +351,12 @@ class Implementation:
     ``skip_unless_named``: optional ``() -> reason or None``, asked only when the call
     names no implementation; a reason makes dispatch pass this one over (e.g. a Pallas
     kernel on CPU, where only its interpreter runs it: for tests, when named).
+
+    ``per_target``: whether ``fn`` (or its ``skip_unless_named``) depends on the lowering
+    target (:func:`lowering_target`: compiled kernels for TPU/GPU, the interpreter for
+    CPU). None means "when named ``"pallas"``". A call that may reach such an
+    implementation is traced once per target and the branch chosen when lowering
+    (:func:`per_target`).
     """
 
     name: str
@@ -219,6 +365,7 @@ class Implementation:
     config: type | None = None
     check_vma: bool | None = None
     skip_unless_named: Callable[[], str | None] | None = None
+    per_target: bool | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -251,6 +398,11 @@ class Implementation:
         if names is None:
             return None
         return names - frozenset(CONTRACT_ARGS) - {"q", "k", "v"}
+
+    @property
+    def target_dependent(self) -> bool:
+        """Whether calls of this implementation are traced per lowering target."""
+        return self.name == "pallas" if self.per_target is None else bool(self.per_target)
 
     @property
     def shard_map_check_vma(self) -> bool:
@@ -424,6 +576,18 @@ class AttentionSpec:
         self._check_options(options)
         order = (self.implementations if implementation is None
                  else (self.implementation(implementation),))
+        call = functools.partial(self._dispatch, order, implementation, feature_args,
+                                 dict(causal=causal, mask=mask, scale=scale,
+                                      q_segment_ids=q_segment_ids,
+                                      kv_segment_ids=kv_segment_ids, return_aux=return_aux),
+                                 options)
+        if _TARGET.get() is None and any(impl.target_dependent for impl in order):
+            return per_target(call, q, k, v)
+        return call(q, k, v)
+
+    def _dispatch(self, order, implementation, feature_args, contract, options, q, k, v):
+        """The first implementation of ``order`` that serves the call, for the current
+        :func:`lowering_target`."""
         reasons = []
         for impl in order:
             feats = self.features if impl.features is None else impl.features
@@ -436,9 +600,7 @@ class AttentionSpec:
                 if skip:
                     raise NotImplementedError(skip)
                 kwargs = impl.prepare(options)
-                result = impl.fn(q, k, v, causal=causal, mask=mask, scale=scale,
-                                 q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-                                 return_aux=return_aux, **kwargs)
+                result = impl.fn(q, k, v, **contract, **kwargs)
             except NotImplementedError as e:
                 if implementation is not None:
                     raise NotImplementedError(
@@ -446,7 +608,7 @@ class AttentionSpec:
                         f"{e}") from None
                 reasons.append(f"{impl.name}: {e}")
                 continue
-            if return_aux:
+            if contract["return_aux"]:
                 self._check_aux(impl, result)
             return result
         raise NotImplementedError(f"{self.name}: no implementation can serve this call ("
