@@ -371,8 +371,9 @@ def upipe_layer(params: Mapping[str, jax.Array], x, positions=None, *, mesh=None
                 accumulate_slices: int | None = 1, save_attention_output: bool = False,
                 save_kv: bool = True, **options):
     """The attention layer by UPipe: x [B, T, d_model] sharded ``P(data, context, None)``,
-    positions [B, T] (default ``arange(T)``, built per device inside ``shard_map``), params as :class:`lcjax.nn.Attention`'s
-    (``q_proj [d, H, D]``, ``k_proj``/``v_proj [d, Hkv, D]``, ``o_proj [H, D, d]``) ->
+    positions [B, T] (default ``arange(T)``, built per device inside ``shard_map``),
+    params as :class:`lcjax.nn.Attention`'s (``q_proj [d, H, D]``, ``k_proj``/``v_proj
+    [d, Hkv, D]``, ``o_proj [H, D, d]``) ->
     y [B, T, d_model], same sharding. ``variant`` and ``options`` as in Ulysses;
     ``mesh`` default the one of ``jax.set_mesh``. ``accumulate_slices``,
     ``save_attention_output`` and ``save_kv``: what the backward keeps or recomputes
