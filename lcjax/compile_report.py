@@ -58,9 +58,10 @@ from lcjax.nn.layers import rms_norm
 from lcjax.parallel import CONTEXT, DATA, RING, layer_apply
 from lcjax.parallel.validation import check_heads, check_length, check_positive
 
-__all__ = ["COLLECTIVES", "MODELS", "STRATEGIES", "ModelShape", "check_config",
+__all__ = ["COLLECTIVES", "MODELS", "STRATEGIES", "ModelShape", "add_arguments", "check_config",
            "collective_counts", "compile_report", "default_mesh_axes", "format_report",
-           "largest_length", "layer_step", "report_compiled", "train_step"]
+           "layer_step", "report_compiled", "run", "shape_from_args",
+           "train_step"]
 
 COLLECTIVES = ("all-to-all", "all-gather", "reduce-scatter", "collective-permute",
                "all-reduce")
@@ -373,48 +374,6 @@ def compile_report(shape: ModelShape | str, *, topology: str, seq_len: int, stra
             "seq_len": seq_len, "batch": batch, "mesh": dict(axes), "block": block, **rep}
 
 
-def largest_length(measure: Callable[[int], bool], *, start: int, step: int,
-                   max_compiles: int = 6, upper: int | None = None) -> dict:
-    """Largest T (a multiple of ``step``) with ``measure(T)`` True (it fits): double from
-    ``start`` until one does not fit (or ``upper``), then bisect; at most
-    ``max_compiles`` calls. ``measure`` may raise ValueError (refused before compiling:
-    does not fit). Returns {max_len, upper (smallest T seen not fitting), exact, tried}."""
-    tried = {}
-
-    def fits(t):
-        if t not in tried:
-            try:
-                tried[t] = bool(measure(t))
-            except ValueError:
-                tried[t] = False
-        return tried[t]
-
-    lo, hi = None, None
-    t = start
-    while len(tried) < max_compiles:
-        if fits(t):
-            lo = t
-            if upper is not None and t >= upper:
-                break
-            t = t * 2 if upper is None else min(t * 2, upper)
-        else:
-            hi = t
-            break
-    if lo is None and hi is not None:  # start does not fit: halve
-        while len(tried) < max_compiles and hi > step:
-            t = max(step, hi // 2 // step * step)
-            if fits(t):
-                lo = t
-                break
-            hi = t
-    while lo is not None and hi is not None and hi - lo > step and len(tried) < max_compiles:
-        t = (lo + hi) // 2 // step * step
-        lo, hi = (t, hi) if fits(t) else (lo, t)
-    exact = lo is not None and hi is not None and hi - lo <= step
-    return {"max_len": lo, "upper": hi, "exact": exact,
-            "tried": {str(k): v for k, v in sorted(tried.items())}}
-
-
 def format_report(rep: dict) -> str:
     """Human-readable lines of a :func:`compile_report`."""
     lines = [f"{rep['target']} of {rep.get('model')} | strategy {rep['strategy']} | "
@@ -438,3 +397,63 @@ def format_report(rep: dict) -> str:
 
 def dumps(rep: dict) -> str:
     return json.dumps(rep, indent=2)
+
+
+def _mesh_arg(text: str | None):
+    if not text:
+        return None
+    from lcjax.parallel import parse_mesh
+
+    return list(parse_mesh(text).items())
+
+
+def add_arguments(parser) -> None:
+    """``lcjax compile`` flags."""
+    parser.add_argument("--model", default=None, choices=sorted(MODELS),
+                        help="one of our model shapes (or give --config / the shape flags)")
+    parser.add_argument("--config", default=None,
+                        help="JSON file with ModelShape fields (d_model, num_heads, "
+                             "num_kv_heads, head_dim, mlp, layers, vocab)")
+    for flag in ("d-model", "heads", "kv-heads", "head-dim", "mlp", "layers", "vocab"):
+        parser.add_argument(f"--{flag}", type=int, default=None)
+    parser.add_argument("--topology", required=True, help="e.g. v5p:2x2x2, v5e:2x2")
+    parser.add_argument("--seq-len", type=int, required=True)
+    parser.add_argument("--strategy", default="upipe", choices=STRATEGIES)
+    parser.add_argument("--target", default="layer", choices=TARGETS,
+                        help="one decoder layer fwd+bwd, or the whole AdamW training step")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--mesh", default=None,
+                        help="data=N,context=M[,ring=R]; default all chips on context")
+    parser.add_argument("--block", type=int, default=512, help="blockwise attention block")
+    parser.add_argument("--json", default=None, help="also write the report to this file")
+
+
+_FLAG_FIELDS = {"d_model": "d_model", "heads": "num_heads", "kv_heads": "num_kv_heads",
+                "head_dim": "head_dim", "mlp": "mlp", "layers": "layers", "vocab": "vocab"}
+
+
+def shape_from_args(args) -> ModelShape:
+    """--model, else --config JSON, overridden by the shape flags."""
+    fields = dataclasses.asdict(MODELS[args.model]) if args.model else {}
+    if args.config:
+        with open(args.config) as f:
+            fields.update(json.load(f))
+    fields.update({field: getattr(args, flag) for flag, field in _FLAG_FIELDS.items()
+                   if getattr(args, flag) is not None})
+    missing = [f.name for f in dataclasses.fields(ModelShape) if f.name not in fields]
+    if missing:
+        raise ValueError(f"lcjax compile: give --model {sorted(MODELS)} or a full shape "
+                         f"(--config / flags); missing {missing}")
+    return ModelShape(**fields)
+
+
+def run(args) -> int:
+    """``lcjax compile``: print the report; exit 1 when it does not fit the chip's HBM."""
+    rep = compile_report(shape_from_args(args), topology=args.topology, seq_len=args.seq_len,
+                         strategy=args.strategy, target=args.target, batch=args.batch,
+                         mesh_axes=_mesh_arg(args.mesh), block=args.block)
+    print(format_report(rep))
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(dumps(rep))
+    return 0 if rep["fits"] else 1

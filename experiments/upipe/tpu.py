@@ -42,88 +42,90 @@ from experiments.common import Claim, Result, machine_info, write_json
 ROOT = Path(__file__).resolve().parents[2]
 GiB = 1 << 30
 PAPER_TOKENS_8B = 5_000_000  # the paper's headline: 8B model, one 8-GPU node
-# (model, topology, target, strategies, T0, step, max_compiles)
+T0 = STEP = 131072
+# (model, topology, target, strategies), in priority order
 FULL = [
-    ("llama3-8b", "v5p:2x2x2", "layer", ("ulysses", "upipe", "ring", "usp"), 131072, 131072, 4),
-    ("llama3-8b", "v5p:2x2x2", "step", ("ulysses", "upipe", "ring", "usp"), 131072, 131072, 4),
-    ("llama3-70b", "v5p:4x4x4", "layer", ("ulysses", "upipe"), 131072, 131072, 2),
-    ("llama3-70b", "v5p:4x4x4", "step", ("ulysses", "upipe"), 131072, 131072, 2),
+    ("llama3-8b", "v5p:2x2x2", "layer", ("ulysses", "upipe", "ring", "usp")),
+    ("llama3-8b", "v5p:2x2x2", "step", ("ulysses", "upipe")),
+    ("llama3-70b", "v5p:4x4x4", "layer", ("ulysses", "upipe")),
 ]
-PARALLEL = 4  # searches at once (one subprocess each, ~1 GiB of host memory)
-QUICK = [("llama3-8b", "v5p:2x2x2", "layer", ("ulysses", "upipe"), 131072, 131072, 1)]
+QUICK = [("llama3-8b", "v5p:2x2x2", "layer", ("ulysses", "upipe"))]
+PARALLEL = 6  # compiles at once (one subprocess each, ~1 GiB of host memory)
 
 
 def measure(model: str, topology: str, target: str, strategy: str, seq_len: int) -> dict:
     """One compile's report (compact), or the pre-compile refusal as a non-fit."""
     from lcjax.compile_report import compile_report
 
+    key = {"model": model, "topology": topology, "target": target, "strategy": strategy,
+           "seq_len": seq_len}
     try:
         rep = compile_report(model, topology=topology, seq_len=seq_len, strategy=strategy,
                              target=target)
     except ValueError as err:
-        return {"seq_len": seq_len, "fits": False, "refused": str(err), "compile_s": 0.0}
+        return {**key, "fits": False, "refused": str(err), "compile_s": 0.0}
     mem = rep["memory"] or {}
-    return {"seq_len": seq_len, "fits": rep["fits"], "compile_s": round(rep["compile_s"], 1),
+    return {**key, "fits": rep["fits"], "compile_s": round(rep["compile_s"], 1),
             "total_bytes": mem.get("total_bytes"), "temp_bytes": mem.get("temp_bytes"),
             "argument_bytes": mem.get("argument_bytes"), "hbm_bytes": mem.get("hbm_bytes"),
-            "collectives": rep["collectives"], "error": rep.get("error"),
-            "mesh": rep["mesh"]}
+            "collectives": rep["collectives"], "error": rep.get("error"), "mesh": rep["mesh"]}
 
 
-def search(model, topology, target, strategy, t0, step, max_compiles) -> dict:
-    """Points measured and the largest T found (module docstring)."""
-    points = {}
-
-    def at(t):
-        if t not in points:
-            points[t] = measure(model, topology, target, strategy, t)
-            print(f"  {model} {target} {strategy} T={t}: "
-                  + (f"{points[t]['total_bytes'] / GiB:.2f} GiB" if points[t].get("total_bytes")
-                     else "no memory") + f" fits={points[t]['fits']} "
-                  f"({points[t]['compile_s']} s)", flush=True)
-        return points[t]
-
-    first = at(t0)
-    pred = None
-    if max_compiles >= 2 and first["fits"]:
-        second = at(2 * t0)
-        if second.get("total_bytes") and first.get("total_bytes"):
-            slope = (second["total_bytes"] - first["total_bytes"]) / t0
-            hbm = first["hbm_bytes"]
-            if slope > 0:
-                pred = int(t0 + (hbm - first["total_bytes"]) / slope) // step * step
-    fit = sorted(t for t, p in points.items() if p["fits"])
-    lo = fit[-1] if fit else None
-    bad = sorted(t for t, p in points.items() if not p["fits"])
-    hi = bad[0] if bad else None
-    if pred is not None and (lo is None or pred > lo) and (hi is None or pred < hi):
-        lo, hi = (pred, hi) if at(pred)["fits"] else (lo, pred)
-    if lo is not None and (hi is None or hi - lo > step) and len(points) < max_compiles:
-        t = lo + step
-        lo, hi = (t, hi) if at(t)["fits"] else (lo, t)
-    while lo is not None and hi is not None and hi - lo > step and len(points) < max_compiles:
-        t = (lo + hi) // 2 // step * step
-        lo, hi = (t, hi) if at(t)["fits"] else (lo, t)
-    return {"model": model, "topology": topology, "target": target, "strategy": strategy,
-            "max_len": lo, "upper": hi, "exact": lo is not None and hi is not None
-            and hi - lo <= step, "predicted": pred, "step": step,
-            "points": [points[t] for t in sorted(points)]}
-
-
-def _spawn(args: tuple) -> dict:
+def _spawn(job: tuple, points_file: Path) -> dict:
+    """One compile in a subprocess (libtpu's memory is returned), appended to
+    ``points_file`` (JSON lines) as soon as it is done."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "r.json"
         env = dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1", TPU_WORKER_HOSTNAMES="localhost",
                    JAX_PLATFORMS="cpu")
-        cmd = [sys.executable, "-m", "experiments.upipe.tpu", "--worker", json.dumps(args),
+        cmd = [sys.executable, "-m", "experiments.upipe.tpu", "--worker", json.dumps(job),
                "--out", str(out)]
         proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
-        sys.stdout.write("".join(line + "\n" for line in proc.stdout.splitlines()))
         if proc.returncode:
-            tail = proc.stderr.strip().splitlines()[-3:]
-            return {"model": args[0], "topology": args[1], "target": args[2],
-                    "strategy": args[3], "max_len": None, "error": " | ".join(tail)}
-        return json.loads(out.read_text())
+            keys = ("model", "topology", "target", "strategy", "seq_len")
+            point = {**dict(zip(keys, job)), "fits": None,
+                     "error": " | ".join(proc.stderr.strip().splitlines()[-3:])}
+        else:
+            point = json.loads(out.read_text())
+    with open(points_file, "a") as f:
+        f.write(json.dumps(point) + "\n")
+    mem = f"{point['total_bytes'] / GiB:.2f} GiB" if point.get("total_bytes") else "-"
+    print(f"  {job}: {mem} fits={point['fits']} ({point.get('compile_s')} s)", flush=True)
+    return point
+
+
+def predict(points: list[dict], step: int = STEP) -> int | None:
+    """Largest T on the grid under HBM by the straight line through the two shortest
+    measured lengths' total bytes (memory is affine in T at fixed shapes)."""
+    have = sorted((p for p in points if p.get("total_bytes")), key=lambda p: p["seq_len"])
+    if len(have) < 2:
+        return None
+    a, b = have[0], have[1]
+    slope = (b["total_bytes"] - a["total_bytes"]) / (b["seq_len"] - a["seq_len"])
+    if slope <= 0:
+        return None
+    return int(a["seq_len"] + (a["hbm_bytes"] - a["total_bytes"]) / slope) // step * step
+
+
+def summarise(points: list[dict], step: int = STEP) -> list[dict]:
+    """Per (model, topology, target, strategy): the largest measured T that fits, the
+    smallest that does not, the prediction, and whether they bracket one grid step."""
+    groups = {}
+    for p in points:
+        groups.setdefault((p["model"], p["topology"], p["target"], p["strategy"]), []).append(p)
+    rows = []
+    for (model, topo, target, strategy), pts in groups.items():
+        pts = sorted(pts, key=lambda p: p["seq_len"])
+        fit = [p["seq_len"] for p in pts if p.get("fits")]
+        bad = [p["seq_len"] for p in pts if p.get("fits") is False]
+        lo = max(fit) if fit else None
+        hi = min((t for t in bad if lo is None or t > lo), default=None)
+        rows.append({"model": model, "topology": topo, "target": target,
+                     "strategy": strategy, "max_len": lo, "upper": hi,
+                     "exact": lo is not None and hi is not None and hi - lo <= step,
+                     "predicted": predict(pts, step), "step": step, "points": pts})
+    order = {s: i for i, s in enumerate(("ulysses", "upipe", "ring", "usp"))}
+    return sorted(rows, key=lambda r: (r["model"], r["target"], order[r["strategy"]]))
 
 
 def claims(rows: list[dict]) -> list[Claim]:
@@ -166,33 +168,55 @@ def table(rows: list[dict]) -> str:
 
 
 def run(quick: bool, out_dir: Path, plan=None) -> Result:
+    """Phase 1: every entry at T0 and 2 T0 (quick: T0 only); phase 2: the predicted
+    largest T and one grid step above it, compiled to confirm. All compiles of a phase in
+    parallel subprocesses; every point appended to ``out_dir/points.jsonl`` when done."""
     plan = plan or (QUICK if quick else FULL)
-    start = time.perf_counter()
-    jobs = [(model, topo, target, s, t0, step, n)
-            for model, topo, target, strategies, t0, step, n in plan for s in strategies]
-    with ThreadPoolExecutor(PARALLEL) as pool:
-        rows = list(pool.map(_spawn, jobs))
-    result = Result(claims=claims(rows))
-    if quick:  # one layer at T0: UPipe's bytes against Ulysses'
-        by = {r["strategy"]: r for r in rows}
-        u, p = (by[s]["points"][0] for s in ("ulysses", "upipe"))
-        if u.get("temp_bytes") and p.get("temp_bytes"):
-            ratio = p["temp_bytes"] / u["temp_bytes"]
-            result.claims.append(Claim(
-                "llama3-8b layer fwd+bwd at T=128K on v5p:2x2x2: UPipe temp / Ulysses'",
-                "< 1 (UPipe keeps one head per chip per stage)",
-                f"{ratio:.2f} ({p['temp_bytes'] / GiB:.2f} / {u['temp_bytes'] / GiB:.2f} GiB)",
-                ratio < 1))
-    result.numbers = {"rows": rows, "seconds": time.perf_counter() - start,
-                      "machine": machine_info(), "quick": quick}
-    result.notes = ("Compile-only (libtpu, TPU compiler) from a 2-core CPU host; fits = total "
-                    "bytes per chip <= HBM and no compiler HBM overflow.")
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    points_file = out_dir / "points.jsonl"
+    points_file.write_text("")
+    start = time.perf_counter()
+    entries = [(m, topo, tgt, s) for m, topo, tgt, strategies in plan for s in strategies]
+    lengths = (T0,) if quick else (T0, 2 * T0)
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        points = list(pool.map(lambda job: _spawn(job, points_file),
+                               [(*e, t) for e in entries for t in lengths]))
+        if not quick:
+            verify = []
+            for row in summarise(points):
+                pred = row["predicted"]
+                if pred is not None and pred > (row["max_len"] or 0):
+                    e = (row["model"], row["topology"], row["target"], row["strategy"])
+                    verify += [(*e, pred), (*e, pred + STEP)]
+            points += list(pool.map(lambda job: _spawn(job, points_file), verify))
+    return report(points, quick, out_dir, time.perf_counter() - start)
+
+
+def report(points: list[dict], quick: bool, out_dir: Path, seconds: float) -> Result:
+    """Claims, ``tpu.json`` and ``tpu.md`` from the measured points."""
+    rows = summarise(points)
+    result = Result(claims=claims(rows))
+    by = {(r["model"], r["target"], r["strategy"]): r for r in rows}
+    u, p = by.get(("llama3-8b", "layer", "ulysses")), by.get(("llama3-8b", "layer", "upipe"))
+    u0 = next((q for q in (u or {}).get("points", []) if q["seq_len"] == T0), {})
+    p0 = next((q for q in (p or {}).get("points", []) if q["seq_len"] == T0), {})
+    if u0.get("temp_bytes") and p0.get("temp_bytes"):
+        ratio = p0["temp_bytes"] / u0["temp_bytes"]
+        result.claims.append(Claim(
+            "llama3-8b decoder layer fwd+bwd at T=128K on v5p:2x2x2: UPipe temp / Ulysses'",
+            "< 1 (UPipe holds one head per chip per stage)",
+            f"{ratio:.2f} ({p0['temp_bytes'] / GiB:.2f} / {u0['temp_bytes'] / GiB:.2f} GiB)",
+            ratio < 1))
+    result.numbers = {"rows": rows, "seconds": seconds, "machine": machine_info(),
+                      "quick": quick, "t0": T0, "step": STEP}
+    result.notes = ("Compile-only (libtpu's TPU compiler) from a 2-core CPU host; fits = "
+                    "total bytes per chip <= HBM and no compiler HBM overflow.")
     write_json(out_dir / "tpu.json", result.numbers)
     (out_dir / "tpu.md").write_text(
         "# UPipe at pod scale — TPU compiler (compile-only)\n\n"
         f"Command: `python -m experiments.upipe.tpu{'' if quick else ' --full'} --out-dir "
-        f"{out_dir}`\n\n" + table(rows) + "\n\n" + "\n".join(
+        f"{out_dir}` ({seconds:.0f} s)\n\n" + table(rows) + "\n\n" + "\n".join(
             f"- {'PASS' if c.holds else 'FAIL'} {c.claim}: {c.ours} (target {c.target})"
             for c in result.claims) + "\n")
     return result
@@ -204,10 +228,19 @@ if __name__ == "__main__":
     parser.add_argument("--out", default=None)
     parser.add_argument("--full", action="store_true")
     parser.add_argument("--only", default=None, help="models, comma-separated")
+    parser.add_argument("--report-only", action="store_true",
+                        help="rebuild tpu.md/tpu.json from --out-dir/points.jsonl")
     parser.add_argument("--out-dir", default=None, help="default: a temporary directory")
     args = parser.parse_args()
     if args.worker:
-        Path(args.out).write_text(json.dumps(search(*json.loads(args.worker))))
+        Path(args.out).write_text(json.dumps(measure(*json.loads(args.worker))))
+    elif args.report_only:
+        d = Path(args.out_dir)
+        pts = [json.loads(line) for line in (d / "points.jsonl").read_text().splitlines()
+               if line.strip()]
+        r = report(pts, not args.full, d, float("nan"))
+        for c in r.claims:
+            print(("PASS " if c.holds else "FAIL ") + f"{c.claim}: {c.ours} (target {c.target})")
     else:
         plan = QUICK if not args.full else FULL
         if args.only:
