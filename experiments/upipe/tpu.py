@@ -214,8 +214,10 @@ def run(quick: bool, out_dir: Path, plan=None) -> Result:
     return report(points, quick, out_dir, time.perf_counter() - start)
 
 
-def report(points: list[dict], quick: bool, out_dir: Path, seconds: float) -> Result:
-    """Claims, ``tpu.json`` and ``tpu.md`` from the measured points."""
+def report(points: list[dict], quick: bool, out_dir: Path, seconds: float,
+           note: str = "") -> Result:
+    """Claims, ``tpu.json`` and ``tpu.md`` from the measured points (``note``: how the
+    run went, printed under the command)."""
     rows = summarise(points)
     result = Result(claims=claims(rows))
     by = {(r["model"], r["target"], r["strategy"]): r for r in rows}
@@ -230,14 +232,15 @@ def report(points: list[dict], quick: bool, out_dir: Path, seconds: float) -> Re
             f"{ratio:.2f} ({p0['temp_bytes'] / GiB:.2f} / {u0['temp_bytes'] / GiB:.2f} GiB)",
             ratio < 1))
     result.numbers = {"rows": rows, "seconds": seconds, "machine": machine_info(),
-                      "quick": quick, "t0": T0, "step": STEP}
+                      "quick": quick, "t0": T0, "step": STEP, "note": note}
     result.notes = ("Compile-only (libtpu's TPU compiler) from a 2-core CPU host; fits = "
                     "total bytes per chip <= HBM and no compiler HBM overflow.")
     write_json(out_dir / "tpu.json", result.numbers)
     (out_dir / "tpu.md").write_text(
         "# UPipe at pod scale — TPU compiler (compile-only)\n\n"
         f"Command: `python -m experiments.upipe.tpu{'' if quick else ' --full'} --out-dir "
-        f"{out_dir}` ({seconds:.0f} s)\n\n" + table(rows) + "\n\n" + "\n".join(
+        f"{out_dir}` ({seconds:.0f} s)\n\n" + (f"{note}\n\n" if note else "")
+        + table(rows) + "\n\n" + "\n".join(
             f"- {'PASS' if c.holds else 'FAIL'} {c.claim}: {c.ours} (target {c.target})"
             for c in result.claims) + "\n")
     return result
@@ -251,6 +254,7 @@ if __name__ == "__main__":
     parser.add_argument("--only", default=None, help="models, comma-separated")
     parser.add_argument("--report-only", action="store_true",
                         help="rebuild tpu.md/tpu.json from --out-dir/points.jsonl")
+    parser.add_argument("--note", default="", help="with --report-only: how the run went")
     parser.add_argument("--out-dir", default=None, help="default: a temporary directory")
     args = parser.parse_args()
     if args.worker:
@@ -259,7 +263,7 @@ if __name__ == "__main__":
         d = Path(args.out_dir)
         pts = [json.loads(line) for line in (d / "points.jsonl").read_text().splitlines()
                if line.strip()]
-        r = report(pts, not args.full, d, float("nan"))
+        r = report(pts, not args.full, d, float("nan"), args.note)
         for c in r.claims:
             print(("PASS " if c.holds else "FAIL ") + f"{c.claim}: {c.ours} (target {c.target})")
     else:
