@@ -17,9 +17,10 @@ seconds to minutes on a loaded 2-core host): the total bytes per chip are measur
 lengths (T0, 2 T0), the straight line through them predicts the largest T on the grid
 (multiples of ``step``) under the chip's HBM, and that T and the next grid point are
 compiled to confirm (a fit = total bytes ≤ HBM and no HBM overflow error from the
-compiler); if the line was wrong, bisection between the measured points continues
-until ``max_compiles``. ``exact`` says whether the answer was bracketed to one grid step.
-Each (model, target, strategy) runs in its own subprocess (libtpu's memory is returned).
+compiler); no bisection follows (a compile that fits takes minutes to half an hour on a
+loaded 2-core host). ``exact`` says whether the answer was bracketed to one grid step; the
+report says "predicted" or "lower bound" otherwise. Each compile runs in its own
+subprocess (libtpu's memory is returned).
 
     python -m experiments.upipe.tpu --full --out-dir reports/upipe/tpu     # the report
     python -m experiments.upipe.tpu                                         # --quick
