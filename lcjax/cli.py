@@ -26,6 +26,8 @@ SUBCOMMANDS = {
     "eval": ("lcjax.eval.cli", "long-context evaluation of a model folder or an endpoint"),
     "analyze": ("lcjax.analysis.cli", "static head analysis: `lcjax analyze lps --checkpoint DIR`"),
     "data": ("lcjax.data.cli", "dataset generation: `lcjax data tablelong --n N --out DIR`"),
+    "compile": ("lcjax.compile_report", "compile a layer or training step for a TPU topology: "
+                "`lcjax compile --model llama3-8b --topology v5p:2x2x2 --seq-len 131072`"),
     "serve": ("lcjax.serve.cli", "OpenAI-compatible HTTP server: `lcjax serve --checkpoint DIR`"),
 }
 

@@ -23,8 +23,8 @@ from lcjax.attention import AttentionSpec, get
 from lcjax.parallel.validation import check_axes
 from lcjax.rope import apply_rope
 
-__all__ = ["attention_layer_reference", "layer_attention", "project_kv", "project_q",
-           "resolve_mesh", "resolve_variant"]
+__all__ = ["attention_layer_reference", "layer_attention", "local_positions", "project_kv",
+           "project_q", "resolve_mesh", "resolve_variant"]
 
 
 def resolve_mesh(name: str, mesh, *axes: str):
@@ -53,6 +53,17 @@ def resolve_variant(variant: str | Callable, options: Mapping[str, Any]
     usable = [i for i in fn.implementations
               if i.skip_unless_named is None or not i.skip_unless_named()]
     return fn, all(i.shard_map_check_vma for i in usable)
+
+
+def local_positions(batch: int, length: int, seq_axes: str | tuple[str, ...]) -> jax.Array:
+    """Inside ``jax.shard_map``: the default positions [batch, length] (int32) of this
+    device's sequence slice, ``arange(T)`` sharded over ``seq_axes`` in device order —
+    ``axis_index(seq_axes) * length + arange(length)`` (several axes: major first, as
+    ``P(..., ("ring", "context"))`` shards). Built here from the axis index, so no
+    global ``arange(T)`` (unsharded, which ``shard_map`` rejects under an explicit mesh)
+    is ever made."""
+    start = jax.lax.axis_index(seq_axes) * length
+    return jnp.broadcast_to(start + jnp.arange(length, dtype=jnp.int32), (batch, length))
 
 
 def project_q(x: jax.Array, wq: jax.Array, positions, *, rope_base: float | None):

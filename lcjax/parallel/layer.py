@@ -31,6 +31,7 @@ from lcjax.nn.layers import dense_init
 from lcjax.parallel.common import (
     attention_layer_reference,
     layer_attention,
+    local_positions,
     resolve_mesh,
     resolve_variant,
 )
@@ -69,13 +70,12 @@ def layer_apply(strategy: str, params: Mapping[str, jax.Array], x, positions=Non
                 scale: float | None = None, rope_base: float | None = 10000.0,
                 balance: str | None = "zigzag", data_axis: str | None = DATA,
                 context_axis: str = CONTEXT, ring_axis: str = RING, **options):
-    """The layer by ``strategy`` on x [B, T, d] (positions [B, T], default arange(T));
+    """The layer by ``strategy`` on x [B, T, d] (positions [B, T]; default arange(T),
+    built per device inside ``shard_map`` from the axis index, so it is sharded like x);
     ``ring_axis``: the ring axis of ``"usp"`` (``context_axis`` is its Ulysses axis)."""
     name = f"layer({strategy!r})"
     if strategy not in STRATEGIES:
         raise ValueError(f"layer: `strategy` must be one of {STRATEGIES}, got {strategy!r}")
-    if positions is None:
-        positions = jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32), x.shape[:2])
     if strategy == "none":
         return attention_layer_reference(params, x, positions, causal=causal,
                                          variant=variant, scale=scale, rope_base=rope_base,
@@ -117,7 +117,9 @@ def layer_apply(strategy: str, params: Mapping[str, jax.Array], x, positions=Non
                                    causal=causal, balance="zigzag" if zigzag else None,
                                    scale=scale, **options)
 
-    def local(params, x, positions):
+    def local(params, x, *given):
+        # positions: given [B, L], else this slice of arange(T) built from the axis index
+        positions = given[0] if given else local_positions(*x.shape[:2], seq_axes)
         if zigzag:
             x, positions = to_zigzag(x, context_axis, c), to_zigzag(positions, context_axis, c)
         y = layer_attention(params, x, positions, attend, rope_base=rope_base)
@@ -125,9 +127,12 @@ def layer_apply(strategy: str, params: Mapping[str, jax.Array], x, positions=Non
 
     spec = P(data_axis, seq_axes, None)
     params = {n: params[n] for n in ("q_proj", "k_proj", "v_proj", "o_proj")}
-    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(), spec, P(data_axis, seq_axes)),
-                       out_specs=spec, check_vma=check_vma)
-    return fn(params, x, positions)
+    args, in_specs = (params, x), (P(), spec)
+    if positions is not None:
+        args, in_specs = (*args, positions), (*in_specs, P(data_axis, seq_axes))
+    fn = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=spec,
+                       check_vma=check_vma)
+    return fn(*args)
 
 
 def layer(strategy: str, *, mesh=None, d_model: int, num_heads: int, num_kv_heads: int,

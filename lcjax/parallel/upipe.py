@@ -72,7 +72,7 @@ from jax.sharding import PartitionSpec as P
 from lcjax.attention import blockwise_attention, dot_product_attention, get
 from lcjax.attention.blocks import match_varying, varying_axes
 from lcjax.attention.core import blockwise_attention_bwd
-from lcjax.parallel.common import resolve_mesh, resolve_variant
+from lcjax.parallel.common import local_positions, resolve_mesh, resolve_variant
 from lcjax.parallel.mesh import CONTEXT, DATA
 from lcjax.parallel.ulysses import heads_to_seq, seq_to_heads
 from lcjax.parallel.validation import axis_size, check_batch, check_heads, check_length
@@ -371,8 +371,9 @@ def upipe_layer(params: Mapping[str, jax.Array], x, positions=None, *, mesh=None
                 accumulate_slices: int | None = 1, save_attention_output: bool = False,
                 save_kv: bool = True, **options):
     """The attention layer by UPipe: x [B, T, d_model] sharded ``P(data, context, None)``,
-    positions [B, T] (default ``arange(T)``), params as :class:`lcjax.nn.Attention`'s
-    (``q_proj [d, H, D]``, ``k_proj``/``v_proj [d, Hkv, D]``, ``o_proj [H, D, d]``) ->
+    positions [B, T] (default ``arange(T)``, built per device inside ``shard_map``),
+    params as :class:`lcjax.nn.Attention`'s (``q_proj [d, H, D]``, ``k_proj``/``v_proj
+    [d, Hkv, D]``, ``o_proj [H, D, d]``) ->
     y [B, T, d_model], same sharding. ``variant`` and ``options`` as in Ulysses;
     ``mesh`` default the one of ``jax.set_mesh``. ``accumulate_slices``,
     ``save_attention_output`` and ``save_kv``: what the backward keeps or recomputes
@@ -384,16 +385,22 @@ def upipe_layer(params: Mapping[str, jax.Array], x, positions=None, *, mesh=None
     check_length(name, x.shape[1], c)
     check_batch(name, x.shape[0], axis_size(mesh, data_axis))
     check_heads(name, params["q_proj"].shape[1], params["k_proj"].shape[1], c)
-    if positions is None:
-        positions = jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32), x.shape[:2])
     attn, check_vma = resolve_variant(variant, options)
-    local = functools.partial(upipe_local, axis=context_axis, size=c, attn=attn,
+    stage = functools.partial(upipe_local, axis=context_axis, size=c, attn=attn,
                               causal=causal, scale=scale, rope_base=rope_base,
                               accumulate_slices=accumulate_slices,
                               save_attention_output=save_attention_output, save_kv=save_kv,
                               **options)
+
+    def local(params, x, *given):  # default positions: this slice of arange(T)
+        positions = given[0] if given else local_positions(*x.shape[:2], context_axis)
+        return stage(params, x, positions)
+
     spec = P(data_axis, context_axis, None)
-    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(), spec, P(data_axis, context_axis)),
-                       out_specs=spec, check_vma=check_vma)
     params = {n: params[n] for n in ("q_proj", "k_proj", "v_proj", "o_proj")}
-    return fn(params, x, positions)
+    args, in_specs = (params, x), (P(), spec)
+    if positions is not None:
+        args, in_specs = (*args, positions), (*in_specs, P(data_axis, context_axis))
+    fn = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=spec,
+                       check_vma=check_vma)
+    return fn(*args)
