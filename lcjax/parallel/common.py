@@ -41,8 +41,10 @@ def resolve_variant(variant: str | Callable, options: Mapping[str, Any]
 
     ``check_vma`` is False when the implementation that will run is one that needs it
     off (a Pallas kernel: ``Implementation.shard_map_check_vma``): the one named by
-    ``options["implementation"]``, else any implementation dispatch could choose here
-    (one whose ``skip_unless_named`` gives no reason). A plain callable: True.
+    ``options["implementation"]``, else any implementation dispatch could choose — one whose
+    ``skip_unless_named`` gives no reason here, or one chosen per lowering target
+    (``target_dependent``: compiling for a TPU topology from a CPU host picks the kernel
+    though this host would not). A plain callable: True.
     """
     fn = get(variant)
     if not isinstance(fn, AttentionSpec):
@@ -50,8 +52,8 @@ def resolve_variant(variant: str | Callable, options: Mapping[str, Any]
     named = options.get("implementation")
     if named is not None:
         return fn, fn.implementation(named).shard_map_check_vma
-    usable = [i for i in fn.implementations
-              if i.skip_unless_named is None or not i.skip_unless_named()]
+    usable = [i for i in fn.implementations if i.target_dependent
+              or i.skip_unless_named is None or not i.skip_unless_named()]
     return fn, all(i.shard_map_check_vma for i in usable)
 
 
