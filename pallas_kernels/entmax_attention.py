@@ -169,16 +169,28 @@ class _Config(NamedTuple):
 # ----------------------------------------------------------------------------
 # Small in-kernel helpers (2-D only: they lower through Mosaic and Triton alike)
 # ----------------------------------------------------------------------------
+def _precision(a, b):
+    """The dots' precision: DEFAULT unless both operands are float32 (then the config's).
+    Mosaic takes no float32 contract precision on bf16 operands, so a user's
+    ``jax_default_matmul_precision="highest"`` must not reach a bf16 dot here."""
+    if a.dtype == jnp.float32 and b.dtype == jnp.float32:
+        return None
+    return lax.Precision.DEFAULT
+
+
 def _nt(a, b):  # a [m, d] · b [n, d]ᵀ
-    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=_F32)
+    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=_precision(a, b),
+                           preferred_element_type=_F32)
 
 
 def _nn(a, b):  # a [m, d] · b [d, n]
-    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=_F32)
+    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=_precision(a, b),
+                           preferred_element_type=_F32)
 
 
 def _tn(a, b):  # a [d, m]ᵀ · b [d, n]
-    return lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=_F32)
+    return lax.dot_general(a, b, (((0,), (0,)), ((), ())), precision=_precision(a, b),
+                           preferred_element_type=_F32)
 
 
 def _rowsum(x):
@@ -758,15 +770,17 @@ def _tile_scratch(*tiles):
         pltpu.SemaphoreType.DMA((len(tiles), 2))]
 
 
-def _pallas_call(kernel, *, grid, in_specs, out_specs, out_shape, interpret: bool, name: str,
+def _pallas_call(kernel, *, grid, in_specs, out_specs, out_shape, interpret: bool | str,
+                 name: str,
                  tpu_in_specs, tpu_scratch_shapes):
     """:func:`pallas_call_per_platform` with the TPU form of an entmax kernel: the same body,
     its long operands left in HBM (``tpu_in_specs``) and copied tile by tile into
-    ``tpu_scratch_shapes``. On CPU the interpreter runs that TPU form (``interpret="tpu"``),
-    so the tests check what Mosaic compiles."""
+    ``tpu_scratch_shapes``. ``interpret="tpu"`` runs that TPU form in the TPU interpreter
+    (the tests check what Mosaic compiles); ``interpret=True`` the generic form in the plain
+    interpreter (no ordered effects: it can sit in a ``lax.platform_dependent`` branch)."""
     tpu = TpuCall(kernel, grid, tpu_in_specs, out_specs, tpu_scratch_shapes)
     return pallas_call_per_platform(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs,
-                                    out_shape=out_shape, interpret="tpu" if interpret else False,
+                                    out_shape=out_shape, interpret=interpret,
                                     name=name, tpu=tpu)
 
 
@@ -1029,7 +1043,7 @@ def entmax_attention_pallas(
     bins: int,
     tol: float,
     block_sizes: BlockSizes | None = None,
-    interpret: bool = False,
+    interpret: bool | str = False,
     return_aux: bool = False,
 ):
     """α-entmax attention (AdaSplash-2) with Pallas kernels; differentiable in q, k, v (and
@@ -1055,7 +1069,9 @@ def entmax_attention_pallas(
       bins: histogram bins, 2, 4 or 8.
       tol: a row stops once |Σp - 1| < tol (and takes one last step from those sums).
       block_sizes: ``BlockSizes`` (default ``BlockSizes.get_default()``).
-      interpret: run the kernels in the Pallas interpreter (required on CPU).
+      interpret: run the kernels in the Pallas interpreter (required on CPU): True for the
+        generic (Triton) form, ``"tpu"`` for the TPU form (operands in HBM, tiles copied into
+        VMEM) in the TPU interpreter.
       return_aux: also return a dict with ``tau`` [B, T, H] (threshold in the convention
         p = [(α-1)·x - τ]₊^{1/(α-1)} on x = scale·q·kᵀ, +inf on empty rows),
         ``iterations`` [B, T, H] int32 (solver steps after the initialisation),
@@ -1084,7 +1100,9 @@ def entmax_attention_pallas(
         raise ValueError(f"{_NAME}: {reason}")
     if T == 0 or S == 0:
         raise ValueError(f"{_NAME}: empty sequence: q {q.shape}, k {k.shape}")
-    interp = bool(interpret)
+    if interpret not in (False, True, "tpu"):
+        raise ValueError(f"{_NAME}: `interpret` must be False, True or 'tpu', got {interpret!r}")
+    interp = interpret
     bq, bk = _block(bs.block_q, T, interp), _block(bs.block_k, S, interp)
     bq_dq = _block(bs.block_q_dq or bs.block_q, T, interp)
     bk_dq = _block(bs.block_k_dq or bs.block_k, S, interp)

@@ -387,6 +387,12 @@ def _check(q, table: Table, w, degree):
     return b, kk, d, m, dv, dsk
 
 
+# Compiled, the [block_q, block_m·dv] float32 value tile and its temporaries take ~8x its
+# size of VMEM: 2^18 elements (1 MiB) compiles on v5e's 16 MiB scoped VMEM, 2^20 needs 33 MiB
+# (libtpu 0.0.42, block_q 128, dv 128, block_m 16 vs 64; tests/tpu/test_dispatch.py).
+MAX_VALUE_TILE = 1 << 19
+
+
 def _forward(q, table: Table, w, *, scale, degree, block_sizes, interpret):
     b, kk, d, m, dv, dsk = _check(q, table, w, degree)
     rows = q.shape[2]
@@ -394,6 +400,11 @@ def _forward(q, table: Table, w, *, scale, degree, block_sizes, interpret):
     bq = min(block_sizes.block_q, _pow2(rows, low))
     bm = min(block_sizes.block_m, _pow2(m, low))
     dp, dsp, dvp = _pow2(d, 16), _pow2(dsk, 16), _pow2(dv, 16)
+    if interpret is False and bq * bm * dvp > MAX_VALUE_TILE:
+        raise ValueError(f"prototype_attention_pallas: the value tile block_q × block_m × dv = "
+                         f"{bq} × {bm} × {dvp} = {bq * bm * dvp} float32 exceeds "
+                         f"{MAX_VALUE_TILE} (it and its temporaries would not fit the TPU's "
+                         "scoped VMEM); use smaller block_q or block_m")
     mp = _pow2(m, bm)
     jp = _pow2(max(degree - 1, 1), 1)
     count = degree * (degree + 1) // 2

@@ -559,6 +559,9 @@ def _pallas(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
     sizes = block_sizes or kernel.BlockSizes(block_q=config.block_q, block_k=config.block_kv)
     reason = kernel.unsupported_block_sizes(sizes, interpret=interpret)
     if reason:
+        if block_sizes is None:  # name the options the user gave, not the kernel's fields
+            reason = (reason.replace("block_sizes.block_q ", "block_q ")
+                      .replace("block_sizes.block_k ", "block_kv "))
         raise NotImplementedError(reason)
     sol = config.solver_config.resolve(a_static, jnp.float32)
     # an array α [H]: traced, differentiable through the kernel (its backward returns dα),

@@ -304,6 +304,19 @@ class TestEntmaxAttentionInterpret(_EntmaxAttentionTests):
 
 
 @pytest.mark.skipif(jax.default_backend() not in ("gpu", "tpu"), reason="needs a GPU or TPU")
+class TestEntmaxAttentionTpuInterpret(_EntmaxAttentionTests):
+    """The TPU form (K/V left in HBM, tiles copied into VMEM by async copies) in the TPU
+    interpreter: forward, τ and gradients against the reference (the other tests run the
+    generic form, whose arithmetic the TPU form shares)."""
+
+    INTERPRET = "tpu"
+
+    @pytest.fixture(autouse=True)
+    def _only_numerics(self, request):
+        if request.function.__name__ not in ("test_forward_and_tau", "test_gradients"):
+            pytest.skip("the TPU form: forward and gradients only (interpret mode is slow)")
+
+
 class TestEntmaxAttentionDevice(_EntmaxAttentionTests):
     INTERPRET = False
 
