@@ -110,7 +110,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels.entmax_rules import alpha_cotangent, hermite_root, polish_step, solver_step
-from pallas_kernels.platform import TpuCall, pallas_call_per_platform
+from pallas_kernels.platform import TpuCall, dot_precision, pallas_call_per_platform
 
 __all__ = ["BlockSizes", "entmax_attention_pallas", "entmax_attention_reference",
            "unsupported_block_sizes"]
@@ -169,27 +169,18 @@ class _Config(NamedTuple):
 # ----------------------------------------------------------------------------
 # Small in-kernel helpers (2-D only: they lower through Mosaic and Triton alike)
 # ----------------------------------------------------------------------------
-def _precision(a, b):
-    """The dots' precision: DEFAULT unless both operands are float32 (then the config's).
-    Mosaic takes no float32 contract precision on bf16 operands, so a user's
-    ``jax_default_matmul_precision="highest"`` must not reach a bf16 dot here."""
-    if a.dtype == jnp.float32 and b.dtype == jnp.float32:
-        return None
-    return lax.Precision.DEFAULT
-
-
 def _nt(a, b):  # a [m, d] · b [n, d]ᵀ
-    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=_precision(a, b),
+    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=dot_precision(a, b),
                            preferred_element_type=_F32)
 
 
 def _nn(a, b):  # a [m, d] · b [d, n]
-    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=_precision(a, b),
+    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=dot_precision(a, b),
                            preferred_element_type=_F32)
 
 
 def _tn(a, b):  # a [d, m]ᵀ · b [d, n]
-    return lax.dot_general(a, b, (((0,), (0,)), ((), ())), precision=_precision(a, b),
+    return lax.dot_general(a, b, (((0,), (0,)), ((), ())), precision=dot_precision(a, b),
                            preferred_element_type=_F32)
 
 

@@ -21,12 +21,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as plgpu
 
-__all__ = ["TpuCall", "pallas_call_per_platform"]
+__all__ = ["TpuCall", "dot_precision", "pallas_call_per_platform"]
 
 
 class TpuCall(NamedTuple):
@@ -86,3 +87,13 @@ def pallas_call_per_platform(kernel: Callable, *, grid, in_specs, out_specs, out
         )
 
     return run
+
+
+def dot_precision(a, b):
+    """The precision of a kernel's dot of ``a`` and ``b``: DEFAULT unless both operands are
+    float32 (then JAX's configured one). Mosaic takes no float32 contract precision on bf16
+    operands, so a user's ``jax_default_matmul_precision="highest"`` must not reach a bf16
+    dot inside a kernel."""
+    if a.dtype == jnp.float32 and b.dtype == jnp.float32:
+        return None
+    return lax.Precision.DEFAULT

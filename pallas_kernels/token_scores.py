@@ -50,7 +50,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.platform import pallas_call_per_platform
+from pallas_kernels.platform import dot_precision, pallas_call_per_platform
 
 __all__ = ["MAX_TILE", "BlockSizes", "merge_stats", "token_scores_pallas",
            "token_scores_reference", "unsupported_block_sizes"]
@@ -86,17 +86,8 @@ class _Config(NamedTuple):
     interpret: bool
 
 
-def _precision(a, b):
-    """The dots' precision: DEFAULT unless both operands are float32 (then the config's).
-    Mosaic takes no float32 contract precision on bf16 operands, so a user's
-    ``jax_default_matmul_precision="highest"`` must not reach a bf16 dot here."""
-    if a.dtype == jnp.float32 and b.dtype == jnp.float32:
-        return None
-    return lax.Precision.DEFAULT
-
-
 def _nt(a, b):  # a [m, d] · b [n, d]ᵀ in float32
-    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=_precision(a, b),
+    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=dot_precision(a, b),
                            preferred_element_type=_F32)
 
 

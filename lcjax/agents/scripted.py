@@ -163,15 +163,15 @@ def create_scripted_app():
 
 class ThreadedServer:
     """uvicorn serving an ASGI ``app`` in a daemon thread on a free 127.0.0.1 port
-    (``url``); a context manager."""
+    (``url``); a context manager. ``config``: more ``uvicorn.Config`` keywords."""
 
-    def __init__(self, app, *, start_timeout: float = 60.0):
+    def __init__(self, app, *, start_timeout: float = 60.0, **config):
         import uvicorn
 
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **config))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        daemon=True)
         self.start_timeout = start_timeout

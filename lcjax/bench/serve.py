@@ -29,6 +29,8 @@ import time
 
 import numpy as np
 
+from lcjax.agents.scripted import ThreadedServer
+
 __all__ = ["add_arguments", "bench_model", "percentile", "rss_mib", "run_cli",
            "run_serve_benchmark"]
 
@@ -58,35 +60,9 @@ def bench_model(*, d_model: int = 64, num_layers: int = 2, max_len: int = 256, s
     return DecoderLM(cfg, rngs=nnx.Rngs(seed))
 
 
-class _Server:
-    """uvicorn serving ``app`` on a free 127.0.0.1 port in a daemon thread."""
-
-    def __init__(self, app):
-        import socket
-
-        import uvicorn
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning",
-                                                    timeout_graceful_shutdown=10))
-        self.thread = threading.Thread(target=self.server.run,
-                                       kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        end = time.monotonic() + 300  # startup compiles the precompiled shapes
-        while not self.server.started:
-            if time.monotonic() > end or not self.thread.is_alive():
-                raise RuntimeError("bench serve: uvicorn did not start within 300 s")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(30)
-        self.sock.close()
+def _server(app) -> ThreadedServer:
+    """``app`` on a free 127.0.0.1 port; startup may compile the precompiled shapes."""
+    return ThreadedServer(app, start_timeout=300, timeout_graceful_shutdown=10)
 
 
 def _load(url: str, *, clients: int, requests_cap: int, max_seconds: float, prompts,
@@ -194,7 +170,7 @@ def run_serve_benchmark(*, clients: int = 8, requests: int = 400, warmup: int = 
                                    "max_len": max_len}},
               "rss_mib": {"start": rss_start}}
     t0 = time.monotonic()
-    with _Server(app) as server:
+    with _server(app) as server:
         result["startup_s"] = time.monotonic() - t0  # the precompile included
         result["rss_mib"]["served"] = rss_mib()
         load = dict(clients=clients, prompts=prompts, max_tokens=max_tokens, timeout=timeout)
