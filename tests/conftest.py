@@ -38,6 +38,7 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -51,5 +52,14 @@ def pytest_collection_modifyitems(session, config, items):
     """Notebooks (nbmake) first, the rest in collection order: each notebook is among the
     slowest items of the suite (a kernel start, then 25-35 s); collected last, they were
     among the last items xdist handed out, where one of them can keep a worker busy for
-    half a minute after the other has run out of tests."""
+    half a minute after the other has run out of tests.
+
+    Tests that compile for a TPU topology (``tests/tpu/``, ``test_compile_report.py``) load
+    libtpu into their process and are marked ``tpu_compile``: ``make test`` runs them in a
+    pytest process of their own (a CPU compile in a worker that had loaded libtpu segfaulted
+    once in a full run, 2026-12-06)."""
+    for item in items:
+        path = item.path.as_posix()
+        if "/tests/tpu/" in path or path.endswith("/test_compile_report.py"):
+            item.add_marker(pytest.mark.tpu_compile)
     items.sort(key=lambda item: not str(item.path).endswith(".ipynb"))

@@ -303,7 +303,6 @@ class TestEntmaxAttentionInterpret(_EntmaxAttentionTests):
     INTERPRET = True
 
 
-@pytest.mark.skipif(jax.default_backend() not in ("gpu", "tpu"), reason="needs a GPU or TPU")
 class TestEntmaxAttentionTpuInterpret(_EntmaxAttentionTests):
     """The TPU form (K/V left in HBM, tiles copied into VMEM by async copies) in the TPU
     interpreter: forward, τ and gradients against the reference (the other tests run the
@@ -317,6 +316,7 @@ class TestEntmaxAttentionTpuInterpret(_EntmaxAttentionTests):
             pytest.skip("the TPU form: forward and gradients only (interpret mode is slow)")
 
 
+@pytest.mark.skipif(jax.default_backend() not in ("gpu", "tpu"), reason="needs a GPU or TPU")
 class TestEntmaxAttentionDevice(_EntmaxAttentionTests):
     INTERPRET = False
 
