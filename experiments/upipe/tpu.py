@@ -12,15 +12,15 @@ node; UPipe reaches +25% longer context than prior context-parallel methods):
 - Llama-3-70B shapes (d 8192, 64/8 heads, MLP 28672, 80 layers) on ``v5p:4x4x4``
   (64 chips): the same, as far as the compile budget allows.
 
-The largest T is a search on compiled memory, bounded in compiles (each one is tens of
-seconds to minutes on a loaded 2-core host): the total bytes per chip are measured at two
+The largest T is a search on compiled memory: the total bytes per chip are measured at two
 lengths (T0, 2 T0), the straight line through them predicts the largest T on the grid
-(multiples of ``step``) under the chip's HBM, and that T and the next grid point are
-compiled to confirm (a fit = total bytes ≤ HBM and no HBM overflow error from the
-compiler); no bisection follows (a compile that fits takes minutes to half an hour on a
-loaded 2-core host). ``exact`` says whether the answer was bracketed to one grid step; the
+(multiples of ``step``) under the chip's HBM, that T and the next grid point are compiled,
+and then bisection (doubling while nothing above fails) narrows the bracket to one grid
+step, at most ``BISECT_ROUNDS`` rounds (a fit = total bytes ≤ HBM and no HBM overflow error
+from the compiler). ``exact`` says whether the answer was bracketed to one grid step; the
 report says "predicted" or "lower bound" otherwise. Each compile runs in its own
-subprocess (libtpu's memory is returned).
+subprocess (libtpu's memory is returned); one compile of an 8B layer takes ~20 s on a quiet
+2-core host (and up to half an hour when the host is loaded).
 
     python -m experiments.upipe.tpu --full --out-dir reports/upipe/tpu     # the report
     python -m experiments.upipe.tpu                                         # --quick
@@ -45,13 +45,16 @@ GiB = 1 << 30
 PAPER_TOKENS_8B = 5_000_000  # the paper's headline: 8B model, one 8-GPU node
 T0 = STEP = 131072
 # (model, topology, target, strategies), in priority order
+STRATEGIES = ("ulysses", "upipe", "ring", "usp")
 FULL = [
-    ("llama3-8b", "v5p:2x2x2", "layer", ("ulysses", "upipe", "ring", "usp")),
-    ("llama3-8b", "v5p:2x2x2", "step", ("ulysses", "upipe")),
-    ("llama3-70b", "v5p:4x4x4", "layer", ("ulysses", "upipe")),
+    ("llama3-8b", "v5p:2x2x2", "layer", STRATEGIES),
+    ("llama3-8b", "v5p:2x2x2", "step", STRATEGIES),
+    ("llama3-70b", "v5p:4x4x4", "layer", STRATEGIES),
+    ("llama3-70b", "v5p:4x4x4", "step", STRATEGIES),
 ]
 QUICK = [("llama3-8b", "v5p:2x2x2", "layer", ("ulysses", "upipe"))]
-PARALLEL = 6  # compiles at once (one subprocess each, ~1 GiB of host memory)
+PARALLEL = 2  # compiles at once (one subprocess each, ~1 GiB of host memory; 2-core host)
+BISECT_ROUNDS = 6  # at most this many rounds of bisection after the prediction
 
 
 def measure(model: str, topology: str, target: str, strategy: str, seq_len: int) -> dict:
@@ -189,6 +192,23 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def bisect_jobs(rows: list[dict], step: int = STEP) -> list[tuple]:
+    """The next compile of each row not yet bracketed to one grid step: the grid midpoint
+    of (largest fit, smallest non-fit), or twice the largest fit while nothing above it
+    has failed. Rows with no fit at all, or whose last compile errored, are left."""
+    jobs = []
+    for row in rows:
+        lo, hi = row["max_len"], row["upper"]
+        if row["exact"] or lo is None:
+            continue
+        if any(p.get("fits") is None for p in row["points"]):
+            continue  # a compile that errored (not an HBM overflow): no search on it
+        nxt = 2 * lo if hi is None else (lo + hi) // 2 // step * step
+        if nxt > lo:
+            jobs.append((row["model"], row["topology"], row["target"], row["strategy"], nxt))
+    return jobs
+
+
 def run(quick: bool, out_dir: Path, plan=None) -> Result:
     """Phase 1: every entry at T0 and 2 T0 (quick: T0 only); phase 2: the predicted
     largest T and one grid step above it, compiled to confirm. All compiles of a phase in
@@ -212,6 +232,11 @@ def run(quick: bool, out_dir: Path, plan=None) -> Result:
                     e = (row["model"], row["topology"], row["target"], row["strategy"])
                     verify += [(*e, pred), (*e, pred + STEP)]
             points += list(pool.map(lambda job: _spawn(job, points_file), verify))
+            for _ in range(BISECT_ROUNDS):
+                jobs = bisect_jobs(summarise(points))
+                if not jobs:
+                    break
+                points += list(pool.map(lambda job: _spawn(job, points_file), jobs))
     return report(points, quick, out_dir, time.perf_counter() - start)
 
 
