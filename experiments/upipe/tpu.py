@@ -54,7 +54,7 @@ FULL = [
 ]
 QUICK = [("llama3-8b", "v5p:2x2x2", "layer", ("ulysses", "upipe"))]
 PARALLEL = 2  # compiles at once (one subprocess each, ~1 GiB of host memory; 2-core host)
-BISECT_ROUNDS = 6  # at most this many rounds of bisection after the prediction
+BISECT_ROUNDS = 3  # at most this many rounds of bisection after the prediction
 
 
 def measure(model: str, topology: str, target: str, strategy: str, seq_len: int) -> dict:
@@ -209,34 +209,57 @@ def bisect_jobs(rows: list[dict], step: int = STEP) -> list[tuple]:
     return jobs
 
 
-def run(quick: bool, out_dir: Path, plan=None) -> Result:
-    """Phase 1: every entry at T0 and 2 T0 (quick: T0 only); phase 2: the predicted
-    largest T and one grid step above it, compiled to confirm. All compiles of a phase in
-    parallel subprocesses; every point appended to ``out_dir/points.jsonl`` when done."""
+def search(entry: tuple, points_file: Path, known: list[dict], quick: bool) -> list[dict]:
+    """One (model, topology, target, strategy)'s compiles, in series: T0 and 2 T0 (quick:
+    T0 only), the line's predicted largest T and one grid step above it, then bisection
+    (:func:`bisect_jobs`). Points already in ``known`` are reused, not compiled again."""
+    have = {p["seq_len"]: p for p in known if _entry(p) == entry}
+
+    def measure_at(seq_len: int) -> dict:
+        if seq_len not in have:
+            have[seq_len] = _spawn((*entry, seq_len), points_file)
+        return have[seq_len]
+
+    for seq_len in (T0,) if quick else (T0, 2 * T0):
+        measure_at(seq_len)
+    if quick:
+        return list(have.values())
+    (row,) = summarise(list(have.values()))
+    pred = row["predicted"]
+    if pred is not None and pred > (row["max_len"] or 0):
+        measure_at(pred)
+        measure_at(pred + STEP)
+    for _ in range(BISECT_ROUNDS):
+        jobs = bisect_jobs(summarise(list(have.values())))
+        if not jobs:
+            break
+        measure_at(jobs[0][-1])
+    return list(have.values())
+
+
+def _entry(point: dict) -> tuple:
+    return (point["model"], point["topology"], point["target"], point["strategy"])
+
+
+def run(quick: bool, out_dir: Path, plan=None, resume: bool = False) -> Result:
+    """Every entry of ``plan`` searched by :func:`search`, ``PARALLEL`` entries at a time in
+    the plan's order (so the first rows finish first); every point appended to
+    ``out_dir/points.jsonl`` when done. ``resume``: reuse the points already in that file."""
     plan = plan or (QUICK if quick else FULL)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     points_file = out_dir / "points.jsonl"
-    points_file.write_text("")
+    known = []
+    if resume and points_file.exists():
+        known = [json.loads(line) for line in points_file.read_text().splitlines()
+                 if line.strip()]
+    else:
+        points_file.write_text("")
     start = time.perf_counter()
     entries = [(m, topo, tgt, s) for m, topo, tgt, strategies in plan for s in strategies]
-    lengths = (T0,) if quick else (T0, 2 * T0)
     with ThreadPoolExecutor(PARALLEL) as pool:
-        points = list(pool.map(lambda job: _spawn(job, points_file),
-                               [(*e, t) for e in entries for t in lengths]))
-        if not quick:
-            verify = []
-            for row in summarise(points):
-                pred = row["predicted"]
-                if pred is not None and pred > (row["max_len"] or 0):
-                    e = (row["model"], row["topology"], row["target"], row["strategy"])
-                    verify += [(*e, pred), (*e, pred + STEP)]
-            points += list(pool.map(lambda job: _spawn(job, points_file), verify))
-            for _ in range(BISECT_ROUNDS):
-                jobs = bisect_jobs(summarise(points))
-                if not jobs:
-                    break
-                points += list(pool.map(lambda job: _spawn(job, points_file), jobs))
+        found = pool.map(lambda e: search(e, points_file, known, quick), entries)
+        points = [p for pts in found for p in pts]
     return report(points, quick, out_dir, time.perf_counter() - start)
 
 
@@ -282,6 +305,8 @@ if __name__ == "__main__":
                         help="rebuild tpu.md/tpu.json from --out-dir/points.jsonl")
     parser.add_argument("--note", default="", help="with --report-only: how the run went")
     parser.add_argument("--out-dir", default=None, help="default: a temporary directory")
+    parser.add_argument("--resume", action="store_true",
+                        help="reuse the points already in --out-dir/points.jsonl")
     args = parser.parse_args()
     if args.worker:
         Path(args.out).write_text(json.dumps(measure(*json.loads(args.worker))))
@@ -297,6 +322,6 @@ if __name__ == "__main__":
         if args.only:
             plan = [p for p in plan if p[0] in args.only.split(",")]
         r = run(not args.full, Path(args.out_dir or tempfile.mkdtemp(prefix="upipe-tpu-")),
-                plan)
+                plan, resume=args.resume)
         for c in r.claims:
             print(("PASS " if c.holds else "FAIL ") + f"{c.claim}: {c.ours} (target {c.target})")
