@@ -209,10 +209,13 @@ def bisect_jobs(rows: list[dict], step: int = STEP) -> list[tuple]:
     return jobs
 
 
-def search(entry: tuple, points_file: Path, known: list[dict], quick: bool) -> list[dict]:
+def search(entry: tuple, points_file: Path, known: list[dict], quick: bool,
+           line_only: bool = False) -> list[dict]:
     """One (model, topology, target, strategy)'s compiles, in series: T0 and 2 T0 (quick:
     T0 only), the line's predicted largest T and one grid step above it, then bisection
-    (:func:`bisect_jobs`). Points already in ``known`` are reused, not compiled again."""
+    (:func:`bisect_jobs`). Points already in ``known`` are reused, not compiled again.
+    ``line_only``: stop after T0 and 2 T0 (the largest T is then the line's prediction).
+    A fitting compile at millions of tokens takes ~25 min on a loaded 2-core host."""
     have = {p["seq_len"]: p for p in known if _entry(p) == entry}
 
     def measure_at(seq_len: int) -> dict:
@@ -222,7 +225,7 @@ def search(entry: tuple, points_file: Path, known: list[dict], quick: bool) -> l
 
     for seq_len in (T0,) if quick else (T0, 2 * T0):
         measure_at(seq_len)
-    if quick:
+    if quick or line_only:
         return list(have.values())
     (row,) = summarise(list(have.values()))
     pred = row["predicted"]
@@ -241,7 +244,8 @@ def _entry(point: dict) -> tuple:
     return (point["model"], point["topology"], point["target"], point["strategy"])
 
 
-def run(quick: bool, out_dir: Path, plan=None, resume: bool = False) -> Result:
+def run(quick: bool, out_dir: Path, plan=None, resume: bool = False,
+        line_only: bool = False, parallel: int = PARALLEL) -> Result:
     """Every entry of ``plan`` searched by :func:`search`, ``PARALLEL`` entries at a time in
     the plan's order (so the first rows finish first); every point appended to
     ``out_dir/points.jsonl`` when done. ``resume``: reuse the points already in that file."""
@@ -257,8 +261,8 @@ def run(quick: bool, out_dir: Path, plan=None, resume: bool = False) -> Result:
         points_file.write_text("")
     start = time.perf_counter()
     entries = [(m, topo, tgt, s) for m, topo, tgt, strategies in plan for s in strategies]
-    with ThreadPoolExecutor(PARALLEL) as pool:
-        found = pool.map(lambda e: search(e, points_file, known, quick), entries)
+    with ThreadPoolExecutor(parallel) as pool:
+        found = pool.map(lambda e: search(e, points_file, known, quick, line_only), entries)
         points = [p for pts in found for p in pts]
     return report(points, quick, out_dir, time.perf_counter() - start)
 
@@ -301,10 +305,14 @@ if __name__ == "__main__":
     parser.add_argument("--out", default=None)
     parser.add_argument("--full", action="store_true")
     parser.add_argument("--only", default=None, help="models, comma-separated")
+    parser.add_argument("--targets", default=None, help="layer,step (default both)")
     parser.add_argument("--report-only", action="store_true",
                         help="rebuild tpu.md/tpu.json from --out-dir/points.jsonl")
     parser.add_argument("--note", default="", help="with --report-only: how the run went")
     parser.add_argument("--out-dir", default=None, help="default: a temporary directory")
+    parser.add_argument("--line-only", action="store_true",
+                        help="compile T0 and 2 T0 only; the largest T is the line's prediction")
+    parser.add_argument("--parallel", type=int, default=PARALLEL, help="compiles at once")
     parser.add_argument("--resume", action="store_true",
                         help="reuse the points already in --out-dir/points.jsonl")
     args = parser.parse_args()
@@ -321,7 +329,9 @@ if __name__ == "__main__":
         plan = QUICK if not args.full else FULL
         if args.only:
             plan = [p for p in plan if p[0] in args.only.split(",")]
+        if args.targets:
+            plan = [p for p in plan if p[2] in args.targets.split(",")]
         r = run(not args.full, Path(args.out_dir or tempfile.mkdtemp(prefix="upipe-tpu-")),
-                plan, resume=args.resume)
+                plan, resume=args.resume, line_only=args.line_only, parallel=args.parallel)
         for c in r.claims:
             print(("PASS " if c.holds else "FAIL ") + f"{c.claim}: {c.ours} (target {c.target})")
