@@ -142,6 +142,9 @@ def test_logprobs_are_generates_numbers(model, served):
         np.testing.assert_allclose([top[k] for k in expect], list(expect.values()), atol=1e-5)
     assert got.choices[0].logprobs.token_logprobs[0] == pytest.approx(max(lp.top_logprobs[0]
                                                                           .values()))  # greedy
+    for bad in (-1, True, 1.5, TINY.vocab_size + 1):
+        with pytest.raises(ValueError, match="top_logprobs"):
+            generate(model, np.asarray(ids, np.int32)[None], 2, top_logprobs=bad)
     plain = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=MAX_TOKENS,
                                       temperature=0)
     assert plain.choices[0].logprobs is None
