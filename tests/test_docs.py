@@ -73,6 +73,8 @@ def test_feature_matrix_reads_every_spec_and_every_features_field(capsys):
     assert main(["variants"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == [r for r in variants.feature_matrix()]
+    assert main(["variants", "--markdown", "--out", "/nonexistent/dir/features.md"]) == 2
+    assert "cannot write --out" in capsys.readouterr().err
 
 
 def _blocks(text: str, lang: str) -> list[str]:

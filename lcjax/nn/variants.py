@@ -28,6 +28,7 @@ import inspect
 import sys
 
 from lcjax.attention import Features, specs
+from lcjax.errors import UsageError
 from lcjax.nn.attention import kv_cache_gap
 from lcjax.nn.sampling import SPLIT_PREFILL
 
@@ -167,7 +168,10 @@ def run(args: argparse.Namespace) -> int:
     text = markdown() if args.markdown else json.dumps(feature_matrix(), indent=1) + "\n"
     if args.out is None:
         sys.stdout.write(text)
-    else:
+        return 0
+    try:
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(text)
+    except OSError as e:
+        raise UsageError(f"cannot write --out {args.out!r}: {e.strerror}") from None
     return 0
