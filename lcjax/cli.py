@@ -29,6 +29,8 @@ SUBCOMMANDS = {
     "compile": ("lcjax.compile_report", "compile a layer or training step for a TPU topology: "
                 "`lcjax compile --model llama3-8b --topology v5p:2x2x2 --seq-len 131072`"),
     "serve": ("lcjax.serve.cli", "OpenAI-compatible HTTP server: `lcjax serve --checkpoint DIR`"),
+    "variants": ("lcjax.nn.variants", "the registered attention variants and what each supports: "
+                 "`lcjax variants --markdown`"),
 }
 
 

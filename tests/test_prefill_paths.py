@@ -1,7 +1,7 @@
 """Token-sparse prefill on an imported Hugging Face model through every user path (issue 36):
 ``generate``, ``lcjax serve`` (its app in-process) and ``lcjax eval --model HF_FOLDER`` give
-the same replies, with log-probs that differ from dense; ``lcjax eval`` encodes prompts with
-the folder's tokenizer and sizes them in its tokens."""
+the same replies and the same log-probs (to 1e-5), which differ from dense; ``lcjax eval``
+encodes prompts with the folder's tokenizer and sizes them in its tokens."""
 
 from __future__ import annotations
 
@@ -90,20 +90,30 @@ def test_generate_serve_and_eval_agree_and_differ_from_dense(hf_dir, tmp_path):
         assert n > SPARSE["min_tokens"] + SPARSE["window"]
     direct = [_reply(sparse, tokenizer, p, return_logprobs=True) for p in prompts]
     dense_out = [_reply(dense, tokenizer, p, return_logprobs=True)[1] for p in prompts]
+    # generate's log-probs of each reply's tokens (a final stop token included)
+    want = [np.asarray(out.logprobs)[0, :int(out.lengths[0]) - len(tokenizer.encode(p))]
+            for p, (_, out) in zip(prompts, direct)]
     for (_, s), d in zip(direct, dense_out):
         assert np.max(np.abs(np.asarray(s.logprobs) - np.asarray(d.logprobs))) > 1e-3
-    # eval's predictions are generate's replies
+    # eval's predictions are generate's replies, its log-probs generate's numbers
     assert [r["prediction"] for r in records] == [t for t, _ in direct]
+    for r, w in zip(records, want):
+        assert len(r["logprobs"]) == len(w) > 0
+        np.testing.assert_allclose(r["logprobs"], w, rtol=0, atol=1e-5)
     # lcjax serve, in-process, with the same model: the same replies
     app = create_app(ServedModel(sparse, tokenizer, "tiny", 1024), batch_window_ms=0,
                      min_bucket=8)
     with ThreadedServer(app) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
                                timeout=120)
-        for prompt, (text, _) in zip(prompts, direct):
-            reply = client.completions.create(model="tiny", prompt=prompt,
+        for prompt, (text, _), w, d in zip(prompts, direct, want, dense_out):
+            reply = client.completions.create(model="tiny", prompt=prompt, logprobs=2,
                                               max_tokens=MAX_TOKENS, temperature=0)
             assert reply.choices[0].text == text
+            served_lp = reply.choices[0].logprobs.token_logprobs
+            np.testing.assert_allclose(served_lp, w, rtol=0, atol=1e-5)
+            assert np.max(np.abs(np.asarray(served_lp)
+                                 - np.asarray(d.logprobs)[0, :len(w)])) > 1e-3
 
 
 def test_eval_exits_nonzero_when_items_fail_and_skips_short_tasks(hf_dir, tmp_path, capsys):

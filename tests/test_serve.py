@@ -109,6 +109,72 @@ def test_models_completion_and_chat_equal_direct_generate(model, served):
         model="tiny", prompt=prompt[:5], max_tokens=MAX_TOKENS, temperature=0).choices[0].text
 
 
+def test_logprobs_are_generates_numbers(model, served):
+    """``logprobs`` (completions) and ``logprobs``/``top_logprobs`` (chat) report
+    ``generate``'s own log-probs of the reply's tokens and its most likely tokens."""
+    url, client, batcher = served
+    ids = tok.encode(PROMPT, bos=True)
+    out = generate(model, np.asarray(ids, np.int32)[None], MAX_TOKENS, stop_tokens=(tok.EOS,),
+                   pad_id=tok.PAD, return_logprobs=True, top_logprobs=3)
+    n = int(out.lengths[0]) - len(ids)
+    gen = np.asarray(out.tokens)[0, len(ids):len(ids) + n]
+    want = np.asarray(out.logprobs)[0, :n]
+    top_ids, top_lp = (np.asarray(x)[0, :n] for x in out.top_logprobs)
+    # an independent check of generate's numbers: log-softmax of a full forward pass
+    full = np.asarray(model(np.asarray(out.tokens)[:, :len(ids) + n]), np.float64)[0]
+    top = full.max(-1, keepdims=True)
+    logp = full - top - np.log(np.exp(full - top).sum(-1, keepdims=True))
+    np.testing.assert_allclose(want, logp[len(ids) - 1 + np.arange(n), gen], atol=1e-4)
+    np.testing.assert_allclose(top_lp, -np.sort(-logp[len(ids) - 1:len(ids) - 1 + n], -1)[:, :3],
+                               atol=1e-4)
+
+    got = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=MAX_TOKENS,
+                                    temperature=0, logprobs=3)
+    lp = got.choices[0].logprobs
+    assert lp.tokens == [ByteTokenizer().decode([t]) for t in gen]
+    np.testing.assert_allclose(lp.token_logprobs, want, rtol=0, atol=1e-5)
+    assert lp.text_offset == [len(ByteTokenizer().decode(gen[:i])) for i in range(n)]
+    for i, top in enumerate(lp.top_logprobs):  # the 3 most likely, and the chosen token
+        expect: dict = {}  # texts that collide (bytes >= 128 alone) keep the likelier one
+        for t, v in [*zip(top_ids[i], top_lp[i]), (gen[i], want[i])]:
+            expect.setdefault(ByteTokenizer().decode([t]), float(v))
+        assert top.keys() == expect.keys()
+        np.testing.assert_allclose([top[k] for k in expect], list(expect.values()), atol=1e-5)
+    assert got.choices[0].logprobs.token_logprobs[0] == pytest.approx(max(lp.top_logprobs[0]
+                                                                          .values()))  # greedy
+    for bad in (-1, True, 1.5, TINY.vocab_size + 1):
+        with pytest.raises(ValueError, match="top_logprobs"):
+            generate(model, np.asarray(ids, np.int32)[None], 2, top_logprobs=bad)
+    plain = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=MAX_TOKENS,
+                                      temperature=0)
+    assert plain.choices[0].logprobs is None
+
+    reply = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=MAX_TOKENS,
+                                           temperature=0, logprobs=True, top_logprobs=2)
+    chat_ids = tok.encode(render_byte_chat(CHAT), bos=True)
+    ref = generate(model, np.asarray(chat_ids, np.int32)[None], MAX_TOKENS,
+                   stop_tokens=(tok.EOS,), pad_id=tok.PAD, return_logprobs=True)
+    content = reply.choices[0].logprobs.content
+    m = int(ref.lengths[0]) - len(chat_ids)
+    np.testing.assert_allclose([c.logprob for c in content], np.asarray(ref.logprobs)[0, :m],
+                               atol=1e-5)
+    assert all(len(c.top_logprobs) == 2 for c in content)
+    assert all(bytes(c.bytes).decode() == c.token for c in content)
+
+    for body, param in (({"prompt": "a", "logprobs": 6}, "logprobs"),
+                        ({"prompt": "a", "logprobs": -1}, "logprobs"),
+                        ({"prompt": "a", "logprobs": True}, "logprobs"),
+                        ({"prompt": "a", "logprobs": 1.5}, "logprobs")):
+        err = _error(url, "/v1/completions", {"model": "tiny", **body})
+        assert err["param"] == param, err
+    chat = {"model": "tiny", "messages": CHAT}
+    assert _error(url, "/v1/chat/completions", {**chat, "logprobs": 1})["param"] == "logprobs"
+    assert _error(url, "/v1/chat/completions", {**chat, "logprobs": True, "top_logprobs": 9}
+                  )["param"] == "top_logprobs"
+    err = _error(url, "/v1/chat/completions", {**chat, "top_logprobs": 2})
+    assert "`top_logprobs` needs `logprobs: true`" in err["message"]
+
+
 def test_concurrent_requests_batch_into_fewer_generate_calls(served):
     url, client, batcher = served
     prompts = ["A", "Hark, who", "Once more unto", "Now is the winter of"]

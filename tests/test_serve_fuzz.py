@@ -28,16 +28,24 @@ TINY = DecoderConfig(vocab_size=tok.VOCAB_SIZE, d_model=16, num_layers=1, num_he
                      num_kv_heads=2, head_dim=8, mlp_hidden=32, max_len=64)
 
 
-def stub_generate(model, rows, n, *, prompt_lengths, pad_id, rng=None, **kw):
-    """``generate``'s output layout: row b is its prompt, then ``n`` random ids."""
+def stub_generate(model, rows, n, *, prompt_lengths, pad_id, rng=None, return_logprobs=False,
+                  top_logprobs=0, **kw):
+    """``generate``'s output layout: row b is its prompt, then ``n`` random ids (with
+    random negative log-probs and ``top_logprobs`` random ids, when asked)."""
     rows, lengths = np.asarray(rows), np.asarray(prompt_lengths)
     seed = 0 if rng is None else int(np.asarray(__import__("jax").random.key_data(rng))[-1])
-    ids = np.random.default_rng(seed).integers(0, tok.VOCAB_SIZE, (len(rows), n))
+    gen = np.random.default_rng(seed)
+    ids = gen.integers(0, tok.VOCAB_SIZE, (len(rows), n))
     out = np.full((len(rows), rows.shape[1] + n), pad_id, np.int32)
     for b, length in enumerate(lengths):
         out[b, :length] = rows[b, :length]
         out[b, length:length + n] = ids[b]
-    return types.SimpleNamespace(tokens=out, lengths=lengths + n)
+    top = ((gen.integers(0, tok.VOCAB_SIZE, (len(rows), n, top_logprobs)),
+            -np.sort(gen.exponential(size=(len(rows), n, top_logprobs)), -1))
+           if top_logprobs else None)
+    return types.SimpleNamespace(tokens=out, lengths=lengths + n, top_logprobs=top,
+                                 logprobs=-gen.exponential(size=(len(rows), n))
+                                 if return_logprobs else None)
 
 
 @pytest.fixture(scope="module")

@@ -84,7 +84,7 @@ def make_runner(target: Any, *, max_new_tokens: int, batch_size: int = 8,
 
         runner_tok = None if isinstance(tok, ByteTokenizer) else tok
         return (model_runner(model, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                             min_bucket=min_bucket, tokenizer=runner_tok),
+                             min_bucket=min_bucket, tokenizer=runner_tok, logprobs=True),
                 f"model {os.path.abspath(target)} attention={model.config.attention}")
     if _is_model(target):
         model = target
@@ -94,7 +94,7 @@ def make_runner(target: Any, *, max_new_tokens: int, batch_size: int = 8,
             model = switch(target, attention, attention_options)
         tok = tokenizer if hasattr(tokenizer, "decode") else None
         return (model_runner(model, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                             min_bucket=min_bucket, tokenizer=tok),
+                             min_bucket=min_bucket, tokenizer=tok, logprobs=True),
                 f"model {type(model).__name__} attention={model.config.attention}")
     if attention is not None or attention_options is not None:
         raise ValueError("evaluate: `attention` / `attention_options` apply to lcjax models "
@@ -194,7 +194,9 @@ def evaluate(
       scores 0; nothing about one item stops the run. When the suite has a ``score`` hook
       (:class:`~lcjax.data.suites.Suite`), every record also holds
       ``suite_metrics = suite.score(item.sample, prediction)`` (the empty reply for an
-      error; resumed records without it are scored again from their prediction).
+      error; resumed records without it are scored again from their prediction). An lcjax
+      model's records also hold ``logprobs``: ``generate``'s log-probs of the generated
+      tokens (a final stop token included), the numbers ``lcjax serve`` reports.
     """
     suite = resolve_suite(suite)
     if isinstance(target, str | os.PathLike) and not isinstance(target, EndpointConfig) \
@@ -238,8 +240,9 @@ def evaluate(
                unit="item")
     errors = sum(r.get("error") is not None for r in done.values())
     try:
-        for i, text, error in runner([it.prompt for it in todo]):
-            record = _with_suite_metrics(suite, todo[i], make_record(todo[i], text, error))
+        for i, text, error, *extra in runner([it.prompt for it in todo]):
+            record = {**make_record(todo[i], text, error), **(extra[0] if extra else {})}
+            record = _with_suite_metrics(suite, todo[i], record)
             done[todo[i].key] = record
             if out is not None:
                 out.append(record)

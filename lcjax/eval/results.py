@@ -6,6 +6,8 @@ A record is a JSON object::
      "prediction": str | null, "error": str | null,
      "string_match_all": float, "string_match_part": float}   # percent for this item
 
+plus what the runner adds (an lcjax model's ``"logprobs": [float]``, one per generated token)
+
 with the scores of ``lcjax.data.ruler.string_match_all`` / ``string_match_part`` on the
 stripped prediction; an item with an error scores 0 and is counted in ``errors``.
 

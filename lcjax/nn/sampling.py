@@ -71,11 +71,15 @@ class GenerateResult(NamedTuple):
       log p_model(tokens[b, prompt_lengths[b] + i] | tokens[b, :prompt_lengths[b] + i]),
       the model's own log-softmax (temperature 1, no top-k/top-p filtering: what a full
       forward pass over ``tokens`` gives), and 0 for i >= lengths[b] - prompt_lengths[b].
+    top_logprobs: ``(ids int32 [B, N, K], logprobs float32 [B, N, K])`` or None (without
+      ``top_logprobs=K``): at step i, the K most likely tokens under the same log-softmax,
+      most likely first (ids ``pad_id``, log-probs 0 after the row's end).
     """
 
     tokens: jax.Array
     lengths: jax.Array
     logprobs: jax.Array | None
+    top_logprobs: tuple[jax.Array, jax.Array] | None = None
 
 
 class DecodeResult(NamedTuple):
@@ -150,10 +154,15 @@ def row_keys(rng: jax.Array, batch: int, step) -> jax.Array:
     return jax.vmap(jax.random.fold_in, in_axes=(0, None))(rows, step)
 
 
-def _token_logprob(logits: jax.Array, tokens: jax.Array) -> jax.Array:
-    """log softmax(logits [B, V]) at tokens [B] -> float32 [B]."""
+def _token_logprob(logits: jax.Array, tokens: jax.Array, top: int = 0):
+    """log softmax(logits [B, V]) at tokens [B] -> float32 [B]; with ``top`` = K > 0 also
+    the K largest log-probs and their ids (``lax.top_k``: ids int32 [B, K], float32 [B, K])."""
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+    chosen = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+    if not top:
+        return chosen, None
+    values, ids = lax.top_k(logp, top)
+    return chosen, (ids.astype(jnp.int32), values)
 
 
 def _assemble(prompts, prompt_lengths, generated, num_generated, pad_id):
@@ -173,13 +182,15 @@ def _assemble(prompts, prompt_lengths, generated, num_generated, pad_id):
 
 def _decode_loop(model, last, cache, start, rng, temperature, top_p, stop_tokens, *,
                  max_new_tokens: int, top_k, greedy: bool, use_top_p: bool, pad_id: int,
-                 dtype):
+                 dtype, top_logprobs: int = 0):
     """The one decoding loop (traced): token 0 from ``last`` [B, V], then token i from the
     model's logits after feeding token i - 1 through ``cache`` at RoPE position
     ``start + i - 1`` (``start`` int [B], or None: the model's default, the cache index).
-    Returns (tokens [B, N], number generated [B], logprobs [B, N])."""
+    Returns (tokens [B, N], number generated [B], logprobs [B, N], top) where ``top`` is
+    ``(ids [B, N, K], logprobs [B, N, K])`` for ``top_logprobs`` = K > 0, else None."""
     b = last.shape[0]
     n = max_new_tokens
+    kk = int(top_logprobs)
 
     def choose(logits, step):
         keys = None if greedy else row_keys(rng, b, step)
@@ -189,7 +200,10 @@ def _decode_loop(model, last, cache, start, rng, temperature, top_p, stop_tokens
 
     tok = choose(last, 0)
     out_tokens = jnp.full((b, n), pad_id, dtype).at[:, 0].set(tok)
-    out_logprobs = jnp.zeros((b, n), jnp.float32).at[:, 0].set(_token_logprob(last, tok))
+    logprob, top = _token_logprob(last, tok, kk)
+    out_logprobs = jnp.zeros((b, n), jnp.float32).at[:, 0].set(logprob)
+    out_top = ((jnp.full((b, n, kk), pad_id, jnp.int32).at[:, 0].set(top[0]),
+                jnp.zeros((b, n, kk), jnp.float32).at[:, 0].set(top[1])) if kk else ())
     done = jnp.isin(tok, stop_tokens)
     count = jnp.ones((b,), jnp.int32)
 
@@ -199,20 +213,26 @@ def _decode_loop(model, last, cache, start, rng, temperature, top_p, stop_tokens
 
     def body(carry):
         # feed token i - 1 (slot index + i - 1, position start_b + i - 1), draw token i
-        i, tok, cache, done, out_tokens, out_logprobs, count = carry
+        i, tok, cache, done, out_tokens, out_logprobs, out_top, count = carry
         positions = None if start is None else (start + i - 1)[:, None]
         logits, cache = model(tok[:, None], cache=cache, positions=positions)
         new = jnp.where(done, jnp.asarray(pad_id, dtype), choose(logits[:, 0], i))
-        logprob = jnp.where(done, 0.0, _token_logprob(logits[:, 0], new))
+        logprob, top = _token_logprob(logits[:, 0], new, kk)
+        logprob = jnp.where(done, 0.0, logprob)
         out_tokens = lax.dynamic_update_slice_in_dim(out_tokens, new[:, None], i, axis=1)
         out_logprobs = lax.dynamic_update_slice_in_dim(out_logprobs, logprob[:, None], i, 1)
+        if kk:
+            ids = jnp.where(done[:, None], jnp.int32(pad_id), top[0])
+            vals = jnp.where(done[:, None], 0.0, top[1])
+            out_top = (lax.dynamic_update_slice_in_dim(out_top[0], ids[:, None], i, 1),
+                       lax.dynamic_update_slice_in_dim(out_top[1], vals[:, None], i, 1))
         count = count + (~done).astype(jnp.int32)
         done = done | jnp.isin(new, stop_tokens)
-        return i + 1, new, cache, done, out_tokens, out_logprobs, count
+        return i + 1, new, cache, done, out_tokens, out_logprobs, out_top, count
 
-    carry = (jnp.int32(1), tok, cache, done, out_tokens, out_logprobs, count)
-    *_, out_tokens, out_logprobs, count = lax.while_loop(cond, body, carry)
-    return out_tokens, count, out_logprobs
+    carry = (jnp.int32(1), tok, cache, done, out_tokens, out_logprobs, out_top, count)
+    *_, out_tokens, out_logprobs, out_top, count = lax.while_loop(cond, body, carry)
+    return out_tokens, count, out_logprobs, (out_top or None)
 
 
 # Variants whose method computes a prefill differently from a call over a KV cache:
@@ -261,34 +281,34 @@ def prefill(model, prompts: jax.Array, prompt_lengths: jax.Array, cache_len: int
 
 
 _STATIC = ("graphdef", "max_new_tokens", "top_k", "greedy", "use_top_p", "return_logprobs",
-           "pad_id")
+           "pad_id", "top_logprobs")
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
 def _generate(state, prompts, prompt_lengths, rng, temperature, top_p, stop_tokens, *,
               graphdef, max_new_tokens: int, top_k, greedy: bool, use_top_p: bool,
-              return_logprobs: bool, pad_id: int) -> GenerateResult:
+              return_logprobs: bool, pad_id: int, top_logprobs: int = 0) -> GenerateResult:
     model = nnx.merge(graphdef, state)
     logits, cache = prefill(model, prompts, prompt_lengths, prompts.shape[1] + max_new_tokens - 1)
     last = jnp.take_along_axis(logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
-    out_tokens, count, out_logprobs = _decode_loop(
+    out_tokens, count, out_logprobs, out_top = _decode_loop(
         model, last, cache, prompt_lengths, rng, temperature, top_p, stop_tokens,
         max_new_tokens=max_new_tokens, top_k=top_k, greedy=greedy, use_top_p=use_top_p,
-        pad_id=pad_id, dtype=prompts.dtype)
+        pad_id=pad_id, dtype=prompts.dtype, top_logprobs=top_logprobs)
     tokens = _assemble(prompts, prompt_lengths, out_tokens, count, pad_id)
     return GenerateResult(tokens, prompt_lengths + count,
-                          out_logprobs if return_logprobs else None)
+                          out_logprobs if return_logprobs else None, out_top)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
 def _decode(state, last, caches, start, rng, temperature, top_p, stop_tokens, *, graphdef,
             max_new_tokens: int, top_k, greedy: bool, use_top_p: bool, return_logprobs: bool,
-            pad_id: int) -> DecodeResult:
+            pad_id: int, top_logprobs: int = 0) -> DecodeResult:
     model = nnx.merge(graphdef, state)
-    out_tokens, count, out_logprobs = _decode_loop(
+    out_tokens, count, out_logprobs, _ = _decode_loop(
         model, last, caches, start, rng, temperature, top_p, stop_tokens,
         max_new_tokens=max_new_tokens, top_k=top_k, greedy=greedy, use_top_p=use_top_p,
-        pad_id=pad_id, dtype=jnp.int32)
+        pad_id=pad_id, dtype=jnp.int32, top_logprobs=top_logprobs)
     return DecodeResult(out_tokens, count, out_logprobs if return_logprobs else None)
 
 
@@ -339,6 +359,7 @@ def generate(
     prompt_lengths: jax.Array | None = None,
     return_logprobs: bool = False,
     pad_id: int = 0,
+    top_logprobs: int = 0,
 ) -> GenerateResult:
     """Sample ``max_new_tokens`` tokens after each prompt of a ragged batch (one ``jax.jit``).
 
@@ -359,9 +380,12 @@ def generate(
       prompt_lengths: int [B] in [1, P]; default: every row has length P.
       return_logprobs: also return the generated tokens' log-probabilities under the model.
       pad_id: token written after each row's end (default 0).
+      top_logprobs: K >= 0; K > 0 also returns, per step, the K most likely tokens and their
+        log-probs under the model (what OpenAI's ``logprobs`` field reports).
 
     Returns:
-      :class:`GenerateResult` ``(tokens [B, P + N], lengths [B], logprobs [B, N] | None)``.
+      :class:`GenerateResult` ``(tokens [B, P + N], lengths [B], logprobs [B, N] | None,
+      top_logprobs ([B, N, K] ids, [B, N, K] log-probs) | None)``.
 
     The KV cache holds P + N - 1 slots (the last token is never fed back). Greedy decoding
     of a row is the same whatever the other rows and the padding; so is sampling with a
@@ -375,10 +399,20 @@ def generate(
     greedy = _check_sampling("generate", max_new_tokens, temperature, top_k, top_p, rng)
     stops = jnp.asarray(stop_tokens, jnp.int32).reshape(-1)
     lengths = _check_prompt_lengths(prompt_lengths, b, p)
+    if not isinstance(top_logprobs, (int, np.integer)) or isinstance(top_logprobs, bool) \
+            or top_logprobs < 0:
+        raise ValueError(f"generate: `top_logprobs` must be an int >= 0, got {top_logprobs!r}")
+    top_logprobs = int(top_logprobs)
+    if top_logprobs and top_logprobs > model.config.vocab_size:
+        raise ValueError(f"generate: `top_logprobs` ({top_logprobs}) exceeds the vocabulary "
+                         f"({model.config.vocab_size} tokens)")
     if max_new_tokens == 0:
         empty = jnp.zeros((b, 0), prompts.dtype)
+        top = ((jnp.zeros((b, 0, top_logprobs), jnp.int32),
+                jnp.zeros((b, 0, top_logprobs), jnp.float32)) if top_logprobs else None)
         return GenerateResult(_assemble(prompts, lengths, empty, jnp.zeros_like(lengths), pad_id),
-                              lengths, jnp.zeros((b, 0), jnp.float32) if return_logprobs else None)
+                              lengths, jnp.zeros((b, 0), jnp.float32) if return_logprobs else None,
+                              top)
     graphdef, state = nnx.split(model)
     return _generate(
         state, prompts, lengths, None if greedy else rng, jnp.float32(temperature),
@@ -386,7 +420,7 @@ def generate(
         graphdef=graphdef, max_new_tokens=int(max_new_tokens),
         top_k=None if top_k is None else int(top_k), greedy=greedy,
         use_top_p=top_p is not None and top_p < 1, return_logprobs=return_logprobs,
-        pad_id=int(pad_id),
+        pad_id=int(pad_id), top_logprobs=top_logprobs,
     )
 
 

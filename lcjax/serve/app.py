@@ -19,6 +19,14 @@ seeds lie in [0, 2**64); a temperature below ``MIN_TEMPERATURE`` runs greedy), `
 total tokens) and ``finish_reason`` ("stop": a stop id or string ended it; "length":
 ``max_tokens`` did).
 
+Log-probs: completions take ``logprobs`` (null, or an int in [0, 5]) and answer OpenAI's
+legacy object ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`` per choice;
+chat takes ``logprobs: true`` (and ``top_logprobs`` in [0, 5]) and answers
+``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}``. The numbers are
+``generate``'s own (``return_logprobs`` / ``top_logprobs``: the model's log-softmax at
+temperature 1, no top-p filtering, whatever the request's sampling), one per completion
+token (those ``usage.completion_tokens`` counts, a final stop token included).
+
 Errors use OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: 400 for an
 invalid request (FastAPI's 422 validation errors included, ``param`` naming the field), 400
 ``context_length_exceeded`` when prompt tokens + ``max_tokens`` exceed the model's context,
@@ -44,14 +52,22 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    model_validator,
+)
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from lcjax.serve.batcher import SEED_LIMIT, Batcher, Generation, ShuttingDown
+from lcjax.serve.batcher import SEED_LIMIT, TOP_LOGPROBS, Batcher, Generation, ShuttingDown
 from lcjax.serve.model import ROLES, ServedModel
 
-__all__ = ["APIError", "ChatRequest", "CompletionRequest", "ServeLimits", "create_app",
-           "cut_at_stop"]
+__all__ = ["APIError", "ChatRequest", "CompletionRequest", "ServeLimits", "chat_logprobs",
+           "completion_logprobs", "create_app", "cut_at_stop"]
 
 MAX_N = 8
 # below this a temperature runs greedy: logits / T overflow float32 near T = 1e-38, and at
@@ -150,6 +166,8 @@ class CompletionRequest(_Sampling):
 
     prompt: str | Annotated[list[str], Field(min_length=1)]
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = 16
+    # null: no log-probs; k: the chosen tokens' and the k most likely tokens' log-probs
+    logprobs: Annotated[StrictInt, Field(ge=0, le=TOP_LOGPROBS)] | None = None
 
 
 class TextPart(BaseModel):
@@ -176,6 +194,14 @@ class ChatRequest(_Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    logprobs: StrictBool | None = False
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=TOP_LOGPROBS)] | None = None
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("`top_logprobs` needs `logprobs: true`")
+        return self
 
 
 # --- helpers ----------------------------------------------------------------------------
@@ -199,6 +225,48 @@ def cut_at_stop(tokenizer, tokens: np.ndarray, stops: list[str]) -> tuple[str, i
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if found(mid) else (mid + 1, hi)
     return text[:min(hits)], lo, True
+
+
+def _token_texts(tokenizer, ids) -> list[str]:
+    """The text of each token alone (a special token decodes to "")."""
+    return [tokenizer.decode(np.asarray([i], np.int32)) for i in np.asarray(ids).reshape(-1)]
+
+
+def _top(tokenizer, gen: Generation, i: int, k: int) -> dict[str, float]:
+    """Step i's ``k`` most likely tokens and the chosen one: text -> log-prob."""
+    top = {}
+    for tid, lp in zip(gen.top_ids[i, :k], gen.top_logprobs[i, :k]):
+        top.setdefault(_token_texts(tokenizer, [tid])[0], float(lp))
+    top.setdefault(_token_texts(tokenizer, [gen.tokens[i]])[0], float(gen.logprobs[i]))
+    return top
+
+
+def completion_logprobs(tokenizer, gen: Generation, count: int, k: int) -> dict:
+    """OpenAI's legacy completions ``logprobs`` object of the first ``count`` tokens of
+    ``gen``: ``tokens`` (each token's text), ``token_logprobs`` (log p of each),
+    ``top_logprobs`` (per token, the ``k`` most likely tokens and the chosen one, text ->
+    log-prob) and ``text_offset`` (where each token's text starts in the choice's text)."""
+    ids = gen.tokens[:count]
+    offsets = [len(tokenizer.decode(ids[:i])) for i in range(len(ids))]
+    return {"tokens": _token_texts(tokenizer, ids),
+            "token_logprobs": [float(x) for x in gen.logprobs[:count]],
+            "top_logprobs": [_top(tokenizer, gen, i, k) for i in range(len(ids))],
+            "text_offset": offsets}
+
+
+def chat_logprobs(tokenizer, gen: Generation, count: int, k: int) -> dict:
+    """OpenAI's chat ``logprobs`` object of the first ``count`` tokens of ``gen``:
+    ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob",
+    "bytes"}] (the k most likely)}]}``."""
+    def entry(text: str, lp: float) -> dict:
+        return {"token": text, "logprob": float(lp), "bytes": list(text.encode("utf-8"))}
+
+    content = []
+    for i, text in enumerate(_token_texts(tokenizer, gen.tokens[:count])):
+        tops = [entry(t, lp) for t, lp in zip(_token_texts(tokenizer, gen.top_ids[i, :k]),
+                                               gen.top_logprobs[i, :k])]
+        content.append({**entry(text, gen.logprobs[i]), "top_logprobs": tops})
+    return {"content": content}
 
 
 def _finish(served: ServedModel, gen: Generation, stops: list[str]) -> tuple[str, int, str]:
@@ -475,7 +543,9 @@ def create_app(served: ServedModel, *, batch_window_ms: float = 10.0, max_batch:
             for j, gen in enumerate(row):
                 text, count, reason = _finish(served, gen, stops)
                 completion += count
-                choices.append({"index": i * req.n + j, "text": text, "logprobs": None,
+                logprobs = (None if req.logprobs is None else
+                            completion_logprobs(served.tokenizer, gen, count, req.logprobs))
+                choices.append({"index": i * req.n + j, "text": text, "logprobs": logprobs,
                                 "finish_reason": reason})
         rid = f"cmpl-{uuid.uuid4().hex}"
         usage = _usage(sum(len(x) for x in ids), completion)
@@ -517,8 +587,10 @@ def create_app(served: ServedModel, *, batch_window_ms: float = 10.0, max_batch:
         for j, gen in enumerate(row):
             text, count, reason = _finish(served, gen, stops)
             completion += count
+            logprobs = (chat_logprobs(served.tokenizer, gen, count, req.top_logprobs or 0)
+                        if req.logprobs else None)
             choices.append({"index": j, "message": {"role": "assistant", "content": text},
-                            "logprobs": None, "finish_reason": reason})
+                            "logprobs": logprobs, "finish_reason": reason})
         usage = _usage(len(ids), completion)
         body = {"id": rid, "object": "chat.completion", "created": int(time.time()),
                 "model": served.name, "choices": choices, "usage": usage}
@@ -529,7 +601,7 @@ def create_app(served: ServedModel, *, batch_window_ms: float = 10.0, max_batch:
             for c in choices:
                 events.append({**chunk, "choices": [{"index": c["index"], "delta": {
                     "role": "assistant", "content": c["message"]["content"]},
-                    "logprobs": None, "finish_reason": None}]})
+                    "logprobs": c["logprobs"], "finish_reason": None}]})
                 events.append({**chunk, "choices": [{"index": c["index"], "delta": {},
                                                      "logprobs": None,
                                                      "finish_reason": c["finish_reason"]}]})

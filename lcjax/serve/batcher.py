@@ -42,10 +42,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["BatchStats", "Batcher", "Generation", "ShuttingDown", "group_jobs", "next_power_of_two",
-           "prompt_bucket", "seed_key", "shape_bound"]
+__all__ = ["TOP_LOGPROBS", "BatchStats", "Batcher", "Generation", "ShuttingDown", "group_jobs",
+           "next_power_of_two", "prompt_bucket", "seed_key", "shape_bound"]
 
 SEED_LIMIT = 1 << 64
+# every generate call also returns this many most likely tokens per step (OpenAI's largest
+# ``logprobs``), so a request asking for log-probs needs no other compiled program
+TOP_LOGPROBS = 5
 
 
 class ShuttingDown(RuntimeError):
@@ -59,10 +62,17 @@ class Generation:
     tokens: int32 [n], the generated ids (n <= max_tokens), a final stop id included.
     stopped: True if the row ended on a stop id (OpenAI's finish_reason "stop"), False if it
       ran to ``max_tokens`` ("length").
+    logprobs: float32 [n], log p_model of each generated token (``generate``'s
+      ``return_logprobs``: temperature 1, no filtering), or None.
+    top_ids, top_logprobs: int32 / float32 [n, TOP_LOGPROBS], the most likely tokens at each
+      step and their log-probs, most likely first (``generate``'s ``top_logprobs``), or None.
     """
 
     tokens: np.ndarray
     stopped: bool
+    logprobs: np.ndarray | None = None
+    top_ids: np.ndarray | None = None
+    top_logprobs: np.ndarray | None = None
 
 
 @dataclasses.dataclass
@@ -354,15 +364,21 @@ class Batcher:
         out = generate(self.model, rows, n_pad, temperature=head.temperature,
                        top_p=None if greedy else head.top_p, stop_tokens=self.stop_ids,
                        rng=None if greedy else seed_key(seed), prompt_lengths=lengths,
-                       pad_id=self.pad_id)
+                       pad_id=self.pad_id, return_logprobs=True,
+                       top_logprobs=min(TOP_LOGPROBS, self.model.config.vocab_size))
         tokens, ends = np.asarray(out.tokens), np.asarray(out.lengths)
+        logprobs = np.asarray(out.logprobs, np.float32)
+        top_ids, top_lp = (np.asarray(x) for x in out.top_logprobs)
         self.stats.batch_sizes.append(n)
         self.stats.shapes.append((b_pad, p_pad, n_pad))
         results = []
         for r, job in enumerate(group):
             gen = tokens[r, lengths[r]:ends[r]][:job.max_tokens]
             stopped = bool(gen.size) and int(gen[-1]) in self.stop_ids
-            results.append(Generation(gen.astype(np.int32), stopped))
+            k = gen.size
+            results.append(Generation(gen.astype(np.int32), stopped, logprobs[r, :k],
+                                      top_ids[r, :k].astype(np.int32),
+                                      top_lp[r, :k].astype(np.float32)))
         return results
 
 
