@@ -304,6 +304,13 @@ def test_bad_requests_get_openai_error_bodies(served):
                   )["param"] == "n"
     assert _error(url, "/v1/chat/completions", {"model": "tiny", "messages": []}
                   )["param"] == "messages"
+    for field, value in (("echo", True), ("best_of", 3), ("presence_penalty", 0.5),
+                         ("logit_bias", {"5": 10}), ("suffix", "x")):  # not implemented
+        err = _error(url, "/v1/completions", {"model": "tiny", "prompt": "a", field: value})
+        assert f"`{field}` is not supported" in err["message"], err
+    ok = {"model": "tiny", "prompt": "a", "max_tokens": 1, "echo": False, "best_of": 1,
+          "logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0.0}
+    assert requests.post(url + "/v1/completions", json=ok, timeout=30).status_code == 200
     bad_role = _error(url, "/v1/chat/completions",
                       {"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]})
     assert bad_role["param"].startswith("messages.0.role")
@@ -312,7 +319,7 @@ def test_bad_requests_get_openai_error_bodies(served):
     assert r.status_code == 400 and r.json()["error"]["message"]
     r = requests.get(url + "/v1/nothing", timeout=30)
     assert r.status_code == 404 and "/v1/nothing" in r.json()["error"]["message"]
-    assert batcher.stats.generate_calls == calls  # nothing reached the model
+    assert batcher.stats.generate_calls == calls + 1  # only the one valid request ran
 
 
 def test_option_errors():

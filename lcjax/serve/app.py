@@ -148,8 +148,29 @@ def _no_bool(value):
 Number = Annotated[float, BeforeValidator(_no_bool)]
 
 
+# OpenAI request fields this server does not implement, with the value that means "off":
+# any other value is refused (400 naming the field), never silently ignored.
+UNSUPPORTED_FIELDS = {"echo": False, "best_of": 1, "suffix": None, "logit_bias": None,
+                      "presence_penalty": 0, "frequency_penalty": 0, "tools": None,
+                      "tool_choice": None, "response_format": None}
+
+
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data):
+        """A field of OpenAI's API that lcjax serve does not implement, set to anything
+        but its "off" value, is an error (computing without it would be a silent
+        fallback); ``logit_bias: {}`` counts as off."""
+        if isinstance(data, dict):
+            for name, off in UNSUPPORTED_FIELDS.items():
+                value = data.get(name, off)
+                if value != off and value != {} and not (off == 0 and value == 0.0):
+                    raise ValueError(f"`{name}` is not supported by lcjax serve (got "
+                                     f"{value!r}; leave it out or set it to {off!r})")
+        return data
 
     model: str | None = None  # None: the served model (as vLLM; the eval client may omit it)
     temperature: Annotated[Number, Field(ge=0, le=2)] = 1.0
