@@ -70,10 +70,12 @@ from experiments.common import (
     Claim,
     Experiment,
     Result,
+    exact_match,
     interval_verdict,
     machine_info,
     mean_interval,
     not_tested,
+    task_rows,
 )
 from lcjax.data import ruler
 from lcjax.data.suites import Suite, SuiteTask
@@ -190,47 +192,9 @@ def without_side_path(model):
 
 
 def scoring_rows(length: int, n: int) -> dict[str, np.ndarray]:
-    """``n`` fresh items at ``length`` bytes (TaskSource seed ``EVAL_SEED + length``,
-    uniform depths) as teacher-forcing rows ``inputs`` / ``targets`` / ``loss_mask``
-    [n, length + 1] (BOS + prompt + answer + EOS; the mask on the answer bytes and EOS)."""
-    from lcjax.data.sources import TaskSource
-
-    src = TaskSource(SUITE, TASK, length=length, num_records=n, seed=EVAL_SEED + length,
-                     eos=True, seq_len=length + 1)
-    rows = [src[i] for i in range(n)]
-    return {k: np.stack([r[k] for r in rows]) for k in ("inputs", "targets", "loss_mask")}
-
-
-@functools.lru_cache(maxsize=16)
-def _predict(graphdef):
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    @jax.jit
-    def predict(state, inputs):
-        return jnp.argmax(nnx.merge(graphdef, state)(inputs), axis=-1)
-
-    return predict
-
-
-def exact_match(model, rows: dict[str, np.ndarray], batch: int) -> np.ndarray:
-    """bool ``[n]``: every answer byte (and EOS) of each row is the model's argmax under
-    teacher forcing (``ruler.answer_accuracy``'s ``exact``), ``batch`` rows per pass (the
-    last pass padded with copies of its last row)."""
-    import jax
-    from flax import nnx
-
-    graphdef, state = nnx.split(model)
-    predict = _predict(graphdef)
-    n, out = len(rows["inputs"]), []
-    for a in range(0, n, batch):
-        chunk = {k: v[a:a + batch] for k, v in rows.items()}
-        k = len(chunk["inputs"])
-        inputs = np.concatenate([chunk["inputs"], np.repeat(chunk["inputs"][-1:], batch - k, 0)])
-        pred = np.asarray(jax.device_get(predict(state, inputs)))[:k]
-        out.append(ruler.answer_accuracy(pred, chunk)["exact"])
-    return np.concatenate(out)
+    """``n`` fresh items at ``length`` bytes (``task_rows``, TaskSource seed
+    ``EVAL_SEED + length``, uniform depths)."""
+    return task_rows(SUITE, TASK, length, n, EVAL_SEED + length)
 
 
 def gate_values(model, lctx: int) -> list[float]:
