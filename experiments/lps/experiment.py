@@ -119,7 +119,7 @@ def model_config(num_layers: int) -> dict:
 SETTINGS = {
     True: dict(layers=2, steps=60, batch=16, seeds=(0,), retrieval_prompts=16, enhance=2,
                items=10, random_draws=2),
-    False: dict(layers=3, steps=500, batch=16, seeds=(0, 1, 2, 3), retrieval_prompts=128,
+    False: dict(layers=3, steps=500, batch=32, seeds=(0, 1, 2, 3), retrieval_prompts=128,
                 enhance=4, items=100, random_draws=5),
 }
 LEARNED = 90.0  # 1× accuracy (%) below which the model does not retrieve: claims not tested
