@@ -79,6 +79,58 @@ def claim_line(c: Claim) -> str:
     return f"[{c.verdict.upper()}] {c.claim}: ours {c.ours} (target {c.target}{pre})"
 
 
+def task_rows(suite, task: str, length: int, n: int, seed: int) -> dict[str, np.ndarray]:
+    """``n`` items of ``suite``'s ``task`` at ``length`` bytes (``TaskSource`` seed ``seed``,
+    uniform depths) as teacher-forcing rows ``inputs`` / ``targets`` / ``loss_mask``
+    ``[n, length + 1]`` (BOS + prompt + answer + EOS; the mask on the answer bytes and EOS),
+    the rows an experiment's training stream is made of."""
+    from lcjax.data.sources import TaskSource
+
+    src = TaskSource(suite, task, length=length, num_records=n, seed=seed, eos=True,
+                     seq_len=length + 1)
+    rows = [src[i] for i in range(n)]
+    return {k: np.stack([r[k] for r in rows]) for k in ("inputs", "targets", "loss_mask")}
+
+
+def _argmax_fn(graphdef):
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    @jax.jit
+    def predict(state, inputs):
+        return jnp.argmax(nnx.merge(graphdef, state)(inputs), axis=-1)
+
+    return predict
+
+
+_PREDICT: dict = {}  # graphdef -> its compiled argmax (models of one shape share it)
+
+
+def exact_match(model, rows: dict[str, np.ndarray], batch: int) -> np.ndarray:
+    """bool ``[n]``: every masked target of each row (``rows`` as :func:`task_rows`) is the
+    nnx ``model``'s argmax under teacher forcing (``ruler.answer_accuracy``'s ``exact``: the
+    same as greedy decoding producing the answer exactly), ``batch`` rows per pass (the last
+    pass padded with copies of its last row, so one shape compiles)."""
+    import jax
+    from flax import nnx
+
+    from lcjax.data import ruler
+
+    graphdef, state = nnx.split(model)
+    if graphdef not in _PREDICT:
+        _PREDICT[graphdef] = _argmax_fn(graphdef)
+    predict = _PREDICT[graphdef]
+    n, out = len(rows["inputs"]), []
+    for a in range(0, n, batch):
+        chunk = {k: v[a:a + batch] for k, v in rows.items()}
+        k = len(chunk["inputs"])
+        inputs = np.concatenate([chunk["inputs"], np.repeat(chunk["inputs"][-1:], batch - k, 0)])
+        pred = np.asarray(jax.device_get(predict(state, inputs)))[:k]
+        out.append(ruler.answer_accuracy(pred, chunk)["exact"])
+    return np.concatenate(out)
+
+
 @dataclass
 class Result:
     claims: list[Claim] = field(default_factory=list)

@@ -1,55 +1,64 @@
-"""TRSP at our scale: does the triangle side path keep NoLiMa-style accuracy at 8× the
-training length, and what does it do to the spectra of the hidden states?
+"""TRSP at our scale: does the triangle side path keep retrieval accuracy at 8× the training
+length, and what does it do to the spectra of the hidden states?
 
 Paper: "TRSP: Topologically Regularized Side-Path" (ICML 2026; public code
 Eziotao-tyd/TRSP). Its headline: on NoLiMa at 8× the training length, 83% accuracy,
 +30 / +50 points over Differential Transformer / Gated Attention; its diagnosis: without
 the side path the hidden states collapse (low stable rank, high anisotropy) at long range.
-Issue 14, item 3.
+Issue 14 item 3; redone for issue 39 item 3 (the first version trained 120 steps on a
+NoLiMa-style task neither model learned, so its verdicts said nothing).
 
-**Protocol.** Two byte-level ``lcjax.nn.DecoderLM``s that differ only in
+**Protocol.** Two byte-level ``lcjax.nn.DecoderLM``s — the two *arms* — that differ only in
 ``DecoderConfig(trsp=...)`` (TRSP adds its one 50-parameter gate; the other parameters are
-drawn identically) train through ``lcjax.train.train`` with the same data stream, steps,
-learning rate and seed, on one NoLiMa-style task (:mod:`lcjax.data.nolima`, our own
-reimplementation of the idea): one hop (landmark → place, stated in the prompt's facts),
-one distractor character at another landmark, the noise haystack, at L = :data:`TRAIN_LEN`
-bytes (the template, facts and two needles alone take up to 428 bytes). The loss is
+drawn identically) train through ``lcjax.train.train`` with the same data stream, fixed
+step budget (no early stop), learning rate and init seed, on a task this model size learns:
+RULER-style single-needle retrieval (``lcjax.data.ruler.niah``, noise haystack, the compact
+needle "The magic number for {key} is {value}." with a 4-digit value, as
+``experiments/entmax`` trains it) at L = :data:`TRAIN_LEN` = 128 bytes. The loss is
 ``answer_weighted_loss`` (answer bytes and EOS weigh 1, the others :data:`OTHER_WEIGHT`).
-Each model is then
+Six layers, so the triangle bandwidths b_ℓ = 2^ℓ reach 32 (a quarter of L). Each model is
 
-* evaluated by ``lcjax.eval.evaluate`` (batched prefill, greedy decoding through the KV
-  cache — with TRSP, the cache carries the side path's running sums, so decoding equals the
-  full pass) at 1×, 2×, 4×, 8× L over needle depths: ``string_match_all`` of the answer
-  name, our **accuracy** a(n) ∈ [0, 1];
-* scored on the same items by a **two-way choice**: the teacher-forced log-likelihood
-  log p(name + EOS | [BOS] + prompt) of the target character against the distractor
-  (:func:`choice_correct`; chance 0.5) — it shows the association even where free
-  generation fails;
-* measured by ``lcjax.analysis.spectral.spectral_report`` on held-out items at 1× L
-  (every metric, attention spectral gap included) and at 8× L (the representation
-  metrics and the perturbation ratio; the 8× attention matrices are not materialised):
-  stable rank, effective rank, flatness, anisotropy and SPR per layer.
+* scored at 1×, 2×, 4×, 8× L on fresh items (uniform needle depth) by **exact match** of
+  the greedy answer: one teacher-forced pass, every answer byte and EOS the argmax
+  (``ruler.answer_accuracy``; the same as greedy decoding producing the answer exactly; with
+  TRSP's causal L_ctx, decoding equals the full pass);
+* measured by ``lcjax.analysis.spectral.spectral_report`` on held-out rows at 1× L (every
+  metric, attention spectral gap included) and at 8× L (the representation metrics and the
+  perturbation ratio): stable rank, effective rank, flatness, anisotropy, SPR per layer;
+* and the TRSP model once more **with γ = 0**: its trained weights in the architecture
+  without the side path (:func:`without_side_path`), scored and measured the same way —
+  what the side path itself changes in the model that trained with it.
 
-Seeds: each seed s trains both models from init seed s on data stream
-``DATA_SEED + s``; the report gives the mean over seeds and a 95% Student-t interval
-(:func:`mean_interval`; none with one seed). Not run: the Differential-Transformer and
-gated-attention baselines of the paper (lcjax has neither attention variant yet).
+Seeds: seed s trains both arms from init seed s on data stream ``DATA_SEED + s``; the
+comparisons are **paired per seed** (TRSP − baseline, TRSP − TRSP(γ = 0)) with a 95%
+Student-t interval over the seeds (:func:`experiments.common.mean_interval`); a verdict
+follows the interval. Not run: the Differential-Transformer and gated-attention baselines
+of the paper (lcjax has neither attention variant).
 
 **Claims** (stated before the run; whatever the numbers are):
 
-1. "TRSP keeps accuracy at 8× the training length": TRSP's mean accuracy at 8× L is at
-   least 0.9 × its accuracy at 1× L, and above the baseline's at 8× L, with TRSP's 1×
-   accuracy ≥ 0.5 (the task learned: otherwise "keeping" 0 is vacuous).
-2. Anti-collapse: TRSP's last-layer stable rank at 8× L is above the baseline's (mean over
-   seeds and rows).
+1. "TRSP keeps accuracy beyond the training length": TRSP − baseline exact match at 8× L,
+   paired over seeds, interval above 0. Precondition: both arms learned the task (mean
+   exact match ≥ :data:`LEARNED` at 1× L) and the baseline leaves room at 8× L (below
+   :data:`LEARNED`).
+2. "TRSP counters representation collapse at long range": TRSP − baseline last-layer stable
+   rank at 8× L, paired, interval above 0. Precondition: both arms learned and TRSP's side
+   path is open (some layer's trained γ_ℓ at 8× L ≥ :data:`GATE_OPEN` on average over
+   seeds — with γ ≈ 0 the two arms differ by training noise only).
+3. "The side path itself raises the stable rank": (TRSP − TRSP(γ = 0)) / TRSP(γ = 0)
+   last-layer stable rank at 8× L, paired, interval above :data:`PRACTICAL_MARGIN` (1%).
+   Precondition: TRSP learned the task.
 
 Quick mode (``make reproduce``, 40 s budget) is a smoke run of the whole pipeline: one
-seed, a 2-layer d = 32 model, 10 steps of 4 rows, one item at 1× and at 8× L: its numbers
-mean nothing. The full mode — 3 seeds, 4 layers (so b_ℓ = 1, 2, 4, 8), d = 32, 120 steps
-of 8 rows, 8 items per length — took 1,050 s wall and ~17 CPU-minutes on the loaded
-shared 2-CPU machine (2026-12-02; the quick run 445 s wall, 65 CPU s there: over its 40 s
-budget under that load, not timed quiet), orders of magnitude below what the paper
-trains; most of its cost is XLA compilation and the 8× evaluation.
+seed, a 2-layer d = 32 model, 10 steps of 4 rows, 4 items at 1× and 2× L: its numbers mean
+nothing. The full mode: 3 seeds × 2 arms, 6 layers, d = 64, :data:`FULL_STEPS` = 320 steps
+of :data:`FULL_BATCH` = 32 rows (the budget in which the 3-layer model of
+``experiments/entmax`` learns this task), 48 items per length, 2 spectral rows. A first try
+at 400 steps × 16 rows left the 6-layer baseline of seed 0 on the format plateau (answer
+NLL 1.83 nats at step 400, exact match 0 at every length; 540 s of training at ~15% of one
+CPU on the loaded shared machine, 2026-12-06). At 320 × 32 one arm takes about 300 CPU-s to
+train and score, so the full run is about 30 CPU-minutes — on the loaded shared 2-CPU
+machine (10–20% of a CPU for a niced run) several hours of wall time.
 """
 
 from __future__ import annotations
@@ -61,24 +70,40 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.common import Claim, Experiment, Result, machine_info, mean_interval
-from lcjax.data import nolima
+from experiments.common import (
+    Claim,
+    Experiment,
+    Result,
+    exact_match,
+    interval_verdict,
+    machine_info,
+    mean_interval,
+    not_tested,
+    task_rows,
+)
+from lcjax.data import ruler
 from lcjax.data.suites import Suite, SuiteTask
 
-TRAIN_LEN = 448  # L: the template, facts, two needles and the question take <= 428 bytes
+TRAIN_LEN = 128  # L (bytes of prompt + answer); the needle, question and answer take ~75
 EVAL_MULTS = (1, 2, 4, 8)
 LR = 1e-2
 OTHER_WEIGHT = 0.1  # loss weight of the non-answer bytes
 DATA_SEED = 1  # TaskSource seed of seed 0's stream (seed s: DATA_SEED + s)
-EVAL_SEED = 0  # evaluator items (other seed sequences than training)
-SPECTRAL_SEED = 12345  # held-out spectral batch (TaskSource seed)
-TASK = "nolima_1hop"
-SUITE = Suite("nolima_trsp", nolima.generate, (
-    SuiteTask(TASK, "nolima", dict(hops=1, haystack_kind="noise", num_distractors=1)),))
-VARIANTS = {"baseline": False, "trsp": True}  # name -> DecoderConfig(trsp=...)
-KEEP_RATIO = 0.9  # claim 1: acc(8L) >= KEEP_RATIO * acc(L)
-LEARNED = 0.5  # precondition of both claims: each model's 1x accuracy at least this
-GATE_OPEN = 0.01  # precondition of claim 2: some layer's trained |γ| at least this
+EVAL_SEED = 1_000  # scoring items (TaskSource seed EVAL_SEED + length)
+SPECTRAL_SEED = 12345  # held-out spectral rows (TaskSource seed)
+TASK = "niah_single_1"
+SUITE = Suite("trsp_niah", ruler.generate, (
+    SuiteTask(TASK, "niah", dict(haystack_kind="noise", key_type="words",
+                                 value_type="numbers", value_digits=4, num_keys=1,
+                                 needle="The magic number for {key} is {value}.", prefix="",
+                                 question="\nThe magic number for {query} is ")),))
+ARMS = {"baseline": False, "trsp": True}  # name -> DecoderConfig(trsp=...)
+GAMMA0 = "trsp_gamma0"  # the TRSP model's weights without the side path
+LEARNED = 0.9  # precondition: mean exact match at 1× L at least this (and the 8x room)
+GATE_OPEN = 0.01  # precondition of claim 2: some layer's trained γ at least this
+PRACTICAL_MARGIN = 0.01  # claim 3: relative stable-rank gain whose interval must clear this
+FULL_STEPS = 320
+FULL_BATCH = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,29 +114,24 @@ class Setting:
     steps: int
     batch: int
     seeds: tuple[int, ...]
-    depths: tuple[float, ...]
-    n_per_cell: int
+    items: int  # scored items per length
     spectral_rows: int
     mults: tuple[int, ...] = EVAL_MULTS  # evaluated lengths, multiples of L (1 and the top)
 
 
 SETTINGS = {
-    # quick: a smoke run of the whole pipeline (one item per length, 1x and 2x only: the 8x
-    # prefill, cache and spectra made it 65 CPU s, over its budget)
     True: Setting(model=dict(d_model=32, num_layers=2, num_heads=2, num_kv_heads=2,
                              head_dim=16, mlp_hidden=86),
-                  steps=10, batch=4, seeds=(0,), depths=(0.5,), n_per_cell=1,
-                  spectral_rows=1, mults=(1, 2)),
-    # full: ~17 CPU-minutes measured on the loaded 2-CPU machine (module docstring)
-    False: Setting(model=dict(d_model=32, num_layers=4, num_heads=2, num_kv_heads=2,
-                              head_dim=16, mlp_hidden=86),
-                   steps=120, batch=8, seeds=(0, 1, 2), depths=(0.25, 0.75),
-                   n_per_cell=4, spectral_rows=2),
+                  steps=10, batch=4, seeds=(0,), items=4, spectral_rows=1, mults=(1, 2)),
+    False: Setting(model=dict(d_model=64, num_layers=6, num_heads=4, num_kv_heads=4,
+                              head_dim=16, mlp_hidden=172),
+                   steps=FULL_STEPS, batch=FULL_BATCH, seeds=(0, 1, 2), items=48,
+                   spectral_rows=2),
 }
 
 
 def model_config(setting: Setting, trsp: bool):
-    """The ``DecoderConfig`` of a variant (KV cache long enough for 8× L)."""
+    """The ``DecoderConfig`` of an arm (positions up to 8× L)."""
     from lcjax.data import VOCAB_SIZE
     from lcjax.nn import DecoderConfig
 
@@ -128,9 +148,10 @@ def training_dataset(steps: int, batch: int, seed: int, length: int = TRAIN_LEN)
     return task_batches(SUITE, TASK, length=length, steps=steps, batch=batch, seed=seed)
 
 
-def train_variant(setting: Setting, trsp: bool, seed: int) -> dict:
-    """Train one model (init seed ``seed``, data stream ``DATA_SEED + seed``); returns the
-    model, its answer-NLL history, seconds, CPU seconds and parameter count."""
+def train_arm(setting: Setting, trsp: bool, seed: int) -> dict:
+    """Train one model (init seed ``seed``, data stream ``DATA_SEED + seed``, a fixed
+    ``setting.steps``); returns the model, its answer-NLL history, seconds, CPU seconds and
+    parameter count."""
     import jax
     from flax import nnx
 
@@ -151,97 +172,33 @@ def train_variant(setting: Setting, trsp: bool, seed: int) -> dict:
             "params": sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))}
 
 
-# --- the two-way choice ----------------------------------------------------------------------
-
-
-def candidate_logprob(logits: np.ndarray, batch: dict) -> np.ndarray:
-    """``[B]``: Σ log softmax(logits)[t, target_t] over each row's answer positions
-    (``batch["loss_mask"]``) — the log-likelihood of the candidate under teacher forcing.
-    ``logits`` [B, T, V] float, ``batch`` a :func:`lcjax.data.ruler.answer_rows` dict."""
-    logits = np.asarray(logits, np.float64)
-    m = logits.max(-1, keepdims=True)
-    logp = logits - (m + np.log(np.exp(logits - m).sum(-1, keepdims=True)))
-    tgt = np.where(batch["loss_mask"], batch["targets"], 0)
-    picked = np.take_along_axis(logp, tgt[..., None], -1)[..., 0]
-    return np.where(batch["loss_mask"], picked, 0.0).sum(-1)
-
-
-def choice_correct(scores: np.ndarray) -> np.ndarray:
-    """bool ``[N]`` from ``scores`` [N, C] (column 0 = the right candidate): the right one
-    scores strictly highest (a tie counts as wrong)."""
-    scores = np.asarray(scores)
-    return scores[:, 0] > scores[:, 1:].max(-1)
-
-
-def candidates(item) -> list[bytes]:
-    """The item's answer name first, then every distractor name of its sample."""
-    names = [n.encode() for n in item.sample.info["names"]]
-    if names[0] != item.answer:
-        raise ValueError(f"candidates: the sample's first name {names[0]!r} is not the "
-                         f"answer {item.answer!r}")
-    return names
-
-
-@functools.cache
-def _logits_fn():
+def without_side_path(model):
+    """The TRSP ``model``'s trained parameters in the same ``DecoderLM`` without TRSP: the
+    model with γ_ℓ = 0 in every layer (X_mid = X_in + Attn(LN(X_in)), nothing else
+    changed). ValueError for a model without TRSP."""
     from flax import nnx
 
-    return nnx.jit(lambda model, inputs: model(inputs))
+    from lcjax.nn import DecoderLM
+
+    if not model.config.trsp:
+        raise ValueError("without_side_path: the model has no TRSP side path (config.trsp "
+                         "is False)")
+    cfg = dataclasses.replace(model.config, trsp=False)
+    plain = nnx.eval_shape(lambda: DecoderLM(cfg, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(plain)
+    trained = nnx.state(model).to_pure_dict()
+    trained.pop("trsp_gate")
+    nnx.replace_by_pure_dict(state, trained)
+    return nnx.merge(graphdef, state)
 
 
-def choice_scores(model, items, rows: int = 8) -> np.ndarray:
-    """bool ``[len(items)]``: :func:`choice_correct` of log p(name + EOS | BOS + prompt)
-    for each item's candidates, one forward pass per ``rows`` rows (right-padded; causal, so
-    padding changes no real position)."""
-    from lcjax.data import ruler
-    from lcjax.data.tokenizer import BOS, EOS
-
-    seqs, owner = [], []
-    for i, it in enumerate(items):
-        for name in candidates(it):
-            seqs.append(([BOS, *it.prompt], [*name, EOS]))
-            owner.append(i)
-    width = max(len(p) + len(a) - 1 for p, a in seqs)
-    out = []
-    for a in range(0, len(seqs), rows):
-        chunk = seqs[a:a + rows]
-        chunk += [chunk[-1]] * (rows - len(chunk))  # one compiled shape
-        batch = ruler.answer_rows([p for p, _ in chunk], [s for _, s in chunk], width)
-        logits = np.asarray(_logits_fn()(model, batch["inputs"]))
-        out.append(candidate_logprob(logits, batch)[:min(rows, len(seqs) - a)])
-    flat = np.concatenate(out)
-    n_cand = len(seqs) // len(items)
-    return choice_correct(flat.reshape(len(items), n_cand))
+# --- scoring ---------------------------------------------------------------------------------
 
 
-# --- statistics ------------------------------------------------------------------------------
-
-
-def accuracy_by_length(summary: dict, lengths) -> list[float]:
-    """``string_match_all`` / 100 of :data:`TASK` at each length (mean over depths)."""
-    cell = summary["tasks"][TASK]["lengths"]
-    return [float(cell[str(n)]["string_match_all"]) / 100 for n in lengths]
-
-
-def keeps_accuracy(trsp: dict[int, float], base: dict[int, float], mult: int = 8
-                   ) -> bool | None:
-    """Claim 1's verdict on mean accuracies by multiple: None (not tested) unless both models
-    learned the task (1× ≥ LEARNED); else whether TRSP keeps ≥ KEEP_RATIO of its 1× accuracy
-    at ``mult``× and beats the baseline there."""
-    tol = 1e-9  # the bounds are inclusive: 0.72 >= 0.9 x 0.8 despite float rounding
-    if min(trsp[1], base[1]) < LEARNED - tol:
-        return None
-    return bool(trsp[mult] >= KEEP_RATIO * trsp[1] - tol and trsp[mult] > base[mult])
-
-
-def counters_collapse(sr_trsp: float, sr_base: float, learned: bool, gate_max: float
-                      ) -> bool | None:
-    """Claim 2's verdict: None (not tested) unless both models learned the task and TRSP's
-    side path is open (largest trained gate |γ| ≥ GATE_OPEN — with γ ≈ 0 the two models
-    differ only by noise); else whether TRSP's last-layer stable rank is the higher."""
-    if not learned or gate_max < GATE_OPEN:
-        return None
-    return bool(sr_trsp > sr_base)
+def scoring_rows(length: int, n: int) -> dict[str, np.ndarray]:
+    """``n`` fresh items at ``length`` bytes (``task_rows``, TaskSource seed
+    ``EVAL_SEED + length``, uniform depths)."""
+    return task_rows(SUITE, TASK, length, n, EVAL_SEED + length)
 
 
 def gate_values(model, lctx: int) -> list[float]:
@@ -267,7 +224,7 @@ def spectral_batch(length: int, rows: int) -> np.ndarray:
 
 
 def spectra(model, setting: Setting) -> dict[str, dict]:
-    """``{"1x": report, "8x": report}`` of ``spectral_report`` (attention gap at 1× only)."""
+    """``{"1x": report, "<top>x": report}`` of ``spectral_report`` (attention gap at 1×)."""
     import jax.numpy as jnp
 
     from lcjax.analysis.spectral import spectral_report
@@ -293,36 +250,90 @@ def layer_means(report: dict) -> dict[str, list[float]]:
     return out
 
 
+# --- verdicts --------------------------------------------------------------------------------
+
+
+def paired(a, b) -> tuple[list[float], tuple[float, float, float]]:
+    """Per-seed differences ``a − b`` and their ``mean_interval`` (mean, lo, hi)."""
+    d = [float(x - y) for x, y in zip(a, b, strict=True)]
+    return d, mean_interval(d)
+
+
+def describe(diffs: list[float], stats, fmt: str = "+.3f") -> str:
+    """``+m [lo, hi] over n seeds (per seed d1, d2, …)``."""
+    mu, lo, hi = stats
+    return (f"{mu:{fmt}} [{lo:{fmt}}, {hi:{fmt}}] over {len(diffs)} seeds (per seed "
+            + ", ".join(f"{d:{fmt}}" for d in diffs) + ")")
+
+
+def keeps_accuracy(acc: dict[str, np.ndarray], mults, top: int) -> tuple[bool | None, str, str]:
+    """Claim 1 from per-seed exact match ``acc[arm]`` [seeds, lengths]: (holds, ours,
+    precondition). Not tested unless both arms' mean 1× accuracy ≥ LEARNED and the
+    baseline's mean at ``top``× is below LEARNED; else the paired interval decides."""
+    j = list(mults).index(top)
+    pre = (f"both arms learned the task (mean exact match ≥ {LEARNED:.0%} at 1× L) and the "
+           f"baseline leaves room at {top}× L (< {LEARNED:.0%})")
+    diffs, stats = paired(acc["trsp"][:, j], acc["baseline"][:, j])
+    ours = (f"TRSP − baseline at {top}× L: {describe(diffs, stats)}; mean 1× TRSP "
+            f"{acc['trsp'][:, 0].mean():.3f}, baseline {acc['baseline'][:, 0].mean():.3f}; "
+            f"{top}× TRSP {acc['trsp'][:, j].mean():.3f}, baseline "
+            f"{acc['baseline'][:, j].mean():.3f}")
+    learned = min(acc["trsp"][:, 0].mean(), acc["baseline"][:, 0].mean()) >= LEARNED
+    if not learned or acc["baseline"][:, j].mean() >= LEARNED:
+        return None, ours, pre
+    return interval_verdict(stats[1], stats[2]), ours, pre
+
+
+def counters_collapse(sr_trsp, sr_base, learned: bool, gate_max: float
+                      ) -> tuple[bool | None, str]:
+    """Claim 2 from per-seed last-layer stable ranks: (holds, ours). None (not tested)
+    unless both arms learned and the side path is open (``gate_max`` ≥ GATE_OPEN: with
+    γ ≈ 0 the arms differ by training noise only); else the paired interval decides."""
+    diffs, stats = paired(sr_trsp, sr_base)
+    ours = f"TRSP − baseline stable rank: {describe(diffs, stats, '+.2f')}"
+    if not learned or gate_max < GATE_OPEN:
+        return None, ours
+    return interval_verdict(stats[1], stats[2]), ours
+
+
+def side_path_effect(sr_trsp, sr_gamma0, learned: bool) -> tuple[bool | None, str]:
+    """Claim 3 from per-seed last-layer stable ranks of the TRSP model with and without its
+    side path: the relative change (TRSP − γ0) / γ0; holds iff its interval's lower end
+    exceeds PRACTICAL_MARGIN; None (not tested) unless TRSP learned, or with one seed."""
+    rel = [float((a - b) / b) for a, b in zip(sr_trsp, sr_gamma0, strict=True)]
+    stats = mean_interval(rel)
+    ours = f"relative change {describe(rel, stats, '+.4f')}"
+    if not learned or np.isnan(stats[1]):
+        return None, ours
+    return bool(stats[1] > PRACTICAL_MARGIN), ours
+
 # --- figures ---------------------------------------------------------------------------------
 
 
-def _plot_accuracy(path: Path, table: dict, lengths) -> None:
+def _plot_accuracy(path: Path, acc: dict[str, np.ndarray], lengths) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for ax, metric, ylabel in ((axes[0], "accuracy", "string_match_all (greedy)"),
-                               (axes[1], "choice", "two-way choice (chance 0.5)")):
-        for i, (name, rows) in enumerate(table.items()):
-            stats_ = [mean_interval(rows[metric][:, j]) for j in range(len(lengths))]
-            mean = np.array([s[0] for s in stats_])
-            ax.plot(lengths, mean, "o-", color=f"C{i}", label=name)
-            lo, hi = np.array([s[1] for s in stats_]), np.array([s[2] for s in stats_])
-            if not np.all(np.isnan(lo)):
-                ax.fill_between(lengths, lo, hi, color=f"C{i}", alpha=0.2)
-            for row in rows[metric]:
-                ax.plot(lengths, row, ".", color=f"C{i}", alpha=0.4)
-        if metric == "choice":
-            ax.axhline(0.5, color="gray", lw=0.8, ls="--")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(lengths, [f"{n // TRAIN_LEN}× L\n({n})" for n in lengths])
-        ax.set_ylim(-0.03, 1.03)
-        ax.set_ylabel(ylabel)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"NoLiMa-style 1-hop (1 distractor), byte LMs trained at L = {TRAIN_LEN}: "
-                 "mean over seeds, 95% t-interval")
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for i, (name, rows) in enumerate(acc.items()):
+        stats_ = [mean_interval(rows[:, j]) for j in range(len(lengths))]
+        mean = np.array([s[0] for s in stats_])
+        ax.plot(lengths, mean, "o-", color=f"C{i}", label=name)
+        lo, hi = np.array([s[1] for s in stats_]), np.array([s[2] for s in stats_])
+        if not np.all(np.isnan(lo)):
+            ax.fill_between(lengths, np.clip(lo, 0, 1), np.clip(hi, 0, 1), color=f"C{i}",
+                            alpha=0.15)
+        for row in rows:
+            ax.plot(lengths, row, ".", color=f"C{i}", alpha=0.5)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [f"{n // TRAIN_LEN}× L\n({n})" for n in lengths])
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_ylabel("exact match (greedy answer)")
+    ax.set_title(f"single-needle retrieval, byte LMs trained at L = {TRAIN_LEN}\n"
+                 "mean over seeds, 95% t-interval, dots: seeds", fontsize=9)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -341,129 +352,152 @@ def _merge_reports(reports: list[dict]) -> dict:
 # --- the run ---------------------------------------------------------------------------------
 
 
+def evaluate_model(model, s: Setting, lengths, rows_by_length) -> dict:
+    """Exact match per length and the spectra of one model."""
+    acc = [float(exact_match(model, rows_by_length[n], max(1, min(32, 8192 // n))).mean())
+           for n in lengths]
+    return {"accuracy": acc, "spectral": spectra(model, s)}
+
+
 def run(quick: bool, out_dir: Path, *, setting: Setting | None = None, log=None) -> Result:
     """The experiment in the quick or full setting (``setting`` overrides it)."""
-    from lcjax.analysis.spectral import plot_spectral
-    from lcjax.eval import evaluate
-    from lcjax.eval.items import build_items
-
     log = log or functools.partial(print, flush=True)
     s = setting or SETTINGS[quick]
     out_dir = Path(out_dir)
     if s.mults[0] != 1 or list(s.mults) != sorted(set(s.mults)):
         raise ValueError(f"trsp experiment: `mults` must start at 1 and increase, got {s.mults}")
     lengths = [m * TRAIN_LEN for m in s.mults]
-    items = build_items(SUITE, lengths, s.depths, s.n_per_cell, EVAL_SEED)
-    per_length = min(8, len(s.depths) * s.n_per_cell)  # one batch per length
+    rows_by_length = {n: scoring_rows(n, s.items) for n in lengths}
     start = time.perf_counter()
-    runs = {name: [] for name in VARIANTS}
+    runs = {name: [] for name in (*ARMS, GAMMA0)}
     for seed in s.seeds:
-        for name, trsp in VARIANTS.items():
-            tr = train_variant(s, trsp, seed)
-            t0, c0 = time.perf_counter(), time.process_time()
-            res = evaluate(tr["model"], SUITE, lengths=lengths, depths=s.depths,
-                           n_per_cell=s.n_per_cell, seed=EVAL_SEED, batch_size=per_length,
-                           progress=False)
-            acc = accuracy_by_length(res.summary, lengths)
-            choice = [float(choice_scores(tr["model"], [it for it in items if it.length == n],
-                                          rows=2 * per_length).mean()) for n in lengths]
-            rep = spectra(tr["model"], s)
-            gates = ({f"{m}x": gate_values(tr["model"], m * TRAIN_LEN) for m in s.mults}
-                     if trsp else None)
-            rec = {"seed": seed, "accuracy": acc, "choice": choice, "params": tr["params"],
-                   "train_seconds": tr["seconds"], "train_cpu_s": tr["cpu_s"],
-                   "eval_seconds": time.perf_counter() - t0, "eval_cpu_s":
-                   time.process_time() - c0, "history": tr["history"], "spectral": rep,
-                   "gate": gates}
-            runs[name].append(rec)
-            log(f"   {name} seed {seed}: {tr['params']} params, {s.steps} steps in "
+        for name, trsp in ARMS.items():
+            tr = train_arm(s, trsp, seed)
+            t0 = time.perf_counter()
+            models = {name: tr["model"]}
+            if trsp:
+                models[GAMMA0] = without_side_path(tr["model"])
+            for key, model in models.items():
+                rec = {"seed": seed, **evaluate_model(model, s, lengths, rows_by_length),
+                       "params": tr["params"], "train_seconds": tr["seconds"],
+                       "train_cpu_s": tr["cpu_s"], "history": tr["history"],
+                       "gate": ({f"{m}x": gate_values(model, m * TRAIN_LEN) for m in s.mults}
+                                if key == "trsp" else None)}
+                runs[key].append(rec)
+            ev = time.perf_counter() - t0
+            for key in models:
+                runs[key][-1]["eval_seconds"] = ev
+            log(f"   seed {seed} {name}: {tr['params']} params, {s.steps} steps in "
                 f"{tr['seconds']:.0f} s, answer nll {tr['history'][-1]['answer_nll']:.3f}; "
-                "acc " + " ".join(f"{a:.2f}" for a in acc) + " | choice "
-                + " ".join(f"{c:.2f}" for c in choice))
-            del tr
+                + "; ".join(f"{k} exact " + " ".join(f"{a:.2f}" for a in runs[k][-1]["accuracy"])
+                            for k in models) + f" ({ev:.0f} s eval)")
+            del tr, models
     seconds = time.perf_counter() - start
-    table = {name: {"accuracy": np.array([r["accuracy"] for r in rs]),
-                    "choice": np.array([r["choice"] for r in rs])} for name, rs in runs.items()}
-    return _result(quick, s, out_dir, lengths, runs, table, seconds, plot_spectral)
+    return _result(quick, s, out_dir, lengths, runs, seconds)
 
 
-def _result(quick, s, out_dir, lengths, runs, table, seconds, plot_spectral) -> Result:
+def _result(quick, s, out_dir, lengths, runs, seconds) -> Result:
+    from lcjax.analysis.spectral import plot_spectral
+
+    top = max(s.mults)
+    acc = {name: np.array([r["accuracy"] for r in rs]) for name, rs in runs.items()}
     fig_acc = out_dir / "accuracy_vs_length.png"
-    _plot_accuracy(fig_acc, table, lengths)
+    _plot_accuracy(fig_acc, acc, lengths)
     figs = [fig_acc]
-    for key in ("1x", f"{max(s.mults)}x"):
+    for key in ("1x", f"{top}x"):
         merged = {name: _merge_reports([r["spectral"][key] for r in rs])
                   for name, rs in runs.items()}
         figs.append(plot_spectral(merged, out_dir / f"spectral_{key}.png",
-                                  title=f"held-out rows at {key[:-1]}× L (L = {TRAIN_LEN})"))
-    summary = {name: {metric: [list(mean_interval(table[name][metric][:, j]))
-                               for j in range(len(lengths))]
-                      for metric in ("accuracy", "choice")} for name in runs}
-    mean = {name: {m: summary[name]["accuracy"][j][0] for j, m in enumerate(s.mults)}
-            for name in runs}
-    top = max(s.mults)
-    last_sr = {name: float(np.nanmean(_merge_reports(
-        [r["spectral"][f"{top}x"] for r in rs])["stable_rank"][-1])) for name, rs in runs.items()}
-    learned_pre = f"both models learned the task: acc(1×L) ≥ {LEARNED}"
-    learned = min(mean["trsp"][1], mean["baseline"][1]) >= LEARNED
-    gate_max = max(abs(v) for r in runs["trsp"] for v in r["gate"][f"{top}x"])
-    accuracy = (f"TRSP {mean['trsp'][1]:.3f} → {mean['trsp'][top]:.3f}, baseline "
-                f"{mean['baseline'][1]:.3f} → {mean['baseline'][top]:.3f} "
-                f"(mean of {len(s.seeds)} seed(s))")
-    keeps = keeps_accuracy(mean["trsp"], mean["baseline"], top)
-    ranks = f"TRSP {last_sr['trsp']:.2f}, baseline {last_sr['baseline']:.2f}"
-    collapse = counters_collapse(last_sr["trsp"], last_sr["baseline"], learned, gate_max)
+                                  title=f"held-out rows at {key[:-1]}× L (L = {TRAIN_LEN}); "
+                                        f"{GAMMA0}: the TRSP weights with γ = 0"))
+    # per-seed last-layer stable rank at the top length (mean over the spectral rows)
+    sr = {name: [float(np.nanmean(r["spectral"][f"{top}x"]["stable_rank"][-1])) for r in rs]
+          for name, rs in runs.items()}
+    gates = np.array([r["gate"][f"{top}x"] for r in runs["trsp"]])  # [seeds, layers]
+    gate_max = float(np.abs(gates).mean(0).max())
+    learned_pre = f"both arms learned the task: mean exact match ≥ {LEARNED:.0%} at 1× L"
+    learned = min(acc["trsp"][:, 0].mean(), acc["baseline"][:, 0].mean()) >= LEARNED
+    keeps, keeps_ours, keeps_pre = keeps_accuracy(acc, s.mults, top)
+    collapse, collapse_ours = counters_collapse(sr["trsp"], sr["baseline"], learned, gate_max)
+    effect, effect_ours = side_path_effect(sr["trsp"], sr[GAMMA0],
+                                           acc["trsp"][:, 0].mean() >= LEARNED)
+    gate_note = f"largest mean trained γ_ℓ at {top}× L {gate_max:.2g}"
+
+    def claim(name, target, holds, ours, pre, why):
+        return (not_tested(name, target, f"{why}; {ours}", pre) if holds is None
+                else Claim(name, target, ours, holds, pre))
+
+    acc_why = (f"1× exact match TRSP {acc['trsp'][:, 0].mean():.3f}, baseline "
+               f"{acc['baseline'][:, 0].mean():.3f}; baseline at {top}× "
+               f"{acc['baseline'][:, -1].mean():.3f}")
     claims = [
-        Claim(f"TRSP keeps accuracy at {top}× the training length (NoLiMa-style, 1 hop)",
-              f"TRSP acc({top}×L) ≥ {KEEP_RATIO} × acc(1×L) and TRSP acc({top}×L) > "
-              f"baseline acc({top}×L)",
-              accuracy if keeps is not None else f"not tested: {accuracy}", keeps,
-              learned_pre),
-        Claim("TRSP counters representation collapse at long range",
-              f"last-layer stable rank at {top}× L: TRSP > baseline",
-              (ranks if collapse is not None else f"not tested: {ranks}; largest trained "
-               f"|γ| {gate_max:.2g}, 1× accuracy TRSP {mean['trsp'][1]:.3f}, baseline "
-               f"{mean['baseline'][1]:.3f}"), collapse,
-              f"{learned_pre}; TRSP's side path open (max |γ| ≥ {GATE_OPEN})"),
+        claim(f"TRSP keeps retrieval accuracy at {top}× the training length (paper: NoLiMa "
+              "83% at 8×, +30 points over the baselines)",
+              f"TRSP − baseline exact match at {top}× L > 0: 95% t-interval over paired seeds",
+              keeps, keeps_ours, keeps_pre, acc_why),
+        claim("TRSP counters representation collapse at long range",
+              f"TRSP − baseline last-layer stable rank at {top}× L > 0: 95% t-interval over "
+              "paired seeds", collapse, f"{collapse_ours}; {gate_note}",
+              f"{learned_pre}; TRSP's side path open (largest mean trained γ_ℓ at {top}× L ≥ "
+              f"{GATE_OPEN})", acc_why if not learned else
+              f"side path off: {gate_note} < {GATE_OPEN}"),
+        claim(f"TRSP's side path itself raises the stable rank at {top}× L (same weights, "
+              "γ = 0)",
+              f"(TRSP − TRSP at γ = 0) / TRSP at γ = 0, last-layer stable rank: 95% t-interval "
+              f"above {PRACTICAL_MARGIN:.0%}", effect, f"{effect_ours}; {gate_note}",
+              f"TRSP learned the task: mean exact match ≥ {LEARNED:.0%} at 1× L (and ≥ 2 seeds)",
+              f"TRSP 1× exact match {acc['trsp'][:, 0].mean():.3f}"),
     ]
-    rows = ["| model | metric | " + " | ".join(f"{m}× ({n})" for m, n in
-                                                zip(s.mults, lengths)) + " |",
-            "|---|---|" + "---|" * len(lengths)]
+    rows = ["| model | " + " | ".join(f"{m}× ({n})" for m, n in zip(s.mults, lengths))
+            + f" | last-layer stable rank at {top}× |",
+            "|---|" + "---|" * (len(lengths) + 1)]
     for name in runs:
-        for metric in ("accuracy", "choice"):
-            cells = []
-            for mu, lo, hi in summary[name][metric]:
-                cells.append(f"{mu:.3f}" if np.isnan(lo) else f"{mu:.3f} [{lo:.3f}, {hi:.3f}]")
-            rows.append(f"| {name} | {metric} | " + " | ".join(cells) + " |")
-    r0 = runs["trsp"][0]
+        cells = []
+        for j in range(len(lengths)):
+            mu, lo, hi = mean_interval(acc[name][:, j])
+            cells.append(f"{mu:.3f}" if np.isnan(lo) else f"{mu:.3f} [{lo:.3f}, {hi:.3f}]")
+        mu, lo, hi = mean_interval(sr[name])
+        cells.append(f"{mu:.2f}" if np.isnan(lo) else f"{mu:.2f} [{lo:.2f}, {hi:.2f}]")
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    diff_rows = ["| paired difference | " + " | ".join(f"{m}×" for m in s.mults) + " |",
+                 "|---|" + "---|" * len(lengths)]
+    for a, b in (("trsp", "baseline"), ("trsp", GAMMA0)):
+        cells = [describe(*paired(acc[a][:, j], acc[b][:, j])) for j in range(len(lengths))]
+        diff_rows.append(f"| {a} − {b} | " + " | ".join(cells) + " |")
+    base0, tr0 = runs["baseline"][0], runs["trsp"][0]
     notes = (f"{'Quick smoke run (numbers mean nothing): ' if quick else ''}"
-             f"byte DecoderLMs ({s.model['num_layers']} layers, d = {s.model['d_model']}, RoPE; "
-             f"baseline {runs['baseline'][0]['params']} parameters, TRSP {r0['params']}) "
-             f"trained {s.steps} steps × {s.batch} rows at L = {TRAIN_LEN} on the NoLiMa-style "
-             f"1-hop task with 1 distractor (noise haystack), lr {LR}, seeds {list(s.seeds)}; "
-             f"evaluated by lcjax.eval.evaluate at {lengths} bytes, depths {list(s.depths)}, "
-             f"{s.n_per_cell} items per cell; {seconds:.0f} s in all. Mean over seeds "
-             "[95% t-interval]:\n\n" + "\n".join(rows)
-             + "\n\naccuracy = string_match_all of the greedy answer; choice = the target "
-             "name's teacher-forced likelihood beats the distractor's (chance 0.5). "
-             f"Spectral metrics per layer: spectral_1x.png, spectral_{top}x.png. Not run: the "
-             "Differential-Transformer and gated-attention baselines (no such attention "
-             "variant in lcjax).")
-    g = runs["trsp"][0]["gate"]
-    notes += (f" The trained gate γ_ℓ (seed {runs['trsp'][0]['seed']}, layers 0…"
-              f"{s.model['num_layers'] - 1}): at 1× L "
-              + ", ".join(f"{v:.3g}" for v in g["1x"]) + f"; at {top}× L "
-              + ", ".join(f"{v:.3g}" for v in g[f"{top}x"])
-              + f" — with b_ℓ ≤ 2^{s.model['num_layers'] - 1} ≪ L_ctx the envelope "
-              "(b_ℓ / L_ctx)^φ keeps the side path small in a model this shallow.")
-    if mean["trsp"][1] < LEARNED:
-        notes += (f" Caveat: TRSP's 1× accuracy {mean['trsp'][1]:.3f} < {LEARNED}: the task "
-                  f"is not learned after {s.steps} steps, so the length columns measure "
+             f"byte DecoderLMs ({s.model['num_layers']} layers, d = {s.model['d_model']}, "
+             f"{s.model['num_heads']} heads, RoPE; baseline {base0['params']} parameters, "
+             f"TRSP {tr0['params']}) trained {s.steps} steps × {s.batch} rows (fixed budget, "
+             f"no early stop) at L = {TRAIN_LEN} on RULER-style single-needle retrieval (noise "
+             f"haystack, 4-digit value), lr {LR}, seeds {list(s.seeds)}; exact match of the "
+             f"greedy answer (teacher-forced argmax) on {s.items} fresh items per length; "
+             f"{seconds:.0f} s in all. {GAMMA0} = the TRSP model's weights with the side path "
+             "removed (γ = 0). Mean over seeds [95% t-interval]:\n\n" + "\n".join(rows)
+             + "\n\nPaired per-seed differences of exact match, mean [95% t-interval]:\n\n"
+             + "\n".join(diff_rows)
+             + f"\n\nSpectral metrics per layer: spectral_1x.png, spectral_{top}x.png. Not "
+             "run: the Differential-Transformer and gated-attention baselines (no such "
+             "attention variant in lcjax).")
+    notes += ("\n\nThe trained gate γ_ℓ (layers 0…" + f"{s.model['num_layers'] - 1}, b_ℓ = "
+              + ", ".join(str(min(2 ** lv, TRAIN_LEN)) for lv in range(s.model['num_layers']))
+              + "), mean over seeds: at 1× L "
+              + ", ".join(f"{v:.3g}" for v in gates_at(runs, "1x"))
+              + f"; at {top}× L " + ", ".join(f"{v:.3g}" for v in gates.mean(0)) + ".")
+    if gate_max < GATE_OPEN:
+        notes += (f" Finding: training leaves the side path off (γ_ℓ < {GATE_OPEN} in every "
+                  "layer: the r^φ envelope, r = b_ℓ / L_ctx ≤ 32/128 at 1× L, and the learned "
+                  "sigmoid keep it small), so the TRSP model computes almost the baseline's "
+                  f"function; the γ = 0 rows ({GAMMA0}) measure how much the side path still "
+                  "changes.")
+    if acc["trsp"][:, 0].mean() < LEARNED or acc["baseline"][:, 0].mean() < LEARNED:
+        notes += (f" Caveat: an arm's 1× exact match is below {LEARNED:.0%} after {s.steps} "
+                  "steps: the task is not learned, so the length columns measure "
                   "under-training, not length generalisation.")
     numbers = {"train_len": TRAIN_LEN, "lengths": lengths, "mults": list(s.mults),
                "setting": dataclasses.asdict(s), "lr": LR, "other_weight": OTHER_WEIGHT,
                "task": dict(SUITE.tasks[0].overrides), "seconds": seconds,
-               "summary": summary, "last_layer_stable_rank_top": last_sr,
+               "last_layer_stable_rank_top": sr, "gate_max_top": gate_max,
                "machine": machine_info(),
                "runs": {name: [{**{k: v for k, v in r.items() if k not in ("spectral",
                                                                            "history")},
@@ -474,11 +508,16 @@ def _result(quick, s, out_dir, lengths, runs, table, seconds, plot_spectral) -> 
     return Result(claims=claims, numbers=numbers, figures=figs, notes=notes)
 
 
+def gates_at(runs: dict, key: str) -> np.ndarray:
+    """Mean over seeds of the TRSP model's γ_ℓ per layer at ``key`` ("1x", …)."""
+    return np.array([r["gate"][key] for r in runs["trsp"]]).mean(0)
+
+
 EXPERIMENT = Experiment(
     name="trsp",
     paper="TRSP: Topologically Regularized Side-Path (ICML 2026)",
-    summary="byte LMs with and without TRSP trained on a NoLiMa-style task at L = 448, "
-            "evaluated at 1×–8× L, with per-layer spectral diagnostics",
+    summary="byte LMs with and without TRSP (and TRSP at γ = 0) trained on needle retrieval at "
+            "L = 128, scored at 1×–8× L, with per-layer spectral diagnostics",
     run=run,
     quick_budget_s=40,
 )
