@@ -421,7 +421,8 @@ def fold_kv_blocks(plan: BlockPlan, qi, qb: Float[Array, "B Hkv G bq D"],
                    body: Callable[[Any, Array, Any], Any], carry, *, live=None):
     """``carry = body(kj, scores [B, Hkv, G, bq, bk], carry)`` over the key blocks visible
     to query block ``qi`` (unmasked blocks first; blocks above the causal diagonal or
-    outside the sliding window never visited). With ``live`` (bool [nk]), blocks with ``live[kj]`` False are skipped."""
+    outside the sliding window never visited). With ``live`` (bool [nk]), blocks with
+    ``live[kj]`` False are skipped."""
 
     def step(kj, carry, masked):
         kb = lax.dynamic_slice_in_dim(k, kj * plan.block_kv, plan.block_kv, axis=1)
