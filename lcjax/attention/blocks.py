@@ -343,7 +343,8 @@ def _window_kv_range(plan: BlockPlan, qi):
     nk = plan.num_kv_blocks
     left, right = plan.window
     first_q = qi * plan.block_q + plan.q_offset
-    last_q = first_q + plan.block_q - 1
+    # the last real row (padding rows see nothing)
+    last_q = jnp.minimum(first_q + plan.block_q, plan.q_len + plan.q_offset) - 1
     reach = last_q if plan.causal else last_q + right
     start = jnp.clip((first_q - left) // plan.block_kv, 0, nk)
     end = jnp.clip(reach // plan.block_kv + 1, start, nk)
@@ -377,7 +378,8 @@ def q_block_range(plan: BlockPlan, kj, masking: Masking):
         last_k = first_k + plan.block_kv - 1
         lo = first_k if plan.causal else first_k - right
         start = jnp.clip(lo // plan.block_q, 0, nq)
-        stop = jnp.clip((last_k + left) // plan.block_q + 1, start, nq)
+        last_row = jnp.minimum(last_k + left, plan.q_len - 1)  # padding rows see nothing
+        stop = jnp.where(lo > last_row, start, jnp.clip(last_row // plan.block_q + 1, start, nq))
         return start, stop, stop
     start, first = _causal_q_range(plan, kj, masking)
     return start, first, nq
