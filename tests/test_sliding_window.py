@@ -140,9 +140,10 @@ def test_entmax_pallas_declares_no_window_and_dispatch_serves_xla():
 # ----------------------------------------------------------------------------
 # Block skipping
 # ----------------------------------------------------------------------------
-def _visited(plan, masking=Masking()):
+def _visited(plan, masking=None):
     """Tiles (qi, kj) visited by the kv-block folds (from kv_block_range) and by the
     q-block folds (from q_block_range)."""
+    masking = Masking() if masking is None else masking
     by_q = {(qi, kj) for qi in range(plan.num_q_blocks)
             for kj in range(*(int(x) for x in np.asarray(kv_block_range(plan, qi,
                                                                         masking))[[0, 2]]))}
