@@ -83,3 +83,58 @@ def test_load_hf_equals_transformers(kind, shard, tmp_path):
         tmp_path / "ours", torch_dtype=torch.float32).eval()
     assert type(back) is type(peer)
     np.testing.assert_allclose(_torch_logits(back, tokens), want, atol=1e-4, rtol=1e-4)
+
+
+def _window_peer(kind: str):
+    """A tiny random sliding-window model: Mistral (window 4, every layer) or Qwen2
+    (window 3 in layers >= max_window_layers = 1)."""
+    common = {**COMMON, "num_hidden_layers": 3}
+    if kind == "mistral":
+        config = transformers.MistralConfig(**common, sliding_window=4, tie_word_embeddings=False)
+        cls = transformers.MistralForCausalLM
+    else:
+        config = transformers.Qwen2Config(**common, use_sliding_window=True, sliding_window=3,
+                                          max_window_layers=1)
+        cls = transformers.Qwen2ForCausalLM
+    torch.manual_seed(1)
+    model = cls(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            elif p.ndim == 1:
+                p.copy_(0.3 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5 if "embed" not in name
+                        else torch.randn_like(p))
+    return model
+
+
+@pytest.mark.parametrize("kind", ["mistral", "qwen2"])
+def test_sliding_window_checkpoints_equal_transformers(kind, tmp_path):
+    """Sequences longer than the window: load_hf's logits equal transformers' (and differ
+    from the same weights without the window); save_hf writes a config transformers loads
+    with the same windows; greedy decoding through the KV cache equals the full forward."""
+    from lcjax.nn import generate
+
+    peer = _window_peer(kind)
+    peer.save_pretrained(tmp_path / "peer")
+    tokens = np.random.default_rng(1).integers(0, COMMON["vocab_size"], (2, 13))
+    want = _torch_logits(peer, tokens)
+    model, config = load_hf(tmp_path / "peer", dtype=jnp.float32)
+    assert config.sliding_window == (4 if kind == "mistral" else (None, 3, 3))
+    got = np.asarray(model(jnp.asarray(tokens)))
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+    full, _ = load_hf(tmp_path / "peer", dtype=jnp.float32, sliding_window=None)
+    assert np.abs(np.asarray(full(jnp.asarray(tokens))) - want).max() > 1e-2
+    save_hf(model, tmp_path / "ours", like=tmp_path / "peer")
+    back = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "ours", torch_dtype=torch.float32).eval()
+    assert type(back) is type(peer)
+    np.testing.assert_allclose(_torch_logits(back, tokens), want, atol=1e-4, rtol=1e-4)
+    prompt, n = jnp.asarray(tokens[:1, :5]), 8
+    out = np.asarray(generate(model, prompt, n).tokens)
+    seq = np.array(prompt)  # a writable copy (torch.as_tensor)
+    for _ in range(n):
+        seq = np.concatenate([seq, _torch_logits(peer, seq)[:, -1].argmax(-1)[:, None]], 1)
+    np.testing.assert_array_equal(out, seq)

@@ -22,6 +22,7 @@ from lcjax.attention.core import (
     merge_attention,
     segment_mask,
     validate_qkv,
+    window_mask,
 )
 from lcjax.attention.entmax import entmax_attention, sparsemax_attention
 from lcjax.attention.flashblock import FlashBlockConfig, flashblock_attention
@@ -70,4 +71,5 @@ __all__ = [
     "sparsemax_attention",
     "token_sparse_attention",
     "validate_qkv",
+    "window_mask",
 ]

@@ -15,8 +15,9 @@ pair. This module holds, once, what they all need:
   padded to the blocks, and the ALiBi slopes of :func:`alibi_slopes_array`),
   :func:`block_scores` (the scaled float32 tile scores plus the ALiBi bias, with
   everything invisible at ``-inf``);
-- causal block ranges: :func:`kv_block_range` and :func:`q_block_range` (tiles entirely
-  above the causal diagonal are never visited; fully visible tiles skip masking), and
+- causal and sliding-window block ranges: :func:`kv_block_range` and :func:`q_block_range`
+  (tiles entirely above the causal diagonal or outside the window are never visited, so
+  the work per query block is O(window), not O(S); fully visible tiles skip masking), and
   the folds over them, :func:`fold_kv_blocks` and :func:`fold_q_blocks`;
 - :func:`match_varying`: loop carries built from constants take the varying mesh axes of
   the inputs, so the loops type-check inside ``jax.shard_map``.
@@ -69,7 +70,9 @@ class BlockPlan(NamedTuple):
 
     ``block_q``/``block_kv`` are already clipped to the lengths; padded lengths are
     ``q_padded = nq·block_q`` ≥ ``q_len`` and ``kv_padded = nk·block_kv`` ≥ ``kv_len``.
-    Causal means key j is visible to query i when j ≤ i + ``q_offset``.
+    Causal means key j is visible to query i when j ≤ i + ``q_offset``; ``window =
+    (left, right)`` (or None) that it is visible when p - left ≤ j ≤ p + right, p = i +
+    ``q_offset`` (``local_window_size`` of ``jax.nn.dot_product_attention``).
     """
 
     scale: float
@@ -80,6 +83,7 @@ class BlockPlan(NamedTuple):
     kv_len: int
     q_offset: int
     acc_dtype: str = "float32"
+    window: tuple[int, int] | None = None
 
     @property
     def acc(self) -> jnp.dtype:
@@ -104,9 +108,11 @@ class BlockPlan(NamedTuple):
 
 def block_plan(*, q_len: int, kv_len: int, head_dim: int, scale: float | None, causal: bool,
                block_q: int, block_kv: int, acc_dtype, q_offset: int = 0,
+               window: tuple[int, int] | None = None,
                name: str = "attention") -> BlockPlan:
     """The :class:`BlockPlan` of a call: blocks clipped to the lengths, ``scale`` defaulting
-    to 1/sqrt(head_dim); ``ValueError`` naming ``name`` for non-positive block sizes."""
+    to 1/sqrt(head_dim), ``window`` a (left, right) pair of non-negative ints or None;
+    ``ValueError`` naming ``name`` for non-positive block sizes or a bad window."""
     if block_q <= 0 or block_kv <= 0:
         raise ValueError(f"{name}: block sizes must be positive, got block_q={block_q}, "
                          f"block_kv={block_kv}")
@@ -114,7 +120,18 @@ def block_plan(*, q_len: int, kv_len: int, head_dim: int, scale: float | None, c
         scale=1.0 / math.sqrt(head_dim) if scale is None else float(scale),
         causal=bool(causal), block_q=min(block_q, q_len), block_kv=min(block_kv, kv_len),
         q_len=q_len, kv_len=kv_len, q_offset=int(q_offset),
-        acc_dtype=jnp.dtype(acc_dtype).name)
+        acc_dtype=jnp.dtype(acc_dtype).name, window=_window_pair(window, name))
+
+
+def _window_pair(window, name: str) -> tuple[int, int] | None:
+    if window is None:
+        return None
+    if (not isinstance(window, tuple) or len(window) != 2
+            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 0
+                       for w in window)):
+        raise ValueError(f"{name}: the sliding window must be a pair (left, right) of "
+                         f"non-negative ints, got {window!r}")
+    return window
 
 
 # ----------------------------------------------------------------------------
@@ -288,6 +305,10 @@ def block_scores(plan: BlockPlan, qb: Float[Array, "B Hkv G bq D"],
     valid = jnp.broadcast_to(k_pos[None, :] < plan.kv_len, (plan.block_q, plan.block_kv))
     if plan.causal:
         valid = valid & (k_pos[None, :] <= q_pos[:, None] + plan.q_offset)
+    if plan.window is not None:
+        left, right = plan.window
+        p = q_pos[:, None] + plan.q_offset
+        valid = valid & (k_pos[None, :] >= p - left) & (k_pos[None, :] <= p + right)
     keep = valid[None, None, None]
     if masking.mask is not None:
         keep = keep & group_mask(_slice_mask(masking.mask, qi, kj, plan), kb.shape[1])
@@ -304,10 +325,33 @@ def block_scores(plan: BlockPlan, qb: Float[Array, "B Hkv G bq D"],
 # Causal block ranges and the folds over them
 # ----------------------------------------------------------------------------
 def kv_block_range(plan: BlockPlan, qi, masking: Masking):
-    """(first masked key block, end) for query block ``qi``: key blocks [0, first) are
-    fully visible (no masking needed), [first, end) need masking, blocks from ``end`` on
-    lie entirely above the causal diagonal and are skipped. Python ints when not causal
-    (statically empty loops are then not built)."""
+    """(start, first masked key block, end) for query block ``qi``: key blocks
+    [start, first) are fully visible (no masking needed), [first, end) need masking; blocks
+    before ``start`` lie entirely left of the sliding window (start = 0 without one), blocks
+    from ``end`` on entirely above the causal diagonal or right of the window, and are
+    skipped. Python ints when neither causal nor windowed (statically empty loops are then
+    not built). With a window every visited block is masked (first = start)."""
+    if plan.window is not None:
+        return _window_kv_range(plan, qi)
+    first, end = _causal_kv_range(plan, qi, masking)
+    return 0, first, end
+
+
+def _window_kv_range(plan: BlockPlan, qi):
+    """(start, start, end): the key blocks holding a key in [p - left, p + right] for a
+    query p of block ``qi`` (and j ≤ p when causal)."""
+    nk = plan.num_kv_blocks
+    left, right = plan.window
+    first_q = qi * plan.block_q + plan.q_offset
+    # the last real row (padding rows see nothing)
+    last_q = jnp.minimum(first_q + plan.block_q, plan.q_len + plan.q_offset) - 1
+    reach = last_q if plan.causal else last_q + right
+    start = jnp.clip((first_q - left) // plan.block_kv, 0, nk)
+    end = jnp.clip(reach // plan.block_kv + 1, start, nk)
+    return start, start, end
+
+
+def _causal_kv_range(plan: BlockPlan, qi, masking: Masking):
     nk = plan.num_kv_blocks
     clean = 0 if masking.dense else plan.kv_len // plan.block_kv  # no key padding
     if not plan.causal:
@@ -322,9 +366,26 @@ def kv_block_range(plan: BlockPlan, qi, masking: Masking):
 
 
 def q_block_range(plan: BlockPlan, kj, masking: Masking):
-    """(start, first fully visible query block) for key block ``kj``: query blocks
-    [start, first) need masking, [first, nq) see the whole key block; blocks before
-    ``start`` lie entirely above the causal diagonal."""
+    """(start, first fully visible query block, stop) for key block ``kj``: query blocks
+    [start, first) need masking, [first, stop) see the whole key block; blocks before
+    ``start`` lie entirely above the causal diagonal (or right of the sliding window),
+    blocks from ``stop`` on (stop = nq without a window) entirely left of the window. With
+    a window every visited block is masked (first = stop)."""
+    nq = plan.num_q_blocks
+    if plan.window is not None:
+        left, right = plan.window
+        first_k = kj * plan.block_kv - plan.q_offset  # query rows p - q_offset that see it
+        last_k = first_k + plan.block_kv - 1
+        lo = first_k if plan.causal else first_k - right
+        start = jnp.clip(lo // plan.block_q, 0, nq)
+        last_row = jnp.minimum(last_k + left, plan.q_len - 1)  # padding rows see nothing
+        stop = jnp.where(lo > last_row, start, jnp.clip(last_row // plan.block_q + 1, start, nq))
+        return start, stop, stop
+    start, first = _causal_q_range(plan, kj, masking)
+    return start, first, nq
+
+
+def _causal_q_range(plan: BlockPlan, kj, masking: Masking):
     nq = plan.num_q_blocks
     start = 0
     if plan.causal:
@@ -341,10 +402,11 @@ def q_block_range(plan: BlockPlan, kj, masking: Masking):
 
 def two_loops(lo, mid, hi, body_a: Callable, body_b: Callable, carry):
     """``fori_loop(lo, mid, body_a)`` then ``fori_loop(mid, hi, body_b)``, omitting a loop
-    whose Python-int bounds make it empty (less to compile)."""
-    if not (isinstance(lo, int) and isinstance(mid, int) and mid <= lo):
+    whose bounds make it empty at trace time (Python ints, or the same traced value: less
+    to compile)."""
+    if not (mid is lo or isinstance(lo, int) and isinstance(mid, int) and mid <= lo):
         carry = lax.fori_loop(lo, mid, body_a, carry)
-    if not (isinstance(mid, int) and isinstance(hi, int) and hi <= mid):
+    if not (hi is mid or isinstance(mid, int) and isinstance(hi, int) and hi <= mid):
         carry = lax.fori_loop(mid, hi, body_b, carry)
     return carry
 
@@ -360,16 +422,17 @@ def fold_kv_blocks(plan: BlockPlan, qi, qb: Float[Array, "B Hkv G bq D"],
                    k: Float[Array, "B Sp Hkv D"], masking: Masking,
                    body: Callable[[Any, Array, Any], Any], carry, *, live=None):
     """``carry = body(kj, scores [B, Hkv, G, bq, bk], carry)`` over the key blocks visible
-    to query block ``qi`` (unmasked blocks first, causal blocks above the diagonal never
-    visited). With ``live`` (bool [nk]), blocks with ``live[kj]`` False are skipped."""
+    to query block ``qi`` (unmasked blocks first; blocks above the causal diagonal or
+    outside the sliding window never visited). With ``live`` (bool [nk]), blocks with
+    ``live[kj]`` False are skipped."""
 
     def step(kj, carry, masked):
         kb = lax.dynamic_slice_in_dim(k, kj * plan.block_kv, plan.block_kv, axis=1)
         s = block_scores(plan, qb, jnp.swapaxes(kb, 1, 2), masking, qi, kj, masked=masked)
         return body(kj, s, carry)
 
-    first, end = kv_block_range(plan, qi, masking)
-    return two_loops(0, first, end, _skip_dead(functools.partial(step, masked=False), live),
+    start, first, end = kv_block_range(plan, qi, masking)
+    return two_loops(start, first, end, _skip_dead(functools.partial(step, masked=False), live),
                      _skip_dead(functools.partial(step, masked=True), live), carry)
 
 
@@ -378,8 +441,8 @@ def fold_q_blocks(plan: BlockPlan, kj, masking: Masking,
     """``carry = body(qi, carry, masked)`` over the query blocks that see key block ``kj``
     (masked ones first); with ``live`` (bool [nq]), blocks with ``live[qi]`` False are
     skipped."""
-    start, first_clean = q_block_range(plan, kj, masking)
-    return two_loops(start, first_clean, plan.num_q_blocks,
+    start, first_clean, stop = q_block_range(plan, kj, masking)
+    return two_loops(start, first_clean, stop,
                      _skip_dead(functools.partial(body, masked=True), live),
                      _skip_dead(functools.partial(body, masked=False), live), carry)
 

@@ -60,6 +60,9 @@ __all__ = [
     "AttentionShapes",
     "validate_qkv",
     "causal_mask",
+    "window_mask",
+    "window_size",
+    "validate_bias",
     "block_causal_mask",
     "segment_mask",
     "lengths_to_segment_ids",
@@ -166,6 +169,51 @@ def causal_mask(q_len: int, kv_len: int, *, q_offset=0) -> jax.Array:
     return jnp.arange(kv_len)[None, :] <= q_pos
 
 
+def window_size(local_window_size, *, name: str = "attention") -> tuple[int, int] | None:
+    """``local_window_size`` as ``(left, right)`` (None stays None), as in
+    ``jax.nn.dot_product_attention``: an int w means (w, w). ``ValueError`` naming ``name``
+    and the value for anything but non-negative Python ints."""
+    if local_window_size is None:
+        return None
+    pair = ((local_window_size, local_window_size) if not isinstance(local_window_size,
+                                                                      (tuple, list))
+            else tuple(local_window_size))
+    if len(pair) != 2 or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 0
+                                 for w in pair):
+        raise ValueError(f"{name}: `local_window_size` must be a non-negative int or a pair "
+                         f"(left, right) of them, got {local_window_size!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def window_mask(q_len: int, kv_len: int, window: tuple[int, int], *, q_offset=0) -> jax.Array:
+    """[q_len, kv_len] sliding-window mask: query i (absolute position p = i + q_offset)
+    sees keys j with p - left <= j <= p + right (``window = (left, right)``; the
+    ``local_window_size`` of ``jax.nn.dot_product_attention``, top-left aligned at
+    ``q_offset=0``). With ``causal`` as well, a query sees its ``left`` predecessors and
+    itself."""
+    left, right = window
+    q_pos = jnp.arange(q_len)[:, None] + q_offset
+    k_pos = jnp.arange(kv_len)[None, :]
+    return (k_pos >= q_pos - left) & (k_pos <= q_pos + right)
+
+
+def validate_bias(bias, shapes: AttentionShapes, *, name: str = "attention") -> None:
+    """``bias`` must be a real array of rank <= 4 broadcastable to [B, H, T, S] (the
+    additive logit bias of ``jax.nn.dot_product_attention``); ``ValueError`` naming the
+    shapes otherwise."""
+    if bias is None:
+        return
+    shape = tuple(jnp.shape(bias))
+    full = (shapes.batch, shapes.heads, shapes.q_len, shapes.kv_len)
+    padded = (1,) * (4 - len(shape)) + shape
+    if len(shape) > 4 or any(got not in (1, want) for got, want in zip(padded, full)):
+        raise ValueError(f"{name}: `bias` of shape {list(shape)} does not broadcast to "
+                         f"[batch, heads, q_len, kv_len] = {list(full)}")
+    if not jnp.issubdtype(jnp.result_type(bias), jnp.floating):
+        raise ValueError(f"{name}: `bias` must be floating point, got dtype "
+                         f"{jnp.result_type(bias)}")
+
+
 def block_causal_mask(q_len: int, kv_len: int, block_size: int, *, q_offset=0,
                       own_block: bool = True) -> jax.Array:
     """[q_len, kv_len] block-causal mask: query i (absolute position i + q_offset) sees
@@ -203,9 +251,11 @@ def build_mask(
     q_segment_ids=None,
     kv_segment_ids=None,
     q_offset=0,
+    window: tuple[int, int] | None = None,
 ):
-    """Combine causal, explicit and segment masks into one boolean broadcastable to
-    [B, H, T, S]; ``None`` when nothing is masked."""
+    """Combine causal, explicit, segment and sliding-window (``window = (left, right)``,
+    :func:`window_mask`) masks into one boolean broadcastable to [B, H, T, S]; ``None``
+    when nothing is masked."""
     out = None
 
     def _and(a, b):
@@ -213,6 +263,8 @@ def build_mask(
 
     if causal:
         out = _and(out, causal_mask(q_len, kv_len, q_offset=q_offset)[None, None])
+    if window is not None:
+        out = _and(out, window_mask(q_len, kv_len, window, q_offset=q_offset)[None, None])
     if mask is not None:
         m = jnp.asarray(mask)
         out = _and(out, m.reshape((1,) * (4 - m.ndim) + m.shape))
@@ -243,17 +295,20 @@ def alibi_bias(q_len: int, kv_len: int, alibi_slopes, *, q_offset=0,
 # ----------------------------------------------------------------------------
 def grouped_scores(q, k, *, causal: bool = False, mask=None, scale: float | None = None,
                    q_segment_ids=None, kv_segment_ids=None, q_offset=0,
-                   alibi_slopes=None, alibi_offset=0) -> jax.Array:
+                   alibi_slopes=None, alibi_offset=0, bias=None,
+                   local_window_size=None) -> jax.Array:
     """Masked scores in the grouped layout: [B, Hkv, G, T, S] = scale · q·kᵀ in the
     statistics dtype (float32, float64 for float64 inputs), plus the ALiBi bias of
-    :func:`alibi_bias` (``alibi_slopes`` [H], query 0 at ``q_offset + alibi_offset``),
-    ``-inf`` where masked (``causal``, ``mask``, segment ids, combined by
+    :func:`alibi_bias` (``alibi_slopes`` [H], query 0 at ``q_offset + alibi_offset``) and
+    ``bias`` (broadcastable to [B, H, T, S]), ``-inf`` where masked (``causal``, ``mask``,
+    segment ids, the sliding window ``local_window_size``, combined by
     :func:`build_mask`). The one place the dense references (:func:`dot_product_attention`,
     ``lcjax.attention.weights``) score."""
     t, hk, d = q.shape[1], k.shape[2], q.shape[3]
     acc = stat_dtype(q, k)
     full_mask = build_mask(t, k.shape[1], causal=causal, mask=mask, q_segment_ids=q_segment_ids,
-                           kv_segment_ids=kv_segment_ids, q_offset=q_offset)
+                           kv_segment_ids=kv_segment_ids, q_offset=q_offset,
+                           window=window_size(local_window_size, name="attention"))
     qg = group_queries(q, hk)
     scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=acc)
     scores = scores * acc.type(default_scale(d, scale))
@@ -261,6 +316,10 @@ def grouped_scores(q, k, *, causal: bool = False, mask=None, scale: float | None
     if slopes is not None:
         bias = alibi_bias(t, k.shape[1], slopes, q_offset=q_offset + alibi_offset, dtype=acc)
         scores = scores + bias.reshape(1, hk, q.shape[2] // hk, t, k.shape[1])
+    if bias is not None:
+        b4 = jnp.asarray(bias, acc)
+        b4 = b4.reshape((1,) * (4 - b4.ndim) + b4.shape)
+        scores = scores + group_mask(b4, hk)
     if full_mask is not None:
         scores = jnp.where(group_mask(full_mask, hk), scores, -jnp.inf)
     return scores
@@ -296,6 +355,8 @@ def dot_product_attention(
     return_lse: bool = False,
     alibi_slopes=None,
     alibi_offset=0,
+    bias=None,
+    local_window_size=None,
 ):
     """Exact softmax attention, the reference every variant is tested against.
 
@@ -311,6 +372,10 @@ def dot_product_attention(
       return_lse: also return the float32 log-sum-exp [B, T, H] (``-inf`` for empty rows).
       alibi_slopes: optional [H]; bias_hij = -m_h·|i + q_offset + alibi_offset - j|
         (:func:`alibi_bias`; 0 without slopes). alibi_offset: int or traced int scalar.
+      bias: optional float, broadcastable to [B, H, T, S], added to bias_hij (the
+        ``bias`` of ``jax.nn.dot_product_attention``; differentiable).
+      local_window_size: optional int w or (left, right): query i sees keys j with
+        i + q_offset - left <= j <= i + q_offset + right (:func:`window_mask`).
 
     Returns:
       [B, T, H, Dv] in q's dtype (and the lse when asked).
@@ -318,10 +383,13 @@ def dot_product_attention(
     shapes = validate_qkv(q, k, v, mask=mask, name="dot_product_attention")
     acc = stat_dtype(q, k, v)
     alibi_slopes_array(alibi_slopes, shapes.heads, name="dot_product_attention")
+    validate_bias(bias, shapes, name="dot_product_attention")
+    window_size(local_window_size, name="dot_product_attention")
     scores = grouped_scores(q, k, causal=causal, mask=mask, scale=scale,
                             q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                             q_offset=q_offset, alibi_slopes=alibi_slopes,
-                            alibi_offset=alibi_offset)
+                            alibi_offset=alibi_offset, bias=bias,
+                            local_window_size=local_window_size)
     probs, m_safe, l = softmax_rows(scores)
     out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v, preferred_element_type=acc)
     out = ungroup(out).astype(q.dtype)
@@ -560,6 +628,7 @@ def blockwise_attention(
     return_lse: bool = False,
     alibi_slopes: Float[Array, " H"] | None = None,
     alibi_offset: int | Int[Array, ""] = 0,
+    local_window_size: int | tuple[int, int] | None = None,
 ) -> Float[Array, "B T H Dv"] | tuple[Float[Array, "B T H Dv"], Float[Array, "B T H"]]:
     """Exact softmax attention by online softmax over key blocks (FlashAttention in XLA).
 
@@ -571,6 +640,9 @@ def blockwise_attention(
     int here. ``alibi_slopes`` [H] / ``alibi_offset`` (may be traced): the ALiBi bias of
     :func:`alibi_bias`, added in the one tile-score function
     (:func:`lcjax.attention.blocks.block_scores`), forward and backward.
+    ``local_window_size`` (int w or (left, right)): the sliding window of
+    :func:`window_mask`; key blocks wholly outside it are never visited (forward and
+    backward), so the work is O(T · window) instead of O(T · S).
 
     Returns [B, T, H, Dv] (and the float32 lse [B, T, H] when ``return_lse``).
     """
@@ -578,7 +650,8 @@ def blockwise_attention(
     shapes, plan, masking = _blockwise_setup(
         name, q, k, v, causal=causal, mask=mask, scale=scale, q_segment_ids=q_segment_ids,
         kv_segment_ids=kv_segment_ids, q_offset=q_offset, block_q=block_q, block_kv=block_kv,
-        alibi_slopes=alibi_slopes, alibi_offset=alibi_offset)
+        alibi_slopes=alibi_slopes, alibi_offset=alibi_offset,
+        local_window_size=local_window_size)
     out, lse = _blockwise_core(plan, *pad_inputs(plan, q, k, v), masking)
     out = ungroup(out[:, : shapes.q_len]).astype(q.dtype)
     if not return_lse:
@@ -587,12 +660,14 @@ def blockwise_attention(
 
 
 def _blockwise_setup(name, q, k, v, *, causal, mask, scale, q_segment_ids, kv_segment_ids,
-                     q_offset, block_q, block_kv, alibi_slopes, alibi_offset):
+                     q_offset, block_q, block_kv, alibi_slopes, alibi_offset,
+                     local_window_size=None):
     """(shapes, plan, padded masking) of a blockwise call, its arguments checked."""
     shapes = validate_qkv(q, k, v, mask=mask, name=name)
     plan = block_plan(q_len=shapes.q_len, kv_len=shapes.kv_len, head_dim=shapes.head_dim,
                       scale=scale, causal=causal, block_q=block_q, block_kv=block_kv,
-                      acc_dtype=stat_dtype(q, k, v), q_offset=q_offset, name=name)
+                      acc_dtype=stat_dtype(q, k, v), q_offset=q_offset,
+                      window=window_size(local_window_size, name=name), name=name)
     masking = pad_masking(plan, mask, q_segment_ids, kv_segment_ids, alibi_slopes=alibi_slopes,
                           alibi_offset=alibi_offset, heads=shapes.heads, name=name)
     return shapes, plan, masking
@@ -627,6 +702,7 @@ def blockwise_attention_bwd(
     alibi_offset: int | Int[Array, ""] = 0,
     dk_acc: Float[Array, "B S Hkv D"] | None = None,
     dv_acc: Float[Array, "B S Hkv Dv"] | None = None,
+    local_window_size: int | tuple[int, int] | None = None,
 ) -> tuple[Float[Array, "B T H D"], Float[Array, "B S Hkv D"], Float[Array, "B S Hkv Dv"]]:
     """The gradient (dq, dk, dv) of exact softmax attention from its forward's results,
     without running the forward again: the FlashAttention-2 backward of
@@ -650,7 +726,8 @@ def blockwise_attention_bwd(
     shapes, plan, masking = _blockwise_setup(
         name, q, k, v, causal=causal, mask=mask, scale=scale, q_segment_ids=q_segment_ids,
         kv_segment_ids=kv_segment_ids, q_offset=q_offset, block_q=block_q, block_kv=block_kv,
-        alibi_slopes=alibi_slopes, alibi_offset=alibi_offset)
+        alibi_slopes=alibi_slopes, alibi_offset=alibi_offset,
+        local_window_size=local_window_size)
     want = (shapes.batch, shapes.q_len, shapes.heads)
     kv_want = (shapes.batch, shapes.kv_len, shapes.kv_heads)
     for arg, x, shape in (("lse", lse, want), ("d_out", d_out, (*want, shapes.value_dim)),

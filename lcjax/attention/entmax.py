@@ -66,7 +66,13 @@ from lcjax.attention.blocks import (
     rows_to_heads,
     ungroup,
 )
-from lcjax.attention.core import alibi_bias, build_mask, stat_dtype, validate_qkv
+from lcjax.attention.core import (
+    alibi_bias,
+    build_mask,
+    stat_dtype,
+    validate_qkv,
+    window_size,
+)
 from lcjax.attention.registry import register
 from lcjax.attention.spec import (
     AttentionSpec,
@@ -484,14 +490,20 @@ def _prepare(q, k, v, alpha):
 
 
 def block_sparsity(live: Bool[Array, "B H nq nk"], block_q: int, block_kv: int,
-                   causal: bool) -> Float[Array, ""]:
-    """Fraction of the tiles at or below the causal diagonal (all if not causal) that hold
-    no weight, from the live flags of a [nq, nk] tile grid (per batch and head)."""
+                   causal: bool, window: tuple[int, int] | None = None) -> Float[Array, ""]:
+    """Fraction of the tiles at or below the causal diagonal (all if not causal) and
+    inside the sliding window ``(left, right)`` (if any) that hold no weight, from the live
+    flags of a [nq, nk] tile grid (per batch and head)."""
     nq, nk = live.shape[-2:]
     in_range = np.ones((nq, nk), bool)
+    first_q = np.arange(nq)[:, None] * block_q
+    last_q = first_q + block_q - 1
+    first_k = np.arange(nk)[None, :] * block_kv
     if causal:
-        last_q = np.arange(nq) * block_q + block_q - 1
-        in_range = np.arange(nk)[None, :] * block_kv <= last_q[:, None]
+        in_range = first_k <= last_q
+    if window is not None:
+        in_range &= (first_k <= last_q + window[1]) & (first_k + block_kv - 1
+                                                       >= first_q - window[0])
     counted = int(in_range.sum()) * live.shape[0] * live.shape[1]
     return ((counted - jnp.sum(live & in_range)) / counted).astype(jnp.float32)
 
@@ -501,16 +513,19 @@ def _xla(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
          q_segment_ids=None, kv_segment_ids=None, return_aux=False, alpha=1.5,
          solver=EntmaxConfig.solver, bins=EntmaxConfig.bins, n_iter=EntmaxConfig.n_iter,
          tol=EntmaxConfig.tol, block_q=EntmaxConfig.block_q, block_kv=EntmaxConfig.block_kv,
-         alibi_slopes=None, alibi_offset=0):
+         alibi_slopes=None, alibi_offset=0, local_window_size=None):
     """The XLA implementation (every feature; see the module docstring). ``alibi_slopes``
     [H] / ``alibi_offset``: the ALiBi bias of ``lcjax.attention.core.alibi_bias``, added in
-    the shared tile-score function (``blocks.block_scores``)."""
+    the shared tile-score function (``blocks.block_scores``). ``local_window_size``: the
+    sliding window of ``lcjax.attention.core.window_mask``; key blocks outside it are
+    never visited (solver, output and backward passes)."""
     config = EntmaxConfig(solver, bins, n_iter, tol, block_q, block_kv)
     shapes, a_static, a_arr = _prepare(q, k, v, alpha)
     acc = stat_dtype(q, k, v)
     plan = block_plan(q_len=shapes.q_len, kv_len=shapes.kv_len, head_dim=shapes.head_dim,
                       scale=scale, causal=causal, block_q=config.block_q,
-                      block_kv=config.block_kv, acc_dtype=acc, name=_NAME)
+                      block_kv=config.block_kv, acc_dtype=acc,
+                      window=window_size(local_window_size, name=_NAME), name=_NAME)
     cfg = _Cfg(plan, a_static, config.solver_config.resolve(a_static, acc))
     masking = pad_masking(plan, mask, q_segment_ids, kv_segment_ids, alibi_slopes=alibi_slopes,
                           alibi_offset=alibi_offset, heads=shapes.heads, name=_NAME)
@@ -531,7 +546,8 @@ def _xla(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
                                              plan.num_kv_blocks)
     return out, {"tau": rows_to_heads(tau_conv, shapes.q_len).astype(jnp.float32),
                  "iterations": rows_to_heads(iters, shapes.q_len),
-                 "block_sparsity": block_sparsity(live, plan.block_q, plan.block_kv, causal)}
+                 "block_sparsity": block_sparsity(live, plan.block_q, plan.block_kv, causal,
+                                                    plan.window)}
 
 
 def _pallas(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
@@ -586,9 +602,12 @@ def entmax_attention_reference(
     *, alpha=1.5, causal: bool = False, mask: Bool[Array, "..."] | None = None,
     scale: float | None = None, q_segment_ids: Int[Array, "B T"] | None = None,
     kv_segment_ids: Int[Array, "B S"] | None = None, alibi_slopes=None, alibi_offset=0,
+    local_window_size=None,
 ) -> Float[Array, "B T H Dv"]:
     """Dense exact α-entmax attention under the full contract (mask, segment ids, GQA,
-    array α, ALiBi ``alibi_slopes`` [H] / ``alibi_offset``): the [B, H, T, S] scores (plus
+    array α, ALiBi ``alibi_slopes`` [H] / ``alibi_offset``, the sliding window
+    ``local_window_size`` of ``lcjax.attention.core.window_mask``): the [B, H, T, S]
+    scores (plus
     ``lcjax.attention.core.alibi_bias``), ``lcjax.entmax.entmax`` over keys (the exact sort
     for α ∈ {1.5, 2}, bisection to rounding otherwise) and p·V."""
     shapes = validate_qkv(q, k, v, mask=mask, name="entmax_attention_reference")
@@ -603,7 +622,8 @@ def entmax_attention_reference(
         x = x + alibi_bias(shapes.q_len, shapes.kv_len, slopes, q_offset=alibi_offset,
                            dtype=acc)[None]
     full = build_mask(shapes.q_len, shapes.kv_len, causal=causal, mask=mask,
-                      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+                      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                      window=window_size(local_window_size, name=_NAME))
     if full is not None:
         x = jnp.where(full, x, -jnp.inf)
     if a_static in (1.5, 2.0):
@@ -634,6 +654,7 @@ def entmax_attention(
     block_kv: int = EntmaxConfig.block_kv,
     implementation: str | None = None,
     return_aux: bool = False,
+    local_window_size: int | tuple[int, int] | None = None,
     **implementation_options,
 ):
     """α-entmax attention, blockwise: out_i = Σ_j p_ij v_j, p_i = entmax_α(scale·q_i·K^T).
@@ -656,6 +677,9 @@ def entmax_attention(
         ``"pallas"`` (on CPU it runs in the Pallas interpreter; ``NotImplementedError``
         with the reason where it cannot serve the call).
       return_aux: also return ``aux`` (module docstring: tau, iterations, block_sparsity).
+      local_window_size: int w or (left, right): query i sees keys j with
+        i - left <= j <= i + right (``jax.nn.dot_product_attention``'s sliding window; key
+        blocks outside it are skipped; the XLA path serves it).
       implementation_options: options of one implementation (the kernel's
         ``block_sizes``, ``interpret``); another implementation raises on them.
 
@@ -664,6 +688,7 @@ def entmax_attention(
     return ENTMAX(q, k, v, causal=causal, mask=mask, scale=scale,
                   q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                   implementation=implementation, return_aux=return_aux, alpha=alpha,
+                  local_window_size=local_window_size,
                   solver=solver, n_iter=n_iter, bins=bins, tol=tol, block_q=block_q,
                   block_kv=block_kv, **implementation_options)
 
@@ -691,8 +716,9 @@ def _with_alpha(fn, alpha: float):
     return fixed
 
 
-_FEATURES = Features(dtypes=("float32", "bfloat16", "float16", "float64"))
-_PALLAS_FEATURES = Features(mask=False, segment_ids=False,
+_FEATURES = Features(window=True, dtypes=("float32", "bfloat16", "float16", "float64"))
+# the kernel takes no mask, segment ids or sliding window (window=False): such calls go to XLA
+_PALLAS_FEATURES = Features(mask=False, segment_ids=False, window=False,
                             dtypes=("float32", "bfloat16", "float16"))
 _TEST_OPTIONS = {"block_q": 16, "block_kv": 16}  # tiny conformance shapes span several blocks
 

@@ -48,7 +48,13 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from lcjax.attention import softmax  # noqa: F401  (registered before entmax, as always)
-from lcjax.attention.core import build_mask, dot_product_attention, stat_dtype, validate_qkv
+from lcjax.attention.core import (
+    build_mask,
+    dot_product_attention,
+    stat_dtype,
+    validate_qkv,
+    window_size,
+)
 from lcjax.attention.entmax import ENTMAX, entmax_attention_reference
 from lcjax.attention.registry import register
 from lcjax.attention.softmax import BLOCKWISE
@@ -88,7 +94,8 @@ def _segment_counts(q_seg: Int[Array, "B T"], kv_seg: Int[Array, "B S"], q_pos, 
 
 def visible_key_counts(q_len: int, kv_len: int, *, causal: bool = False, mask=None,
                        q_segment_ids=None, kv_segment_ids=None,
-                       q_offset=0) -> Int[Array, "b T h"]:
+                       q_offset=0, window: tuple[int, int] | None = None
+                       ) -> Int[Array, "b T h"]:
     """c_i: how many keys query i may see, int32 [b, T, h] (b ∈ {1, B}, h ∈ {1, H}).
 
     The visibility is the attention contract's: causal (j ≤ i + q_offset), ``mask`` (bool,
@@ -96,16 +103,23 @@ def visible_key_counts(q_len: int, kv_len: int, *, causal: bool = False, mask=No
     sees nothing). Without ``mask`` the [T, S] matrix is never built: causal alone is
     min(i + q_offset + 1, S) clipped at 0, segment ids are counted by a sort and binary
     searches. With a ``mask`` the combined mask is summed (the mask is dense already).
+    A sliding ``window`` (left, right) (``lcjax.attention.core.window_mask``) alone or with
+    causal is counted in closed form, with segment ids densely.
     """
     if (q_segment_ids is None) != (kv_segment_ids is None):
         raise ValueError("visible_key_counts: pass both `q_segment_ids` and `kv_segment_ids`, "
                          "or neither")
-    if mask is not None:
+    if mask is not None or (window is not None and q_segment_ids is not None):
         full = build_mask(q_len, kv_len, causal=causal, mask=mask, q_segment_ids=q_segment_ids,
-                          kv_segment_ids=kv_segment_ids, q_offset=q_offset)
+                          kv_segment_ids=kv_segment_ids, q_offset=q_offset, window=window)
         full = jnp.broadcast_to(full, full.shape[:2] + (q_len, kv_len))
         return jnp.moveaxis(jnp.sum(full, axis=-1, dtype=jnp.int32), 1, 2)
     q_pos = jnp.arange(q_len, dtype=jnp.int32) + q_offset
+    if window is not None:  # keys max(0, p - left) .. min(S - 1, p + right, p if causal)
+        hi = q_pos if causal else q_pos + window[1]
+        hi = jnp.minimum(hi, kv_len - 1)
+        lo = jnp.maximum(q_pos - window[0], 0)
+        return jnp.maximum(hi - lo + 1, 0).astype(jnp.int32)[None, :, None]
     if q_segment_ids is None:
         if causal:
             return jnp.clip(q_pos + 1, 0, kv_len).astype(jnp.int32)[None, :, None]
@@ -162,7 +176,8 @@ def _heads_mask(length_heads, heads: int, method: str):
 
 
 def length_factor(kind: str, q, k, *, causal=False, mask=None, q_segment_ids=None,
-                  kv_segment_ids=None, q_offset=0, counts=None, **params) -> Array:
+                  kv_segment_ids=None, q_offset=0, counts=None, window=None,
+                  **params) -> Array:
     """The per-query factor [b, T, H] (statistics dtype) of ``kind`` ("asentmax": params
     ``length_beta``, ``length_gamma``, ``length_delta``; "ssmax": ``length_s``; both
     ``length_heads``), n_i from :func:`visible_key_counts` unless ``counts`` are given."""
@@ -172,7 +187,7 @@ def length_factor(kind: str, q, k, *, causal=False, mask=None, q_segment_ids=Non
     if counts is None:
         counts = visible_key_counts(t, k.shape[1], causal=causal, mask=mask,
                                     q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-                                    q_offset=q_offset)
+                                    q_offset=q_offset, window=window)
     log_n = log_length(counts, acc)
     arg = functools.partial(_per_head, batch=b, q_len=t, heads=h, dtype=acc, method=method)
     if kind == "asentmax":
@@ -196,9 +211,10 @@ def scale_queries(q: Float[Array, "B T H D"], factor: Float[Array, "b T H"]) -> 
 # ----------------------------------------------------------------------------
 # References (dense counts, independent of the sort-based ones)
 # ----------------------------------------------------------------------------
-def _dense_counts(q, k, causal, mask, q_segment_ids, kv_segment_ids):
+def _dense_counts(q, k, causal, mask, q_segment_ids, kv_segment_ids, window=None, q_offset=0):
     full = build_mask(q.shape[1], k.shape[1], causal=causal, mask=mask,
-                      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+                      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                      window=window, q_offset=q_offset)
     if full is None:
         return jnp.full((1, q.shape[1], 1), k.shape[1], jnp.int32)
     full = jnp.broadcast_to(full, full.shape[:2] + (q.shape[1], k.shape[1]))
@@ -211,40 +227,40 @@ def asentmax_reference(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
                        length_beta=ASENTMAX_DEFAULTS["length_beta"],
                        length_gamma=ASENTMAX_DEFAULTS["length_gamma"],
                        length_delta=ASENTMAX_DEFAULTS["length_delta"], length_heads=None,
-                       alibi_slopes=None, alibi_offset=0) -> Float[Array, "B T H Dv"]:
+                       alibi_slopes=None, alibi_offset=0,
+                       local_window_size=None) -> Float[Array, "B T H Dv"]:
     """Dense ASEntmax: q_i · (δ + β (log n_i)^γ), n_i from the dense mask, then
     :func:`lcjax.attention.entmax.entmax_attention_reference`."""
     validate_qkv(q, k, v, mask=mask, name="asentmax_reference")
-    counts = _dense_counts(q, k, causal, mask, q_segment_ids, kv_segment_ids)
+    window = window_size(local_window_size, name="asentmax_reference")
+    counts = _dense_counts(q, k, causal, mask, q_segment_ids, kv_segment_ids, window)
     factor = length_factor("asentmax", q, k, counts=counts, length_beta=length_beta,
                            length_gamma=length_gamma, length_delta=length_delta,
                            length_heads=length_heads)
     return entmax_attention_reference(
         scale_queries(q, factor), k, v, alpha=alpha, causal=causal, mask=mask, scale=scale,
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, alibi_slopes=alibi_slopes,
-        alibi_offset=alibi_offset)
+        alibi_offset=alibi_offset, local_window_size=window)
 
 
 def ssmax_reference(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
                     v: Float[Array, "B S Hkv Dv"], *, causal=False, mask=None, scale=None,
                     q_segment_ids=None, kv_segment_ids=None,
                     length_s=SSMAX_DEFAULTS["length_s"], length_heads=None, q_offset=0,
-                    return_lse=False, alibi_slopes=None, alibi_offset=0):
+                    return_lse=False, alibi_slopes=None, alibi_offset=0,
+                    local_window_size=None):
     """Dense SSMax: q_i · s (log n_i), n_i from the dense mask, then
     :func:`lcjax.attention.core.dot_product_attention`."""
     validate_qkv(q, k, v, mask=mask, name="ssmax_reference")
-    full = build_mask(q.shape[1], k.shape[1], causal=causal, mask=mask,
-                      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-                      q_offset=q_offset)
-    counts = (jnp.full((1, q.shape[1], 1), k.shape[1], jnp.int32) if full is None else
-              jnp.moveaxis(jnp.broadcast_to(full, full.shape[:2] + (q.shape[1], k.shape[1]))
-                           .sum(-1, dtype=jnp.int32), 1, 2))
+    window = window_size(local_window_size, name="ssmax_reference")
+    counts = _dense_counts(q, k, causal, mask, q_segment_ids, kv_segment_ids, window, q_offset)
     factor = length_factor("ssmax", q, k, counts=counts, length_s=length_s,
                            length_heads=length_heads)
     return dot_product_attention(
         scale_queries(q, factor), k, v, causal=causal, mask=mask, scale=scale,
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, q_offset=q_offset,
-        return_lse=return_lse, alibi_slopes=alibi_slopes, alibi_offset=alibi_offset)
+        return_lse=return_lse, alibi_slopes=alibi_slopes, alibi_offset=alibi_offset,
+        local_window_size=window)
 
 
 # ----------------------------------------------------------------------------
@@ -261,7 +277,8 @@ def _scaled(base: Implementation, kind: str, defaults: dict) -> Implementation:
         validate_qkv(q, k, v, mask=mask, name=f"{kind}_attention")
         factor = length_factor(kind, q, k, causal=causal, mask=mask,
                                q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-                               q_offset=options.get("q_offset", 0), **params)
+                               q_offset=options.get("q_offset", 0),
+                               window=options.get("local_window_size"), **params)
         return base_fn(scale_queries(q, factor), k, v, causal=causal, mask=mask, scale=scale,
                        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                        return_aux=return_aux, **options)

@@ -28,9 +28,10 @@ from jaxtyping import Array, Bool, Float, Int
 from lcjax.attention.core import (
     blockwise_attention,
     build_mask,
-    causal_mask,
     dot_product_attention,
+    validate_bias,
     validate_qkv,
+    window_size,
 )
 from lcjax.attention.registry import register
 from lcjax.attention.spec import AttentionSpec, Features, Implementation, with_empty_aux
@@ -64,8 +65,13 @@ def jax_dot_product_attention(
     scale: float | None = None,
     q_segment_ids: Int[Array, "B T"] | None = None,
     kv_segment_ids: Int[Array, "B S"] | None = None,
+    bias: Float[Array, "..."] | None = None,
+    local_window_size: int | tuple[int, int] | None = None,
 ) -> Float[Array, "B T H D"]:
     """``jax.nn.dot_product_attention`` (XLA) under our contract.
+
+    ``bias`` (broadcastable to [B, H, T, S]) and ``local_window_size`` go to
+    ``jax.nn.dot_product_attention`` as they are.
 
     q: [B, T, H, D]; k, v: [B, S, Hkv, D] -> [B, T, H, D]. Segment ids (int [B, T],
     [B, S], negative = padding) are folded into the mask. ``jax.nn`` gives a row with
@@ -79,20 +85,29 @@ def jax_dot_product_attention(
     inside ``jit``), so there float16 inputs are computed in float32 and the output cast
     back to float16.
     """
-    shapes = validate_qkv(q, k, v, mask=mask, name="jax_dot_product_attention")
+    name = "jax_dot_product_attention"
+    shapes = validate_qkv(q, k, v, mask=mask, name=name)
+    validate_bias(bias, shapes, name=name)
+    window = window_size(local_window_size, name=name)
     if q.dtype == jnp.float16 and jax.default_backend() == "cpu":
         up = lambda x: x.astype(jnp.float32)
         out = jax_dot_product_attention(up(q), up(k), up(v), causal=causal, mask=mask,
                                         scale=scale, q_segment_ids=q_segment_ids,
-                                        kv_segment_ids=kv_segment_ids)
+                                        kv_segment_ids=kv_segment_ids,
+                                        bias=None if bias is None else up(bias),
+                                        local_window_size=window)
         return out.astype(q.dtype)
     full = build_mask(shapes.q_len, shapes.kv_len, mask=mask, q_segment_ids=q_segment_ids,
                       kv_segment_ids=kv_segment_ids)
-    out = jax.nn.dot_product_attention(q, k, v, mask=full, scale=scale, is_causal=causal,
+    if bias is not None:
+        bias = jnp.asarray(bias)
+        bias = bias.reshape((1,) * (4 - bias.ndim) + bias.shape)
+    out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=full, scale=scale,
+                                       is_causal=causal, local_window_size=window,
                                        implementation="xla")
-    if full is None:
+    visible = build_mask(shapes.q_len, shapes.kv_len, causal=causal, mask=full, window=window)
+    if full is None and window is None:
         return out
-    visible = full & causal_mask(shapes.q_len, shapes.kv_len)[None, None] if causal else full
     seen = jnp.any(visible, axis=-1)  # [b|1, h|1, T]
     seen = jnp.moveaxis(seen, 1, 2)[..., None]  # [b|1, T, h|1, 1]
     return jnp.where(seen, out, jnp.zeros((), out.dtype))
@@ -101,18 +116,18 @@ def jax_dot_product_attention(
 SOFTMAX = register(AttentionSpec(
     "softmax", reference=dot_product_attention,
     implementations=(Implementation("xla", with_empty_aux(dot_product_attention)),),
-    features=Features(lse=True),
+    features=Features(lse=True, bias=True, window=True),
     description="exact softmax attention, dense [T, S] scores (the reference)"))
 
 BLOCKWISE = register(AttentionSpec(
     "blockwise", reference=dot_product_attention,
     implementations=(Implementation("xla", with_empty_aux(blockwise_attention),
                                     config=BlockwiseConfig),),
-    features=Features(lse=True), test_options={"block_q": 8, "block_kv": 8},
+    features=Features(lse=True, window=True), test_options={"block_q": 8, "block_kv": 8},
     description="online-softmax (FlashAttention) attention in XLA"))
 
 JAX = register(AttentionSpec(
     "jax", reference=dot_product_attention,
     implementations=(Implementation("xla", with_empty_aux(jax_dot_product_attention)),),
-    features=Features(dtypes=("float32", "bfloat16", "float16")),
+    features=Features(bias=True, window=True, dtypes=("float32", "bfloat16", "float16")),
     description="jax.nn.dot_product_attention (XLA), the anchor we time against"))

@@ -17,8 +17,17 @@ Every attention method in lcjax declares one :class:`AttentionSpec` (see
 Calling a spec is calling the method under the attention contract::
 
     out = spec(q, k, v, *, causal=False, mask=None, scale=None, implementation=None,
-               q_segment_ids=None, kv_segment_ids=None, return_aux=False, **options)
+               q_segment_ids=None, kv_segment_ids=None, return_aux=False,
+               bias=None, local_window_size=None, is_causal=None, **options)
     q: [B, T, H, D]; k: [B, S, Hkv, D]; v: [B, S, Hkv, Dv]  ->  out: [B, T, H, Dv]
+
+``is_causal``, ``bias`` and ``local_window_size`` are those of
+``jax.nn.dot_product_attention``: ``is_causal`` is another name of ``causal``; ``bias``
+(float, broadcastable to [B, H, T, S]) is added to the scaled scores; ``local_window_size``
+(int w = (w, w), or (left, right)) lets query i see keys j with i - left <= j <= i + right
+(and j <= i with ``causal``). ``bias`` and ``local_window_size`` reach an implementation only
+when given (normalised: the window as a (left, right) tuple), and only one whose features
+declare them (``Features.bias`` / ``Features.window``).
 
 With ``return_aux=True`` the result is ``(result, aux)``, where ``result`` is what the
 call returns without it (``out``, or ``(out, lse)`` with ``return_lse=True``) and
@@ -75,7 +84,7 @@ from jax.extend import core as jex_core
 from jax.interpreters import ad, batching, mlir
 from jaxtyping import Array, Bool, Float, Int
 
-from lcjax.attention.core import validate_qkv
+from lcjax.attention.core import validate_bias, validate_qkv, window_size
 
 __all__ = [
     "ALL_DTYPES",
@@ -107,6 +116,8 @@ class Features:
     mask: an explicit boolean ``mask``.  segment_ids: ``q_segment_ids`` / ``kv_segment_ids``.
     gqa: kv_heads < heads.  cross: kv_len != q_len.
     lse: ``return_lse=True`` (log-sum-exp [B, T, H] float32 as a second result).
+    bias: an additive ``bias`` broadcastable to [B, H, T, S] (``jax.nn`` semantics).
+    window: a sliding window ``local_window_size`` (``jax.nn`` semantics).
     dtypes: input dtypes accepted (names, as ``jnp.dtype(x).name``).
     """
 
@@ -117,9 +128,12 @@ class Features:
     gqa: bool = True
     cross: bool = True
     lse: bool = False
+    bias: bool = False
+    window: bool = False
     dtypes: tuple[str, ...] = ALL_DTYPES
 
-    def unsupported(self, q, k, *, causal, mask, q_segment_ids, return_lse) -> list[str]:
+    def unsupported(self, q, k, *, causal, mask, q_segment_ids, return_lse, bias=None,
+                    local_window_size=None) -> list[str]:
         """Names of the features a call uses that these features do not cover."""
         uses = (
             ("causal=True", bool(causal) and not self.causal),
@@ -130,6 +144,8 @@ class Features:
              and not self.gqa),
             ("kv_len != q_len", k.shape[1] != q.shape[1] and not self.cross),
             ("return_lse", bool(return_lse) and not self.lse),
+            ("bias", bias is not None and not self.bias),
+            ("local_window_size", local_window_size is not None and not self.window),
             (f"dtype {jnp.dtype(q.dtype).name}", jnp.dtype(q.dtype).name not in self.dtypes),
         )
         return [what for what, bad in uses if bad]
@@ -312,6 +328,22 @@ def _first_served(fn: Callable, args, targets):
         except Exception:  # noqa: S112 - this target cannot serve either; try the next
             continue
     return None
+
+
+def _causal_alias(causal, is_causal, *, name: str) -> bool:
+    """``causal`` or ``is_causal`` (``jax.nn.dot_product_attention``'s name), whichever is
+    given (neither: False); ``ValueError`` when both are given and differ."""
+    if is_causal is None:
+        return bool(causal)
+    if causal is not None and bool(causal) != bool(is_causal):
+        raise ValueError(f"{name}: `causal={causal!r}` and `is_causal={is_causal!r}` differ; "
+                         f"pass one of them")
+    return bool(is_causal)
+
+
+def _given(**kwargs) -> dict:
+    """The keyword arguments that are not None."""
+    return {key: val for key, val in kwargs.items() if val is not None}
 
 
 def validate_segment_ids(q, k, q_segment_ids, kv_segment_ids, *, name: str) -> None:
@@ -499,6 +531,14 @@ class AttentionSpec:
             if extra:
                 raise ValueError(f"AttentionSpec {self.name!r}: implementation {impl.name!r} "
                                  f"declares features the spec lacks: {extra}")
+            feats = impl.features or self.features
+            names = keyword_names(impl.fn)
+            missing = [arg for arg, on in (("bias", feats.bias),
+                                           ("local_window_size", feats.window))
+                       if on and names is not None and arg not in names]
+            if missing:
+                raise TypeError(f"AttentionSpec {self.name!r}: implementation {impl.name!r} "
+                                f"declares features whose keywords its `fn` lacks: {missing}")
         for field in ("aux", "test_options", "benchmark_options", "tolerance",
                       "grad_tolerance"):
             object.__setattr__(self, field, MappingProxyType(dict(getattr(self, field))))
@@ -559,17 +599,23 @@ class AttentionSpec:
                             f"{sorted(result[1])}, the spec declares {sorted(self.aux)}")
 
     def __call__(self, q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
-                 v: Float[Array, "B S Hkv Dv"], *, causal: bool = False,
+                 v: Float[Array, "B S Hkv Dv"], *, causal: bool | None = None,
                  mask: Bool[Array, "..."] | None = None, scale: float | None = None,
                  implementation: str | None = None,
                  q_segment_ids: Int[Array, "B T"] | None = None,
                  kv_segment_ids: Int[Array, "B S"] | None = None,
-                 return_aux: bool = False, **options):
+                 return_aux: bool = False, bias: Float[Array, "..."] | None = None,
+                 local_window_size: int | tuple[int, int] | None = None,
+                 is_causal: bool | None = None, **options):
         """The method under the attention contract; see the module docstring."""
-        validate_qkv(q, k, v, mask=mask, name=self.name)
+        shapes = validate_qkv(q, k, v, mask=mask, name=self.name)
         validate_segment_ids(q, k, q_segment_ids, kv_segment_ids, name=self.name)
+        causal = _causal_alias(causal, is_causal, name=self.name)
+        validate_bias(bias, shapes, name=self.name)
+        window = window_size(local_window_size, name=self.name)
         feature_args = dict(causal=causal, mask=mask, q_segment_ids=q_segment_ids,
-                            return_lse=options.get("return_lse", False))
+                            return_lse=options.get("return_lse", False), bias=bias,
+                            local_window_size=window)
         gaps = self.features.unsupported(q, k, **feature_args)
         if gaps:
             raise ValueError(f"{self.name}: does not support {', '.join(gaps)}")
@@ -579,7 +625,8 @@ class AttentionSpec:
         call = functools.partial(self._dispatch, order, implementation, feature_args,
                                  dict(causal=causal, mask=mask, scale=scale,
                                       q_segment_ids=q_segment_ids,
-                                      kv_segment_ids=kv_segment_ids, return_aux=return_aux),
+                                      kv_segment_ids=kv_segment_ids, return_aux=return_aux,
+                                      **_given(bias=bias, local_window_size=window)),
                                  options)
         if _TARGET.get() is None and any(impl.target_dependent for impl in order):
             return per_target(call, q, k, v)

@@ -876,7 +876,7 @@ def token_sparse_attention(
     k: Float[Array, "B L Hkv D"],
     v: Float[Array, "B L Hkv Dv"],
     *,
-    causal: bool = True,
+    causal: bool = False,
     mask: Bool[Array, "..."] | None = None,
     scale: float | None = None,
     q_segment_ids: Int[Array, "B L"] | None = None,
@@ -898,7 +898,8 @@ def token_sparse_attention(
 
     Args:
       q: [B, L, H, D]; k: [B, L, Hkv, D]; v: [B, L, Hkv, Dv]; RoPE already applied.
-      causal: causal prefill (the default here; the contract's default is False).
+      causal: causal prefill (pass ``causal=True``; False by default, as for every
+        method and for ``attention.get("token_sparse")``).
       mask, q_segment_ids, kv_segment_ids: ragged rows, selected per row (module
         docstring); kv_len ≠ q_len (a decoding step over a KV cache) is dense.
       coverage: mass of the least important prefix tokens allowed to be dropped (a Python

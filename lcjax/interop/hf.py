@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints (Llama, Qwen2, Qwen3) <-> :class:`lcjax.nn.DecoderLM`.
+"""Hugging Face checkpoints (Llama, Mistral, Qwen2, Qwen3) <-> :class:`lcjax.nn.DecoderLM`.
 
 A checkpoint directory holds ``config.json`` and either ``model.safetensors`` or shards
 listed in ``model.safetensors.index.json`` (``{"weight_map": {tensor: file}}``). Reading
@@ -6,8 +6,9 @@ uses the ``safetensors`` package and numpy only (no torch, no transformers): the
 built abstractly (``nnx.eval_shape``) and each tensor is read on its own from the
 memory-mapped file, transposed and placed, so host memory stays about one checkpoint.
 
-The three architectures are one pre-norm decoder (HF ``LlamaForCausalLM``,
-``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``):
+The four architectures are one pre-norm decoder (HF ``LlamaForCausalLM``,
+``MistralForCausalLM`` (Llama without biases, with a sliding window), ``Qwen2ForCausalLM``,
+``Qwen3ForCausalLM``):
 
     h = embed_tokens[tokens]
     per layer:  a = RMSNorm_in(h);  q = a W_qᵀ (+ b_q),  k = a W_kᵀ (+ b_k),  v = a W_vᵀ (+ b_v)
@@ -25,8 +26,14 @@ HF's rotate_half pairs dims (m, m + d/2): our ``rope_layout="half"``, no permuta
 Config layouts: ``rope_theta`` + ``rope_scaling`` (transformers 4.x) and
 ``rope_parameters`` (``{"rope_type", "rope_theta", ...}``, transformers 5); the dtype in
 ``torch_dtype`` or ``dtype``. RoPE scaling types: default, "linear", "llama3"
-(``lcjax.rope.scaled_inv_freq``); others (YaRN, dynamic, LongRoPE), sliding windows and MLP
-biases raise ``ValueError``.
+(``lcjax.rope.scaled_inv_freq``); others (YaRN, dynamic, LongRoPE) and MLP biases raise
+``ValueError``.
+
+Sliding windows (``DecoderConfig.sliding_window``; a query sees itself and the W - 1 tokens
+before it, transformers' ``sliding_window_overlay``): Mistral's ``sliding_window`` (int or
+null) applies to every layer; Qwen2/Qwen3's ``sliding_window`` applies when
+``use_sliding_window`` is true, to the layers ``layer_types`` marks "sliding_attention" or,
+without ``layer_types``, to layers i >= ``max_window_layers`` (transformers' rule).
 
     model, config = load_hf("Llama-3.2-1B")             # bf16 stays bf16
     model, config = load_hf("Qwen3-0.6B", dtype=jnp.float32)
@@ -59,7 +66,7 @@ __all__ = ["byte_tokenizer_files", "load_hf", "save_hf", "read_hf_config", "read
 
 # HF architecture class -> model_type
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-                 "Qwen3ForCausalLM": "qwen3"}
+                 "Qwen3ForCausalLM": "qwen3", "MistralForCausalLM": "mistral"}
 _MODEL_TYPES = {v: k for k, v in ARCHITECTURES.items()}
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 _INDEX = "model.safetensors.index.json"
@@ -119,6 +126,35 @@ def _rope(hf: Mapping[str, Any]) -> tuple[float, dict | None]:
     return float(theta), scaling
 
 
+def _sliding_window(hf: Mapping[str, Any], kind: str) -> int | tuple[int | None, ...] | None:
+    """``DecoderConfig.sliding_window`` of a config, by transformers' rules (module
+    docstring): None, one W for every layer, or one entry per layer."""
+    if kind == "llama":
+        return None
+    if kind == "mistral":
+        window = hf.get("sliding_window", 4096)  # MistralConfig's default
+    else:
+        window = hf.get("sliding_window", 4096) if hf.get("use_sliding_window") else None
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"load_hf: `sliding_window` must be a positive int or null, "
+                         f"got {window!r}")
+    if kind == "mistral":
+        return window
+    n = hf["num_hidden_layers"]
+    types = hf.get("layer_types")
+    if types is None:
+        first = int(hf.get("max_window_layers", 28))
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(n)]
+    unknown = sorted(set(types) - {"sliding_attention", "full_attention"})
+    if len(types) != n or unknown:
+        raise ValueError(f"load_hf: `layer_types` must list 'sliding_attention' or "
+                         f"'full_attention' for each of the {n} layers, got {types!r}")
+    per_layer = tuple(window if t == "sliding_attention" else None for t in types)
+    return per_layer if any(w is not None for w in per_layer) else None
+
+
 def hf_to_decoder_config(hf: Mapping[str, Any], *, dtype=None, max_len: int = 8192,
                          **overrides) -> DecoderConfig:
     """The :class:`DecoderConfig` of a Llama / Qwen2 / Qwen3 ``config.json`` dict.
@@ -137,8 +173,6 @@ def hf_to_decoder_config(hf: Mapping[str, Any], *, dtype=None, max_len: int = 81
         raise ValueError(f"load_hf: hidden_act {hf['hidden_act']!r} not supported ('silu')")
     if hf.get("mlp_bias"):
         raise ValueError("load_hf: mlp_bias=True is not supported")
-    if hf.get("use_sliding_window"):
-        raise ValueError("load_hf: use_sliding_window=True is not supported")
     if float(hf.get("partial_rotary_factor", 1.0)) != 1.0:
         raise ValueError(f"load_hf: partial_rotary_factor {hf['partial_rotary_factor']} "
                          f"is not supported")
@@ -149,7 +183,7 @@ def hf_to_decoder_config(hf: Mapping[str, Any], *, dtype=None, max_len: int = 81
         name = hf.get("dtype") or hf.get("torch_dtype") or "float32"
         dtype = _DTYPES.get(name, jnp.float32)
     _dtype_name(dtype)
-    bias = bool(hf.get("attention_bias", False))
+    bias = bool(hf.get("attention_bias", False)) and kind != "mistral"  # Mistral: no biases
     fields = dict(
         vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
         num_layers=hf["num_hidden_layers"], num_heads=heads,
@@ -161,7 +195,8 @@ def hf_to_decoder_config(hf: Mapping[str, Any], *, dtype=None, max_len: int = 81
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         attention_bias=True if kind == "qwen2" else bias,
         attention_out_bias=False if kind == "qwen2" else bias,
-        qk_norm=kind == "qwen3", dtype=dtype, param_dtype=dtype)
+        qk_norm=kind == "qwen3", dtype=dtype, param_dtype=dtype,
+        sliding_window=_sliding_window(hf, kind))
     fields.update(overrides)
     return DecoderConfig(**fields)
 
@@ -170,7 +205,10 @@ def decoder_to_hf_config(config: DecoderConfig, *, like: Mapping[str, Any] | Non
                          dtype=None) -> dict[str, Any]:
     """A ``config.json`` dict for ``config`` (legacy layout: ``rope_theta`` +
     ``rope_scaling``, ``torch_dtype``, read by transformers 4 and 5). The architecture:
-    Qwen3 if ``qk_norm``, Qwen2 if q/k/v biases without an output bias, else Llama.
+    Qwen3 if ``qk_norm``, Qwen2 if q/k/v biases without an output bias, else Llama (Mistral
+    when every layer has the same sliding window). Sliding windows are written by
+    transformers' rules (module docstring): one W for all windowed layers, Qwen's
+    ``layer_types``; others raise ``ValueError``.
     ``like``: a source config whose other entries (token ids, max_position_embeddings,
     ...) are kept."""
     c = config
@@ -189,8 +227,20 @@ def decoder_to_hf_config(config: DecoderConfig, *, like: Mapping[str, Any] | Non
                              f"{c.attention_bias}, attention_out_bias={c.attention_out_bias}")
     if kind == "qwen3" and c.attention_bias != c.attention_out_bias:
         raise ValueError("save_hf: Qwen3 has q, k, v and o biases together or none")
+    windows = [c.layer_window(i) for i in range(c.num_layers)]
+    sizes = sorted({w[0] + 1 for w in windows if w is not None})
+    if len(sizes) > 1:
+        raise ValueError(f"save_hf: HF configs hold one sliding_window for every windowed "
+                         f"layer; got {sizes}")
+    if sizes and kind == "llama":
+        if None in windows:
+            raise ValueError("save_hf: a Llama-shaped model with a sliding window in some "
+                             "layers only has no HF architecture (Mistral windows all)")
+        kind = "mistral"
     out = {k: v for k, v in (like or {}).items()
-           if k not in ("rope_parameters", "dtype", "rope_scaling", "transformers_version")}
+           if k not in ("rope_parameters", "dtype", "rope_scaling", "transformers_version",
+                        "use_sliding_window", "sliding_window", "max_window_layers",
+                        "layer_types")}
     scaling = None if c.rope_scaling is None else dict(c.rope_scaling)
     out.update(
         architectures=[_MODEL_TYPES[kind]], model_type=kind,
@@ -201,12 +251,19 @@ def decoder_to_hf_config(config: DecoderConfig, *, like: Mapping[str, Any] | Non
         tie_word_embeddings=c.tie_embeddings,
         torch_dtype=_dtype_name(c.param_dtype if dtype is None else dtype))
     out.setdefault("max_position_embeddings", c.max_len)
-    if kind == "qwen2":
+    if kind in ("qwen2", "mistral"):
         out.pop("attention_bias", None)  # Qwen2's q, k, v biases are not configurable
     else:
         out["attention_bias"] = c.attention_bias
+    if kind == "mistral":
+        out["sliding_window"] = sizes[0]
     if kind in ("qwen2", "qwen3"):
-        out.setdefault("use_sliding_window", False)
+        out["use_sliding_window"] = bool(sizes)
+        if sizes:  # layer_types rules; max_window_layers as consistent as it can be
+            full = [i for i, w in enumerate(windows) if w is None]
+            out.update(sliding_window=sizes[0], max_window_layers=full[-1] + 1 if full else 0,
+                       layer_types=["full_attention" if w is None else "sliding_attention"
+                                    for w in windows])
     return out
 
 

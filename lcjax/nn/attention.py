@@ -57,7 +57,7 @@ from flax.core import FrozenDict
 from jax import lax
 
 from lcjax.attention import AttentionSpec, build_mask, causal_mask, get
-from lcjax.attention.core import default_scale
+from lcjax.attention.core import default_scale, window_size
 from lcjax.attention.spec import keyword_names
 from lcjax.attention.weights import variant_weights
 from lcjax.nn.layers import RMSNorm, dense_init
@@ -65,7 +65,8 @@ from lcjax.nn.variant_params import VariantConfig, build_variant_params
 from lcjax.rope import apply_rope, check_rope_scaling, scaled_inv_freq
 
 __all__ = ["Attention", "AttentionTap", "KVCache", "init_kv_cache", "update_kv_cache",
-           "cache_mask", "attend", "capture_attention", "kv_cache_gap", "nape_slopes",
+           "cache_mask", "cache_window_mask", "attend", "capture_attention", "kv_cache_gap",
+           "nape_slopes",
            "takes_segment_ids",
            "POSITIONS"]
 
@@ -143,6 +144,24 @@ def cache_mask(index: jax.Array, q_len: int, kv_len: int, *,
     if not causal:
         return None
     return causal_mask(q_len, kv_len, q_offset=index)[None, None]
+
+
+def cache_window_mask(segment_ids: jax.Array, index: jax.Array, q_len: int,
+                      window: tuple[int, int]) -> jax.Array:
+    """Sliding-window mask [B, 1, q_len, S] over a KV cache whose segment ids
+    [B, S] already hold the q_len new tokens at slots index ... index + q_len - 1.
+
+    Distances count filled slots (segment id >= 0), not slots: key j has rank r_j = #filled
+    slots before it, and the query at slot index + t (rank r_q) sees keys with
+    r_q - left <= r_j <= r_q + right (``window = (left, right)``,
+    ``lcjax.attention.core.window_mask``). Ranks are positions when a row's tokens fill
+    its slots in order, with padding (segment -1) between them, as a right-padded
+    ragged prompt followed by generated tokens."""
+    left, right = window
+    rank = jnp.cumsum(segment_ids >= 0, axis=1) - 1  # [B, S]
+    q_rank = lax.dynamic_slice_in_dim(rank, index, q_len, axis=1)  # [B, t]
+    diff = rank[:, None, :] - q_rank[:, :, None]  # [B, t, S]
+    return ((diff >= -left) & (diff <= right))[:, None]
 
 
 def kv_cache_gap(fn: Callable, *, causal: bool) -> str | None:
@@ -281,6 +300,12 @@ class Attention(nnx.Module):
         [Hkv, D], init 0) and of the output projection ([D_model], init 0).
       qk_norm: RMSNorm over the head dimension of q and of k before RoPE (scales [D],
         init 1), with ``norm_eps``.
+      local_window_size: None, an int w or (left, right): sliding-window attention as in
+        ``jax.nn.dot_product_attention`` (query i sees keys i - left ... i + right, and
+        none after i when causal; HF's ``sliding_window`` W is (W - 1, 0)). Passed to a
+        spec (which must declare ``Features.window``); folded into the mask of a plain
+        callable and, with a KV cache, into the cache's step mask
+        (:func:`cache_window_mask`).
       rope_scaling: None or a mapping ``{"rope_type": "linear" | "llama3", ...}``
         (``lcjax.rope.check_rope_scaling``): RoPE uses ``scaled_inv_freq(D, rope_base,
         rope_scaling)``.
@@ -313,6 +338,7 @@ class Attention(nnx.Module):
         qk_norm: bool = False,
         norm_eps: float = 1e-6,
         rope_scaling: Mapping[str, Any] | None = None,
+        local_window_size: int | tuple[int, int] | None = None,
         rngs: nnx.Rngs,
     ):
         if context_parallel not in CONTEXT_PARALLEL:
@@ -338,6 +364,13 @@ class Attention(nnx.Module):
                 f"Attention: rope_layout must be 'half' or 'interleaved', got {rope_layout!r}"
             )
         self.attention_fn = get(attention)  # ValueError for an unknown name
+        self.local_window_size = window_size(local_window_size, name="Attention")
+        fn = self.attention_fn
+        if (self.local_window_size is not None and isinstance(fn, AttentionSpec)
+                and not fn.features.window):
+            raise ValueError(f"Attention: local_window_size={local_window_size!r} needs a "
+                             f"variant whose spec supports a sliding window "
+                             f"(Features.window); {fn.name!r} does not")
         options = FrozenDict(attention_options or {})
         if position == "nape":
             if "alibi_slopes" in options:
@@ -471,10 +504,24 @@ class Attention(nnx.Module):
             if step_mask is not None:
                 mask = step_mask if mask is None else jnp.logical_and(step_mask, mask)
             alibi_offset = cache.index  # the new queries sit at slots index, index + 1, ...
+            index = cache.index
             cache = update_kv_cache(cache, k, v, segment_ids)
+            if self.local_window_size is not None:
+                win = cache_window_mask(cache.segment_ids, index, t, self.local_window_size)
+                mask = win if mask is None else jnp.logical_and(win, mask)
             k, v, kv_segment_ids, causal = cache.k, cache.v, cache.segment_ids, False
         k, v = k.astype(dt), v.astype(dt)
         options = self.variant_options(x=x, q=q, k=k, v=v, positions=positions)
+        tap_mask = mask  # the window folded in, for the weights tap
+        if self.local_window_size is not None and cache is None:
+            native = isinstance(self.attention_fn, AttentionSpec)
+            if not native or self.attention_weights.enabled:
+                tap_mask = build_mask(q.shape[1], k.shape[1], mask=mask,
+                                      window=self.local_window_size)
+            if native:  # the spec skips key blocks outside the window
+                options["local_window_size"] = self.local_window_size
+            else:  # a plain callable: in its mask
+                mask = tap_mask
         if "alibi_slopes" in options and alibi_offset is not None:
             options["alibi_offset"] = alibi_offset
         if self.attention_inputs.enabled:
@@ -486,8 +533,9 @@ class Attention(nnx.Module):
                                  "ALiBi bias of position='nape' yet (lcjax.attention.weights "
                                  "takes no alibi_slopes)")
             self.attention_weights(self._weights_fn()(
-                q, k, causal=causal, mask=mask, scale=self.scale, q_segment_ids=segment_ids,
-                kv_segment_ids=kv_segment_ids, **options))
+                q, k, causal=causal, mask=tap_mask, scale=self.scale, q_segment_ids=segment_ids,
+                kv_segment_ids=kv_segment_ids,
+                **{key: val for key, val in options.items() if key != "local_window_size"}))
         o = attend(self.attention_fn, q, k, v, causal=causal, mask=mask,
                    scale=self.scale, q_segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
                    options=options)
@@ -512,6 +560,7 @@ class Attention(nnx.Module):
             ("qkv_bias/out_bias", self.q_bias is not None or self.o_bias is not None),
             ("qk_norm", self.q_norm is not None),
             ("rope_scaling", self.rope_frequencies is not None),
+            ("local_window_size", self.local_window_size is not None),
         ) if used]
         if unsupported:
             raise ValueError(f"Attention: context_parallel={cp!r} does not support "

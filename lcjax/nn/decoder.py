@@ -89,7 +89,11 @@ class DecoderConfig:
     ``qk_norm`` (per-head RMSNorm of q and k before RoPE, eps ``norm_eps``: Qwen3),
     ``rope_scaling`` (None or ``{"rope_type": "linear" | "llama3", ...}``, see
     ``lcjax.rope.scaled_inv_freq``); ``rope_base`` is HF's ``rope_theta``, ``norm_eps`` its
-    ``rms_norm_eps``, ``tie_embeddings=False`` its untied ``lm_head``.
+    ``rms_norm_eps``, ``tie_embeddings=False`` its untied ``lm_head``, ``sliding_window``
+    (None, an int W for every layer, or one entry per layer, None = full attention) its
+    sliding window: a query sees itself and the W - 1 tokens before it
+    (``local_window_size=(W - 1, 0)`` of the layer's variant, which must support it;
+    decoding from the KV cache keeps it).
     """
 
     vocab_size: int = 256
@@ -118,6 +122,7 @@ class DecoderConfig:
     qk_norm: bool = False
     rope_scaling: Mapping[str, Any] | None = None
     causal: bool = True
+    sliding_window: int | None | tuple[int | None, ...] = None
     context_lm: ContextLMConfig | None = None
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
@@ -173,6 +178,30 @@ class DecoderConfig:
                              f"{TRSP_CONTEXTS}, got {self.trsp!r} and {self.trsp_context!r}")
         if self.context_lm is not None:
             check_context_lm(self.context_lm, self.num_layers)  # ValueError naming both
+        self._check_sliding_window()
+
+    def _check_sliding_window(self) -> None:
+        window = self.sliding_window
+        if isinstance(window, list):
+            window = tuple(window)
+            object.__setattr__(self, "sliding_window", window)
+        if isinstance(window, tuple) and len(window) != self.num_layers:
+            raise ValueError(f"DecoderConfig: `sliding_window` per layer needs num_layers = "
+                             f"{self.num_layers} entries, got {len(window)}")
+        for w in window if isinstance(window, tuple) else (window,):
+            if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+                raise ValueError(f"DecoderConfig: `sliding_window` entries must be None or a "
+                                 f"positive int, got {w!r}")
+        if window is not None and not self.causal:
+            raise ValueError("DecoderConfig: `sliding_window` is a causal window (HF's); "
+                             "it needs causal=True")
+
+    def layer_window(self, i: int) -> tuple[int, int] | None:
+        """Layer ``i``'s ``local_window_size``: HF's ``sliding_window`` W (the query and
+        the W - 1 keys before it) is (W - 1, 0); None for full attention."""
+        w = self.sliding_window[i] if isinstance(self.sliding_window, tuple) else (
+            self.sliding_window)
+        return None if w is None else (w - 1, 0)
 
 
     def layer_attention(self, i: int) -> tuple[str | Callable, Mapping[str, Any]]:
@@ -198,6 +227,7 @@ class DecoderBlock(nnx.Module):
             context_parallel=c.context_parallel,
             qkv_bias=c.attention_bias, out_bias=c.attention_out_bias, qk_norm=c.qk_norm,
             norm_eps=c.norm_eps, rope_scaling=c.rope_scaling,
+            local_window_size=c.layer_window(layer),
             dtype=c.dtype, param_dtype=c.param_dtype, rngs=rngs,
         )
         self.mlp_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype)

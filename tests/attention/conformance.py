@@ -18,7 +18,8 @@ the same options minus the implementation-only ones) within ``spec.tolerance`` /
 
 Checks: forward (causal and not, cross lengths, GQA, explicit and broadcast masks,
 segment ids with padding, ragged lengths that are not multiples of the test block
-sizes, an explicit scale, ``return_lse``); gradients w.r.t. q, k, v; ``jit``; ``vmap``
+sizes, an explicit scale, ``return_lse``, a sliding window ``local_window_size`` causal and
+not, an additive ``bias``); gradients w.r.t. q, k, v; ``jit``; ``vmap``
 over an extra leading axis; ``jax.shard_map`` over heads and over batch on the 8 CPU
 devices (forward and gradient); bf16 and fp16 (finite, close, dtype kept); rows with
 nothing to attend to are exactly zero; bad shapes raise ``ValueError`` while tracing
@@ -53,7 +54,8 @@ def cases() -> list[tuple[str, str]]:
 @dataclasses.dataclass(frozen=True)
 class Case:
     """One call: sizes, masking and options. ``mask``: None, "random" ([B, H, T, S] with
-    row 3 empty) or "broadcast" ([T, S]); ``segments``: packed segments with padding."""
+    row 3 empty) or "broadcast" ([T, S]); ``segments``: packed segments with padding;
+    ``window``: ``local_window_size`` (left, right); ``bias``: a random [1, H, T, S] bias."""
 
     name: str
     causal: bool
@@ -68,6 +70,8 @@ class Case:
     scale: float | None = None
     return_lse: bool = False
     dtype: str = "float32"
+    window: tuple[int, int] | None = None
+    bias: bool = False
 
 
 FORWARD_CASES = {c.name: c for c in (
@@ -79,8 +83,11 @@ FORWARD_CASES = {c.name: c for c in (
     Case("segments", causal=True, segments=True),
     Case("segments_cross", causal=False, q_len=21, kv_len=37, segments=True),
     Case("lse", causal=True, q_len=21, kv_len=37, return_lse=True),
+    Case("window_causal", causal=True, q_len=27, kv_len=27, window=(5, 2)),
+    Case("window_cross", causal=False, q_len=21, kv_len=37, window=(4, 9)),
+    Case("bias", causal=True, q_len=21, kv_len=21, bias=True),
 )}
-GRAD_CASES = ("ragged_causal", "mask", "segments_cross")
+GRAD_CASES = ("ragged_causal", "mask", "segments_cross", "window_cross")
 
 
 def _key(*names) -> jax.Array:
@@ -102,8 +109,12 @@ def _segments(batch: int, length: int, cuts: tuple[int, ...], pad: int) -> jax.A
 
 def make_inputs(case: Case, seed: str = "") -> dict:
     """Random q [B, T, H, D], k, v [B, S, Hkv, D] (float32, then cast to ``case.dtype``),
-    and the case's mask / segment ids (None when unused)."""
+    and the case's mask / segment ids / bias (None when unused)."""
     kq, kk, kv, km = jax.random.split(_key(case.name, seed), 4)
+    bias = None
+    if case.bias:
+        bias = jax.random.normal(_key("bias", case.name, seed),
+                                 (1, case.heads, case.q_len, case.kv_len))
     dtype = jnp.dtype(case.dtype)
     q = jax.random.normal(kq, (case.batch, case.q_len, case.heads, case.head_dim))
     k = jax.random.normal(kk, (case.batch, case.kv_len, case.kv_heads, case.head_dim))
@@ -118,7 +129,7 @@ def make_inputs(case: Case, seed: str = "") -> dict:
         q_seg = _segments(case.batch, case.q_len, (case.q_len // 3,), 3)
         kv_seg = _segments(case.batch, case.kv_len, (case.kv_len // 2,), 2)
     return dict(q=q.astype(dtype), k=k.astype(dtype), v=v.astype(dtype), mask=mask,
-                q_segment_ids=q_seg, kv_segment_ids=kv_seg)
+                q_segment_ids=q_seg, kv_segment_ids=kv_seg, bias=bias)
 
 
 # ----------------------------------------------------------------------------
@@ -135,7 +146,8 @@ def expected(spec, impl, case: Case, **extra) -> str | type[Exception]:
     """OK, or the exception the call must raise, from the declared features."""
     inputs = make_inputs(dataclasses.replace(case, batch=1))
     args = dict(causal=case.causal, mask=inputs["mask"], q_segment_ids=inputs["q_segment_ids"],
-                return_lse=case.return_lse or extra.get("return_lse", False))
+                return_lse=case.return_lse or extra.get("return_lse", False),
+                bias=inputs["bias"], local_window_size=case.window)
     q, k = inputs["q"], inputs["k"]
     if spec.features.unsupported(q, k, **args):
         return ValueError
@@ -154,6 +166,8 @@ def call_options(spec, case: Case, impl=None, **extra) -> dict:
         options["scale"] = case.scale
     if case.return_lse:
         options["return_lse"] = True
+    if case.window is not None:
+        options["local_window_size"] = case.window
     return options
 
 
@@ -161,9 +175,10 @@ def variant_fn(spec, impl, case: Case, **extra):
     """``(q, k, v, mask, q_segment_ids, kv_segment_ids) -> result`` of the implementation."""
     options = call_options(spec, case, impl, **extra)
 
-    def fn(q, k, v, mask=None, q_segment_ids=None, kv_segment_ids=None):
+    def fn(q, k, v, mask=None, q_segment_ids=None, kv_segment_ids=None, bias=None):
+        more = {} if bias is None else {"bias": bias}
         return spec(q, k, v, causal=case.causal, mask=mask, q_segment_ids=q_segment_ids,
-                    kv_segment_ids=kv_segment_ids, implementation=impl.name, **options)
+                    kv_segment_ids=kv_segment_ids, implementation=impl.name, **options, **more)
 
     return fn
 
@@ -173,11 +188,12 @@ def reference_fn(spec, case: Case, **extra):
     options = spec.reference_options(call_options(spec, case, **extra))
     options.pop("return_aux", None)
 
-    def fn(q, k, v, mask=None, q_segment_ids=None, kv_segment_ids=None):
+    def fn(q, k, v, mask=None, q_segment_ids=None, kv_segment_ids=None, bias=None):
         up = lambda x: x.astype(jnp.promote_types(x.dtype, jnp.float32))
+        more = {} if bias is None else {"bias": bias}
         return spec.reference(up(q), up(k), up(v), causal=case.causal, mask=mask,
                               q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-                              **options)
+                              **options, **more)
 
     return fn
 
@@ -214,7 +230,7 @@ def reference_result(spec, case: Case, seed: str = "", *, grads: bool = False, *
 
 
 def _masking(inputs: dict) -> dict:
-    return {key: inputs[key] for key in ("mask", "q_segment_ids", "kv_segment_ids")}
+    return {key: inputs[key] for key in ("mask", "q_segment_ids", "kv_segment_ids", "bias")}
 
 
 def assert_close(got, want, tol: float, what: str):
