@@ -74,7 +74,7 @@ SETTINGS = {
     False: dict(langs=("en", "ja"), eval_langs=("en", "ja"), n_per_cell=1, batch=16,
                 max_new_tokens=32, models=("shakespeare", "ruler"),
                 ruler_stages=((128, 150, ("niah_single_1",)),),
-                likelihood_per_cell=6, likelihood_max_items=None),
+                likelihood_per_cell=3, likelihood_max_items=None),
 }
 MIN_MC_ITEMS = 30  # precondition of the option-likelihood claim
 BUCKET = 256  # rows are right-padded to a multiple of this (few compiled shapes)
