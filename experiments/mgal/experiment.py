@@ -70,7 +70,7 @@ SETTINGS = {
     # RULER model to train), replies of 8 bytes (an option letter fits)
     True: dict(langs=("en", "ja"), eval_langs=("en",), n_per_cell=1, batch=16,
                max_new_tokens=8, models=("shakespeare",), ruler_stages=(),
-               likelihood_per_cell=1, likelihood_max_items=2),
+               likelihood_per_cell=1, likelihood_max_items=1),
     False: dict(langs=("en", "ja"), eval_langs=("en", "ja"), n_per_cell=1, batch=16,
                 max_new_tokens=32, models=("shakespeare", "ruler"),
                 ruler_stages=((128, 150, ("niah_single_1",)),),
@@ -271,8 +271,9 @@ def run(quick: bool, out_dir: Path) -> Result:
                for name, t in targets.items()}
     from lcjax.eval.items import build_items
 
-    lik_items = build_items(suite, (LENGTH,), DEPTHS, s["likelihood_per_cell"], SEED + 1)
-    lik_items = lik_items[:s["likelihood_max_items"]]
+    lik_items = [it for it in build_items(suite, (LENGTH,), DEPTHS, s["likelihood_per_cell"],
+                                          SEED + 1)
+                 if it.sample.info["item"].options is not None][:s["likelihood_max_items"]]
     t1 = time.perf_counter()
     likelihood = {m: option_scores(targets[m], lik_items) for m in s["models"]}
     lik_s = time.perf_counter() - t1
@@ -293,7 +294,7 @@ def run(quick: bool, out_dir: Path) -> Result:
                 f"{s['batch']} rows ({ruler['params']} params; last answer NLL "
                 f"{ruler['history'][-1]['answer_nll']:.3f}).")
              + "\n\n" + overall_table(results)
-             + f"\n\nOption likelihood ({len(lik_items)} items, seed {SEED + 1}, "
+             + f"\n\nOption likelihood ({len(lik_items)} MC items, seed {SEED + 1}, "
              f"{s['likelihood_per_cell']} per cell; {lik_s:.0f} s): " + "; ".join(
                  f"{m} {_pct(v['accuracy'])} per-byte / {_pct(v['accuracy_sum'])} summed vs "
                  f"chance {_pct(v['chance'])} over {v['n_mc']} MC items"
