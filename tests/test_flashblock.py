@@ -252,3 +252,34 @@ def test_sampler_with_sparse_external_part():
                                np.asarray(exact.logprob)[:, :4][first], atol=1e-5)
     assert float(np.abs(np.asarray(alone.logprob)[:, :4][first]
                         - np.asarray(exact.logprob)[:, :4][first]).max()) > 1e-3
+
+
+def test_teacher_forced_replay():
+    """Replaying a generation under teacher forcing: the exact sampler reproduces it (tokens,
+    log-probs) and its per-step logits equal those of the no-cache full recompute (an
+    independent path); FlashBlock with every head recomputed gives the exact logits, and
+    plain reuse differs from them only at the steps that reuse (step 0 refreshes)."""
+    cfg = D.diffusion_config(d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                             head_dim=8, mlp_hidden=64, max_len=32)
+    model = DecoderLM(cfg, rngs=nnx.Rngs(1))
+    prompt = jax.random.randint(jax.random.key(3), (2, 8), 0, 256, jnp.int32)
+    teacher = D.generate_blocks(model, prompt, 2, 4, block_size=4)
+    replay, logits = D.generate_blocks(model, prompt, 2, 4, block_size=4, teacher=teacher)
+    assert logits.shape == (2, 4, 2, 4, cfg.vocab_size)
+    np.testing.assert_array_equal(replay.tokens, teacher.tokens)
+    np.testing.assert_array_equal(replay.step, teacher.step)
+    np.testing.assert_allclose(replay.logprob, teacher.logprob, atol=1e-5)
+    _, full = D.generate_blocks(model, prompt, 2, 4, block_size=4, use_cache=False,
+                                teacher=teacher)
+    np.testing.assert_allclose(full, logits, atol=2e-4)
+    every = F.FlashBlockConfig(recompute_heads=((True,) * 4,) * 2)
+    _, fb = D.generate_blocks(model, prompt, 2, 4, block_size=4, flashblock=every,
+                              teacher=teacher)
+    np.testing.assert_allclose(fb, logits, atol=2e-4)
+    reuse, rl = D.generate_blocks(model, prompt, 2, 4, block_size=4,
+                                  flashblock=F.FlashBlockConfig(), teacher=teacher)
+    np.testing.assert_array_equal(reuse.tokens, teacher.tokens)  # forced, whatever it predicts
+    np.testing.assert_allclose(rl[:, 0], logits[:, 0], atol=2e-4)
+    assert float(jnp.max(jnp.abs(rl[:, 1:] - logits[:, 1:]))) > 1e-3
+    with pytest.raises(ValueError, match="teacher"):
+        D.generate_blocks(model, prompt, 1, 4, block_size=4, teacher=teacher)

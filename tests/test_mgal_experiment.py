@@ -91,3 +91,64 @@ def test_beats_chance_needs_a_model_that_names_options():
     assert ex.beats_chance_claim("ruler", talks).holds is True
     wrong = {"mc_accuracy": 0.2, "mc_chance": 0.25, "mc_answered": 0.9}
     assert ex.beats_chance_claim("ruler", wrong).holds is False
+
+
+@pytest.fixture(scope="module")
+def tiny_lm():
+    from flax import nnx
+
+    from lcjax.nn import DecoderConfig, DecoderLM
+
+    cfg = DecoderConfig(vocab_size=259, d_model=32, num_layers=1, num_heads=2, num_kv_heads=2,
+                        head_dim=16, mlp_hidden=64, max_len=512)
+    return DecoderLM(cfg, rngs=nnx.Rngs(3))
+
+
+def test_option_loglik_equals_unpadded_forward(tiny_lm):
+    """The padded, bucketed rows give log p(" " + option | [BOS] + prompt) of a plain
+    forward pass over the unpadded row."""
+    import jax
+    import jax.numpy as jnp
+
+    from lcjax.data.tokenizer import BOS
+
+    prompt, options = "Q: wh\u00e9re?\nAnswer:".encode(), ("the cat", "\u65e5\u672c", "x")
+    sums, counts = ex.option_loglik(tiny_lm, prompt, options)
+    for opt, got, n in zip(options, sums, counts):
+        row = [BOS] + list(prompt) + list((" " + opt).encode())
+        logp = jax.nn.log_softmax(tiny_lm(jnp.asarray([row[:-1]])), axis=-1)[0]
+        start = len(prompt)  # position of the last prompt byte predicts the first answer byte
+        want = sum(float(logp[t, row[t + 1]]) for t in range(start, len(row) - 1))
+        assert n == len((" " + opt).encode())
+        assert got == pytest.approx(want, abs=1e-3)
+
+
+def test_option_scores_choose_the_best_per_byte_option(tiny_lm):
+    from types import SimpleNamespace
+
+    item = mgal.MgalItem(language="en", granularity="word", position_doc="begin",
+                         position_para="begin", length_bucket=64, context="abc abc",
+                         question="Which?", options=("abc", "zzzz q", "b"), answer=1,
+                         answer_span=(0, 3), crowded=False, task="cloze")
+    prompt = mgal.format_prompt(item, reply="text").encode()
+    it = SimpleNamespace(prompt=prompt, sample=SimpleNamespace(info={"item": item}))
+    opened = SimpleNamespace(prompt=b"x", sample=SimpleNamespace(
+        info={"item": item.__class__(**{**item.__dict__, "options": None, "answer": "abc"})}))
+    r = ex.option_scores(tiny_lm, [it, opened])
+    s, c = ex.option_loglik(tiny_lm, prompt, item.options)
+    assert r["n_mc"] == 1 and r["items"][0]["choice"] == int(np.argmax(s / c))
+    assert r["items"][0]["choice_sum"] == int(np.argmax(s))
+    assert r["chance"] == pytest.approx(1 / 3)
+    assert r["excess"] == [pytest.approx(float(r["items"][0]["choice"] == 1) - 1 / 3)]
+
+
+def test_likelihood_claim_follows_the_interval():
+    few = {"n_mc": 5, "excess": [0.75] * 5}
+    assert ex.likelihood_claim("m", few).verdict == "not tested"
+    rng = np.random.default_rng(0)
+    good = (rng.random(200) < 0.6).astype(float) - 0.25   # 60% right, chance 25%
+    base = dict(n_mc=200, accuracy=0.6, accuracy_sum=0.5, chance=0.25)
+    assert ex.likelihood_claim("m", {**base, "excess": good.tolist()}).holds is True
+    null = (rng.random(200) < 0.25).astype(float) - 0.25  # at chance
+    c = ex.likelihood_claim("m", {**base, "excess": null.tolist()})
+    assert c.holds is False and "95% CI" in c.ours

@@ -26,6 +26,14 @@ exact match, consistency F1 and fluent-but-drifting rate, and the evaluator's st
 (the suite's ``report`` hook writes the language × granularity and position × granularity
 heat maps). The models decode greedily; a reply that names no option counts as wrong, so
 a model that never produces an option scores 0, below chance.
+
+**Option likelihood** (:func:`option_scores`, the standard way to score multiple choice for a
+model that does not follow the answer format): for each MC item, the log-likelihood of each
+option's text after ``[BOS] + prompt + " "`` (teacher forced, no generation), per byte; the
+model's choice is the option with the highest mean log-probability per byte. Claim: the
+accuracy beats chance (1 / #options per item), tested by the per-item differences
+``correct − 1/#options`` with a 95% t interval over the MC items (one model, seed 0: the
+interval covers the item draw). Precondition: at least :data:`MIN_MC_ITEMS` MC items.
 """
 
 from __future__ import annotations
@@ -35,12 +43,16 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from experiments.common import (
     Claim,
     Experiment,
     Result,
+    interval_verdict,
     machine_info,
     main,
+    mean_interval,
     not_tested,
     shakespeare_base,
 )
@@ -57,11 +69,15 @@ SETTINGS = {
     # quick: a smoke run of the pipeline — the oracle and the Shakespeare base only (no
     # RULER model to train), replies of 8 bytes (an option letter fits)
     True: dict(langs=("en", "ja"), eval_langs=("en",), n_per_cell=1, batch=16,
-               max_new_tokens=8, models=("shakespeare",), ruler_stages=()),
+               max_new_tokens=8, models=("shakespeare",), ruler_stages=(),
+               likelihood_per_cell=1, likelihood_max_items=1),
     False: dict(langs=("en", "ja"), eval_langs=("en", "ja"), n_per_cell=1, batch=16,
                 max_new_tokens=32, models=("shakespeare", "ruler"),
-                ruler_stages=((128, 150, ("niah_single_1",)),)),
+                ruler_stages=((128, 150, ("niah_single_1",)),),
+                likelihood_per_cell=3, likelihood_max_items=None),
 }
+MIN_MC_ITEMS = 30  # precondition of the option-likelihood claim
+BUCKET = 256  # rows are right-padded to a multiple of this (few compiled shapes)
 TESTS_DIR = Path(__file__).resolve().parents[2] / "tests"
 
 
@@ -117,6 +133,89 @@ def train_ruler_model(s) -> dict:
     return train_model(s["ruler_stages"], batch=s["batch"], log=lambda *_: None)
 
 
+def _row_loglik(model, tokens, targets, mask):
+    """Sum and count of ``log softmax(model(tokens))[t, targets_t]`` over ``mask``: [B]."""
+    import jax
+    import jax.numpy as jnp
+
+    logp = jax.nn.log_softmax(model(tokens).astype(jnp.float32), axis=-1)
+    ll = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    return jnp.sum(jnp.where(mask, ll, 0.0), axis=-1)
+
+
+_ROW_LOGLIK = None
+
+
+def option_loglik(model, prompt: bytes, options) -> tuple[np.ndarray, np.ndarray]:
+    """``(sum, bytes)`` per option: ``log p(" " + option | [BOS] + prompt)`` teacher forced,
+    one row per option right-padded to a multiple of :data:`BUCKET` (the LM is causal, so
+    the padding does not change the scored positions)."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from lcjax.data.tokenizer import BOS, PAD
+
+    global _ROW_LOGLIK
+    if _ROW_LOGLIK is None:
+        _ROW_LOGLIK = nnx.jit(_row_loglik)
+    head = [BOS] + list(prompt)
+    sums, counts = [], []
+    for opt in options:  # one row at a time: a 3.5 KB row's scores are ~200 MB per layer
+        ans = list((" " + opt).encode())
+        row = head + ans
+        n = -(-(len(row) - 1) // BUCKET) * BUCKET
+        tokens = np.full((1, n), PAD, np.int32)
+        targets = np.zeros((1, n), np.int32)
+        mask = np.zeros((1, n), bool)
+        tokens[0, :len(row) - 1] = row[:-1]
+        targets[0, :len(row) - 1] = row[1:]
+        mask[0, len(head) - 1:len(row) - 1] = True
+        sums.append(float(_ROW_LOGLIK(model, jnp.asarray(tokens), jnp.asarray(targets),
+                                      jnp.asarray(mask))[0]))
+        counts.append(len(ans))
+    return np.asarray(sums), np.asarray(counts)
+
+
+def option_scores(model, items) -> dict:
+    """Option-likelihood scoring of the MC items of ``items`` (``EvalItem`` of the mgal
+    suite): per item the chosen option (highest mean log-prob per byte), whether it is the
+    gold one, and the chance level 1 / #options; also the choice by summed log-prob."""
+    rows = []
+    for it in items:
+        mi = it.sample.info["item"]
+        if mi.options is None:
+            continue
+        s, c = option_loglik(model, it.prompt, mi.options)
+        rows.append({"task": mi.task, "language": mi.language, "granularity": mi.granularity,
+                     "position": mi.position_doc, "n_options": len(mi.options),
+                     "gold": int(mi.answer), "choice": int(np.argmax(s / c)),
+                     "choice_sum": int(np.argmax(s))})
+    correct = np.asarray([r["choice"] == r["gold"] for r in rows], np.float64)
+    correct_sum = np.asarray([r["choice_sum"] == r["gold"] for r in rows], np.float64)
+    chance = np.asarray([1.0 / r["n_options"] for r in rows])
+    return {"n_mc": len(rows), "accuracy": float(correct.mean()) if rows else None,
+            "accuracy_sum": float(correct_sum.mean()) if rows else None,
+            "chance": float(chance.mean()) if rows else None,
+            "excess": (correct - chance).tolist(), "items": rows}
+
+
+def likelihood_claim(model: str, scores: dict) -> Claim:
+    """"Beats chance on MC by option likelihood": the mean of ``correct − 1/#options`` over
+    the MC items with its 95% t interval; holds when the interval is above 0, fails when
+    not; not tested below :data:`MIN_MC_ITEMS` items."""
+    name = (f"the {model} byte LM beats chance on multiple choice scored by option likelihood "
+            "(per-byte)")
+    pre = f"≥ {MIN_MC_ITEMS} MC items"
+    target = "accuracy − chance > 0 (95% interval above 0)"
+    if scores["n_mc"] < MIN_MC_ITEMS:
+        return not_tested(name, target, f"{scores['n_mc']} MC items", pre)
+    mean, lo, hi = mean_interval(scores["excess"])
+    ours = (f"{_pct(scores['accuracy'])} vs chance {_pct(scores['chance'])}: {100 * mean:+.1f} "
+            f"points [95% CI {100 * lo:+.1f}, {100 * hi:+.1f}] over {scores['n_mc']} items "
+            f"(summed log-prob: {_pct(scores['accuracy_sum'])})")
+    return Claim(name, target, ours, interval_verdict(lo, hi), pre)
+
+
 def _pct(x) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"
 
@@ -170,12 +269,21 @@ def run(quick: bool, out_dir: Path) -> Result:
                                      max_new_tokens=None if name == "oracle"
                                      else s["max_new_tokens"])
                for name, t in targets.items()}
+    from lcjax.eval.items import build_items
+
+    lik_items = [it for it in build_items(suite, (LENGTH,), DEPTHS, s["likelihood_per_cell"],
+                                          SEED + 1)
+                 if it.sample.info["item"].options is not None][:s["likelihood_max_items"]]
+    t1 = time.perf_counter()
+    likelihood = {m: option_scores(targets[m], lik_items) for m in s["models"]}
+    lik_s = time.perf_counter() - t1
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     o = {name: r["overall"] for name, r in results.items()}
     claims = [
         Claim("the oracle answers every item (MC and open) through the evaluator",
               "100%", _pct(o["oracle"]["accuracy"]), o["oracle"]["accuracy"] == 1.0),
-    ] + [beats_chance_claim(m, o[m]) for m in s["models"]]
+    ] + [beats_chance_claim(m, o[m]) for m in s["models"]] + [
+        likelihood_claim(m, likelihood[m]) for m in s["models"]]
     notes = (f"Corpus: {label}; languages {', '.join(langs)}; context budget {LENGTH} bytes "
              f"(prompts up to ~3.3 KB; MGAL uses 8K-128K tokens); depths {DEPTHS} = "
              f"begin/middle/end; {s['n_per_cell']} item(s) per language x granularity x "
@@ -186,6 +294,11 @@ def run(quick: bool, out_dir: Path) -> Result:
                 f"{s['batch']} rows ({ruler['params']} params; last answer NLL "
                 f"{ruler['history'][-1]['answer_nll']:.3f}).")
              + "\n\n" + overall_table(results)
+             + f"\n\nOption likelihood ({len(lik_items)} MC items, seed {SEED + 1}, "
+             f"{s['likelihood_per_cell']} per cell; {lik_s:.0f} s): " + "; ".join(
+                 f"{m} {_pct(v['accuracy'])} per-byte / {_pct(v['accuracy_sum'])} summed vs "
+                 f"chance {_pct(v['chance'])} over {v['n_mc']} MC items"
+                 for m, v in likelihood.items())
              + f"\n\n{wall:.1f} s wall, {cpu:.1f} CPU s.")
     figures = [out_dir / f for r in results.values() for f in r["figures"]]
     return Result(claims=claims, notes=notes, figures=figures, numbers={
@@ -195,7 +308,8 @@ def run(quick: bool, out_dir: Path) -> Result:
         "ruler_model": None if ruler is None else (
             {k: ruler[k] for k in ("params", "steps", "stages", "cpu_s")}
             | {"last_answer_nll": ruler["history"][-1]["answer_nll"]}),
-        "results": results, "wall_s": wall, "cpu_s": cpu, "machine": machine_info()})
+        "results": results, "option_likelihood": likelihood, "likelihood_s": lik_s,
+        "wall_s": wall, "cpu_s": cpu, "machine": machine_info()})
 
 
 EXPERIMENT = Experiment(

@@ -395,7 +395,8 @@ def generate_blocks(
     flashblock: FlashBlockConfig | None = None,
     record_external: bool = False,
     threshold: float | None = None,
-) -> BlockGeneration | tuple[BlockGeneration, list]:
+    teacher: BlockGeneration | None = None,
+) -> BlockGeneration | tuple[BlockGeneration, list] | tuple[BlockGeneration, jax.Array]:
     """Sample ``num_blocks`` blocks after ``prompt`` by block diffusion (module docstring).
 
     Args:
@@ -421,9 +422,16 @@ def generate_blocks(
         (:func:`threshold_reveal`); a block ends when nothing is masked, and
         ``steps_per_block`` caps its steps (the last allowed step reveals the rest).
         ``threshold > 1`` reveals one per step; 0 reveals the whole block at once.
+      teacher: a :class:`BlockGeneration` of the same ``prompt`` (same blocks and steps) to
+        replay under teacher forcing: each step reveals exactly the positions the teacher
+        revealed at that step, with the teacher's tokens, so every sampler sees the same
+        partial blocks; the call then also returns this sampler's logits at every step,
+        float32 ``[num_blocks, steps_per_block, B, b, V]`` (e.g. the per-step KL of a
+        FlashBlock sampler to the exact one). Not with ``threshold`` / ``record_external``.
 
     Returns:
-      :class:`BlockGeneration` (and the recorded externals with ``record_external``).
+      :class:`BlockGeneration` (and the recorded externals with ``record_external``, or the
+      per-step logits with ``teacher``).
     """
     name = "generate_blocks"
     _check_model(model, name)
@@ -453,6 +461,20 @@ def generate_blocks(
             raise ValueError(f"{name}: `threshold` is a confidence rule; it needs "
                              f"order='confidence', got {order!r}")
         schedule = (None,) * steps_per_block
+    if teacher is not None:
+        want = (prompt.shape[0], num_blocks * block_size)
+        if threshold is not None or record_external:
+            raise ValueError(f"{name}: `teacher` replays a fixed schedule; it takes no "
+                             "threshold or record_external")
+        if tuple(teacher.step.shape) != want or tuple(teacher.tokens.shape) != (
+                want[0], prompt.shape[1] + want[1]):
+            raise ValueError(f"{name}: `teacher` must be a generation of {want[1]} tokens "
+                             f"after this prompt {tuple(prompt.shape)}; got tokens "
+                             f"{tuple(teacher.tokens.shape)}, step {tuple(teacher.step.shape)}")
+        if int(jnp.max(teacher.step)) >= steps_per_block:
+            raise ValueError(f"{name}: `teacher` revealed tokens at step "
+                             f"{int(jnp.max(teacher.step))} >= steps_per_block "
+                             f"{steps_per_block}")
     c = model.config
     if flashblock is not None:
         layers = [c.layer_attention(i) for i in range(c.num_layers)]
@@ -479,7 +501,7 @@ def generate_blocks(
         cache = model.init_cache(b, total)
         if p:
             cache = _prefill(graphdef, state, tokens, cache, block_size=block_size)
-    steps_out, logprob_out, refreshes, recorded = [], [], [], []
+    steps_out, logprob_out, refreshes, recorded, step_logits = [], [], [], [], []
     for n in range(num_blocks):
         block = jnp.full((b, block_size), MASK_ID, jnp.int32)
         step_of = jnp.zeros((b, block_size), jnp.int32)
@@ -513,10 +535,15 @@ def generate_blocks(
                     block_record.append((new_ext, internals))
             last = s == len(schedule) - 1
             dynamic = threshold is not None and not last
-            block, revealed, chosen = _reveal(
-                logits, block, jax.random.fold_in(rng, n * block_size + s),
-                count=block_size if count is None else count, order=order,
-                temperature=float(temperature), threshold=threshold if dynamic else None)
+            if teacher is None:
+                block, revealed, chosen = _reveal(
+                    logits, block, jax.random.fold_in(rng, n * block_size + s),
+                    count=block_size if count is None else count, order=order,
+                    temperature=float(temperature), threshold=threshold if dynamic else None)
+            else:
+                block, revealed, chosen = _forced_reveal(logits, block, teacher, n, s,
+                                                         p=p, block_size=block_size)
+                step_logits.append(logits.astype(jnp.float32))
             step_of = jnp.where(revealed, s, step_of)
             lp_of = jnp.where(revealed, chosen, lp_of)
             dirty += count if count is not None else int(jnp.max(jnp.sum(revealed, axis=1)))
@@ -529,7 +556,24 @@ def generate_blocks(
         recorded.append(block_record)
     result = BlockGeneration(tokens, jnp.concatenate(steps_out, 1),
                              jnp.concatenate(logprob_out, 1), tuple(refreshes))
+    if teacher is not None:
+        steps = len(schedule)
+        return result, jnp.stack(step_logits).reshape(num_blocks, steps,
+                                                      *step_logits[0].shape)
     return (result, recorded) if record_external else result
+
+
+def _forced_reveal(logits, block, teacher: BlockGeneration, n: int, s: int, *, p: int,
+                   block_size: int):
+    """Teacher forcing of block ``n`` at step ``s``: reveal the positions the teacher revealed
+    at step ``s``, with its tokens. Returns (new block, revealed [B, b], logprob of the
+    revealed tokens under ``logits`` [B, b])."""
+    lo = n * block_size
+    revealed = (teacher.step[:, lo:lo + block_size] == s) & (block == MASK_ID)
+    forced = teacher.tokens[:, p + lo:p + lo + block_size].astype(block.dtype)
+    logp = jax.nn.log_softmax(logits.at[..., MASK_ID].set(-jnp.inf), axis=-1)
+    chosen = jnp.take_along_axis(logp, forced[..., None], axis=-1)[..., 0]
+    return jnp.where(revealed, forced, block), revealed, chosen
 
 
 def calibrate_recompute_heads(
