@@ -26,7 +26,7 @@ Baselines: order-1 and order-3 byte Markov models fitted on the training works.
 
 **Recall** (:func:`recall_batch`): :data:`PAIRS` key–value byte pairs at the start of a
 :data:`RECALL_SEQ`-byte sequence, filler, then the same keys queried in a shuffled order in
-the last :data:`RECALL_CHUNK`-byte chunk; every key–query distance is >= 43 > 16 = the
+the last :data:`RECALL_CHUNK`-byte chunk; every key–query distance is >= 44 > 16 = the
 chunk (the recall models use RECALL_CHUNK as PLASH's chunk and the local mask's), so
 chunk-local attention can only guess (1/16), and a model that answers must read the first
 chunk through the past path. Loss and accuracy on the answer bytes only; accuracy on
@@ -198,33 +198,58 @@ def _train(name: str, seed: int, steps: int, **data):
     return train(model_cfg, cfg, model_fn=fn, **data)
 
 
-def run_lm(quick: bool, seed: int, train_docs, heldout_docs) -> dict:
+def _cached(cache: Path | None, key: str, compute):
+    """``compute()``, or its earlier result stored under ``key`` in the JSON file ``cache``
+    (each trained variant is stored as it finishes, so an interrupted full run resumes)."""
+    import json
+
+    done = json.loads(cache.read_text()) if cache is not None and cache.exists() else {}
+    if key in done:
+        return done[key]
+    value = compute()
+    if cache is not None:
+        done[key] = value
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(done))
+    return value
+
+
+def run_lm(quick: bool, seed: int, train_docs, heldout_docs, cache: Path | None = None
+           ) -> dict:
     """Every variant trained on the Shakespeare split with ``seed``: bits/byte per length."""
-    out = {}
-    for name in VARIANTS:
-        start = time.perf_counter()
-        res = _train(name, seed, STEPS[quick], train_docs=train_docs, eval_docs=[])
-        train_s = time.perf_counter() - start
-        bpb = {f: heldout_bpb(res.model, heldout_docs, f * SEQ, EVAL_WINDOWS[quick])
-               for f in LENGTH_FACTORS[quick]}
-        out[name] = {"train_s": train_s, "eval_s": time.perf_counter() - start - train_s,
-                     "final_train_loss": res.losses[-1], "heldout_bpb": bpb}
-        print(f"   LM seed {seed} {name:>11}: train {train_s:5.1f} s, bits/byte "
-              + ", ".join(f"{f}x {v:.3f}" for f, v in bpb.items()), flush=True)
-    return out
+    return {name: _cached(cache, f"lm/{seed}/{name}", lambda name=name: _lm_one(
+        quick, seed, name, train_docs, heldout_docs)) for name in VARIANTS}
 
 
-def run_recall(quick: bool, seed: int) -> dict:
-    """The recall variants trained on :class:`RecallData` with ``seed``: accuracy."""
-    out = {}
-    for name in VARIANTS:
-        start = time.perf_counter()
-        res = _train(name, seed, RECALL_STEPS[quick], dataset=RecallData(seed, RECALL_BATCH))
-        acc = recall_accuracy(res.model, RECALL_EVAL[quick], 10_000 + seed)
-        out[name] = {"train_s": time.perf_counter() - start, "accuracy": acc,
-                     "final_train_loss": res.losses[-1]}
-        print(f"   recall seed {seed} {name:>11}: accuracy {acc:.3f} "
-              f"({out[name]['train_s']:.1f} s)", flush=True)
+def _lm_one(quick: bool, seed: int, name: str, train_docs, heldout_docs) -> dict:
+    """One variant on the LM data: times, final loss, held-out bits/byte per length
+    factor (keys "1", "2", "4")."""
+    start = time.perf_counter()
+    res = _train(name, seed, STEPS[quick], train_docs=train_docs, eval_docs=[])
+    train_s = time.perf_counter() - start
+    bpb = {str(f): heldout_bpb(res.model, heldout_docs, f * SEQ, EVAL_WINDOWS[quick])
+           for f in LENGTH_FACTORS[quick]}
+    print(f"   LM seed {seed} {name:>11}: train {train_s:5.1f} s, bits/byte "
+          + ", ".join(f"{f}x {v:.3f}" for f, v in bpb.items()), flush=True)
+    return {"train_s": train_s, "eval_s": time.perf_counter() - start - train_s,
+            "final_train_loss": float(res.losses[-1]), "heldout_bpb": bpb}
+
+
+def run_recall(quick: bool, seed: int, cache: Path | None = None) -> dict:
+    """The variants trained on :class:`RecallData` with ``seed``: accuracy."""
+    return {name: _cached(cache, f"recall/{seed}/{name}", lambda name=name: _recall_one(
+        quick, seed, name)) for name in VARIANTS}
+
+
+def _recall_one(quick: bool, seed: int, name: str) -> dict:
+    """One variant on the recall task: time, final loss, held-out answer accuracy."""
+    start = time.perf_counter()
+    res = _train(name, seed, RECALL_STEPS[quick], dataset=RecallData(seed, RECALL_BATCH))
+    acc = recall_accuracy(res.model, RECALL_EVAL[quick], 10_000 + seed)
+    out = {"train_s": time.perf_counter() - start, "accuracy": acc,
+           "final_train_loss": float(res.losses[-1])}
+    print(f"   recall seed {seed} {name:>11}: accuracy {acc:.3f} ({out['train_s']:.1f} s)",
+          flush=True)
     return out
 
 
@@ -242,22 +267,22 @@ def lm_claims(lm: dict, seeds, order1: float, order3: float, steps: int) -> list
     factors = list(lm[seeds[0]]["softmax"]["heldout_bpb"])
     bpb = {n: {f: [lm[s][n]["heldout_bpb"][f] for s in seeds] for f in factors}
            for n in VARIANTS}
-    soft1 = float(np.mean(bpb["softmax"][1]))
+    soft1 = float(np.mean(bpb["softmax"]["1"]))
     pre = (f"softmax learned more than byte bigrams: mean held-out bits/byte at 1x < "
            f"{order1:.3f} (order-1 byte Markov; order-3: {order3:.3f})")
     checks = []  # (claim, target, (mean, lo, hi), holds from the interval)
-    for f in (1, 4):
+    for f in ("1", "4"):
         d = _paired(bpb["plash"][f], bpb["softmax"][f])
         checks.append((f"PLASH within {GAP_MARGIN} bits/byte of softmax at {f}x the training "
                        f"length ({steps} steps, T={SEQ})", f"upper 95% bound of plash - "
                        f"softmax <= {GAP_MARGIN}", d, None if np.isnan(d[2])
                        else bool(d[2] <= GAP_MARGIN)))
-    for f in (1, 4):
+    for f in ("1", "4"):
         d = _paired(bpb["chunk_local"][f], bpb["plash"][f])
         checks.append((f"PLASH's compressed past helps: PLASH below chunk-local exact attention "
                        f"at {f}x", "chunk_local - plash > 0 (interval)", d,
                        interval_verdict(d[1], d[2])))
-    d = _paired(bpb["plash_deg0"][1], bpb["plash"][1])
+    d = _paired(bpb["plash_deg0"]["1"], bpb["plash"]["1"])
     checks.append(("PLASH's enrichment helps: degree 2 below degree 0 at 1x",
                    "plash_deg0 - plash > 0 (interval)", d, interval_verdict(d[1], d[2])))
     claims = []
@@ -278,7 +303,7 @@ def recall_claims(rec: dict, seeds) -> list[Claim]:
     acc = {n: [rec[s][n]["accuracy"] for s in seeds] for n in VARIANTS}
     soft = float(np.mean(acc["softmax"]))
     pre = (f"softmax learned the recall task: mean accuracy >= {RECALL_LEARNED:.0%} "
-           f"(key-query distance >= {RECALL_SEQ - RECALL_CHUNK - 2 * PAIRS + 2} > chunk "
+           f"(key-query distance >= {RECALL_SEQ - RECALL_CHUNK - 2 * PAIRS + 4} > chunk "
            f"{RECALL_CHUNK})")
     checks = [
         ("recall beyond the chunk: PLASH above chunk-local exact attention",
@@ -304,13 +329,16 @@ def run(quick: bool, out_dir: Path) -> Result:
 
     train_docs, heldout_docs = shakespeare_split(heldout_fraction=0.1, seed=0)
     seeds = SEEDS[quick]
-    lm = {s: run_lm(quick, s, train_docs, heldout_docs) for s in seeds}
-    rec = {s: run_recall(quick, s) for s in seeds}
+    # per-variant results are kept in a cache beside the report (not committed) so an
+    # interrupted full run resumes; quick runs keep none
+    cache = None if quick else out_dir / "partial.json"
+    lm = {s: run_lm(quick, s, train_docs, heldout_docs, cache) for s in seeds}
+    rec = {s: run_recall(quick, s, cache) for s in seeds}
     order1 = markov_bpb(train_docs, heldout_docs, 1)
     order3 = markov_bpb(train_docs, heldout_docs, 3)
     claims = lm_claims(lm, seeds, order1, order3, STEPS[quick]) + recall_claims(rec, seeds)
     mean_bpb = {n: {f: float(np.mean([lm[s][n]["heldout_bpb"][f] for s in seeds]))
-                    for f in LENGTH_FACTORS[quick]} for n in VARIANTS}
+                    for f in lm[seeds[0]][n]["heldout_bpb"]} for n in VARIANTS}
     mean_acc = {n: float(np.mean([rec[s][n]["accuracy"] for s in seeds]))
                 for n in VARIANTS}
     numbers = {"model": MODEL, "seq_len": SEQ, "chunk": CHUNK, "seeds": list(seeds),
