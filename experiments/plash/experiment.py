@@ -78,7 +78,7 @@ LENGTH_FACTORS = {True: (1, 4), False: (1, 2, 4)}
 KEYS = np.frombuffer(b"abcdefghijklmnop", np.uint8).astype(np.int32)
 VALUES = np.frombuffer(b"0123456789ABCDEF", np.uint8).astype(np.int32)
 FILLER = np.frombuffer(b"qrstuvwxyz.,;:!? ", np.uint8).astype(np.int32)
-PAIRS = 4
+PAIRS = 2
 # the recall models: sequences of RECALL_SEQ bytes cut into RECALL_CHUNK-byte chunks (PLASH's
 # chunk and the chunk-local mask), half the LM's, so the task trains in the time there is
 RECALL_SEQ, RECALL_CHUNK = 64, 16
