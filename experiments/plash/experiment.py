@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.common import (
+    CACHE_DIR,
     Claim,
     Experiment,
     Result,
@@ -201,6 +202,17 @@ def _train(name: str, seed: int, steps: int, **data):
     return train(model_cfg, cfg, model_fn=fn, **data)
 
 
+def _settings_key() -> str:
+    """A short hash of every setting a cached result depends on."""
+    import hashlib
+    import json
+
+    settings = [MODEL, VARIANTS, SEQ, CHUNK, STEPS, RECALL_STEPS, EVAL_WINDOWS, PAIRS,
+                RECALL_SEQ, RECALL_CHUNK, RECALL_BATCH, RECALL_EVAL, LENGTH_FACTORS]
+    return hashlib.sha1(json.dumps(settings, sort_keys=True, default=str).encode()
+                        ).hexdigest()[:10]
+
+
 def _cached(cache: Path | None, key: str, compute, deadline: float = math.inf):
     """``compute()``, or its earlier result stored under ``key`` in the JSON file ``cache``
     (each trained variant is stored as it finishes, so an interrupted full run resumes);
@@ -349,10 +361,10 @@ def run(quick: bool, out_dir: Path) -> Result:
 
     train_docs, heldout_docs = shakespeare_split(heldout_fraction=0.1, seed=0)
     seeds = SEEDS[quick]
-    # per-variant results are kept in a cache beside the report (not committed) so an
+    # per-variant results are kept in a cache (.cache/experiments, not committed) so an
     # interrupted full run resumes; quick runs keep none. Past the time budget the
     # remaining trainings are skipped and only seeds with every variant enter the claims.
-    cache = None if quick else out_dir / "partial.json"
+    cache = None if quick else CACHE_DIR / f"plash_full_{_settings_key()}.json"
     deadline = time.perf_counter() + TIME_BUDGET_S[quick]
     lm = {s: run_lm(quick, s, train_docs, heldout_docs, cache, deadline) for s in seeds}
     rec = {s: run_recall(quick, s, cache, deadline) for s in seeds}
