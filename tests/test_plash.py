@@ -233,10 +233,48 @@ def test_per_query_mask_falls_back_to_exact_with_zero_certificate():
     assert float(jnp.max(jnp.abs(out2 - dot_product_attention(q, k, v, mask=keymask)))) > 1e-3
 
 
+def test_degree_zero_is_plain_prototype_attention():
+    """degree=0 (no enrichment): every query attends by softmax over clusters with logits
+    log n_m + s q·p_m to the clusters' value means (computed here from the nearest-prototype
+    assignment); causal, the XLA path equals the slow reference; the certificate bounds the
+    true deviation from softmax on every row."""
+    q, k, v, c = _clustered(3, b=2, t=9, s=23, h=4, hk=2, d=8, centers=5, noise=0.4)
+    q, k, v, c = (jnp.asarray(x, jnp.float32) for x in (q, k, v, c))
+    out, aux = P.plash_attention(q, k, v, c, degree=0, return_aux=True)
+    qn, kn, vn, cn = (np.asarray(x, np.float64) for x in (q, k, v, c))
+    ref = np.zeros_like(qn)
+    for b in range(2):
+        for h in range(4):
+            g = h // 2  # GQA: heads 0, 1 -> KV head 0
+            lab = np.argmin(((kn[b, :, g, None] - cn[b, g][None]) ** 2).sum(-1), -1)
+            n = np.bincount(lab, minlength=5)
+            u = np.stack([vn[b, lab == m, g].mean(0) if n[m] else np.zeros(8)
+                          for m in range(5)])
+            logit = np.where(n > 0, np.log(np.maximum(n, 1)) + qn[b, :, h] @ cn[b, g].T
+                             / math.sqrt(8), -np.inf)
+            p = np.exp(logit - logit.max(-1, keepdims=True))
+            ref[b, :, h] = (p / p.sum(-1, keepdims=True)) @ u
+    np.testing.assert_allclose(np.asarray(out), ref, atol=2e-5)
+    exact = np.asarray(dot_product_attention(q, k, v))
+    dev = np.linalg.norm(np.asarray(out) - exact, axis=-1)
+    assert (dev <= np.asarray(aux["certificate"]) + 1e-5).all()
+    assert float(np.max(dev)) > 1e-3  # a real approximation, not softmax
+    qc, kc, vc = _qkv(4, t=20, s=20)
+    protos = P.default_prototypes(kc, 4, causal=True, chunk=8)
+    fast, fa = P.plash_attention(qc, kc, vc, protos, degree=0, causal=True, chunk=8,
+                                 return_aux=True)
+    slow, sa = P.plash_reference(qc, kc, vc, prototypes=protos, degree=0, causal=True,
+                                 chunk=8, return_certificate=True)
+    np.testing.assert_allclose(fast, slow, atol=1e-5)
+    np.testing.assert_allclose(fa["certificate"], sa["certificate"], atol=1e-4)
+    dev = np.linalg.norm(np.asarray(fast - dot_product_attention(qc, kc, vc, causal=True)), axis=-1)
+    assert (dev <= np.asarray(fa["certificate"]) + 1e-5).all()
+
+
 @pytest.mark.parametrize("bad, match", [
     ({"prototypes": jnp.zeros((3, 4, 16))}, "prototypes"),
     ({"prototypes": jnp.zeros((2, 4, 8))}, "prototypes"),
-    ({"num_prototypes": 4, "degree": 0}, "degree"),
+    ({"num_prototypes": 4, "degree": -1}, "degree"),
     ({"num_prototypes": 4, "degree": 9}, "degree"),
     ({"num_prototypes": 4, "sketch_dim": 0}, "sketch_dim"),
     ({"num_prototypes": 4, "chunk": 0}, "chunk"),

@@ -124,7 +124,7 @@ def plash_sketch(key, degree: int, sketch_dim: int, head_dim: int, dtype=jnp.flo
 
     Degree j uses rows j(j-1)/2 … j(j+1)/2 - 1 (j independent matrices), so
     φⱼ(x)_t = D^{-1/2} Π_l (W_{j,l} x)_t is unbiased for (x·y)ʲ."""
-    count = degree * (degree + 1) // 2
+    count = max(degree, 1) * (max(degree, 1) + 1) // 2  # degree 0 keeps φ₁'s matrix (unused)
     w = jax.random.rademacher(_sketch_key(key), (count, sketch_dim, head_dim), dtype=jnp.int8)
     return w.astype(dtype)
 
@@ -245,7 +245,7 @@ def _update(stats: ClusterStats, k, v, valid, protos, w, degree) -> ClusterStats
     p_a = jnp.einsum("bkcm,bkmd->bkcd", onehot, protos)
     r = k - p_a
     o = onehot * valid[..., None]
-    feats = polynomial_features(r, w, degree)
+    feats = polynomial_features(r, w, max(degree, 1))
     n_c = jnp.sum(o, axis=2)
     e_c = (jnp.stack([jnp.einsum("bkcm,bkcD->bkmD", o, f) for f in feats[1:]], axis=2)
            if degree > 1 else jnp.zeros_like(stats.e))
@@ -337,7 +337,7 @@ def _enrich(q, stats: ClusterStats, protos, w, degree, scale, per_query: bool) -
     var = (s * qn) ** 2 * tau
     ubar = jnp.minimum(jnp.minimum(a, 0.5 * a * a), _bennett_log(a, var))
     ubar = jnp.where(a > _EXP_CAP, a, ubar)
-    feats = polynomial_features(q, w, degree)
+    feats = polynomial_features(q, w, max(degree, 1))
     zhat = 1.0 + ybar
     for j in range(2, degree + 1):
         ej = stats.e[:, :, j - 2] / nn_raw[..., None]
@@ -346,9 +346,13 @@ def _enrich(q, stats: ClusterStats, protos, w, degree, scale, per_query: bool) -
     pos = zhat > 0
     logz = jnp.log(jnp.where(pos, zhat, 1.0))
     zeta = jnp.where(pos, jnp.clip(logz, ybar, ybar + ubar), ybar)
+    if degree == 0:  # no enrichment: the logit at the prototype, the value mean
+        zeta = jnp.zeros_like(ybar)
     lam = jnp.where(live, jnp.log(nn) + y0 + zeta, -jnp.inf)
     corr = jnp.einsum(f"bkgtD,bk{x}mvD->bkgtmv", feats[0], stats.g / nn_raw[..., None, None])
     delta = s * (corr - u * qmu[..., None])
+    if degree == 0:
+        delta = jnp.zeros_like(delta)
     sig = s * qn * _sqrt(tau)
     ea = jnp.exp(jnp.minimum(a, _EXP_CAP))
     beta1 = jnp.maximum(ea - 1.0, -jnp.expm1(-a - ubar))
@@ -362,7 +366,10 @@ def _enrich(q, stats: ClusterStats, protos, w, degree, scale, per_query: bool) -
     zero = jnp.zeros_like(lam)
     live = jnp.broadcast_to(live, lam.shape)
     return Enriched(lam, ut, jnp.broadcast_to(u, ut.shape),
-                    jnp.where(live, ybar - zeta, zero), jnp.where(live, ybar + ubar - zeta, zero),
+                    # true log Ẑ − ζ ∈ [ybar − ζ, ybar + ubar − ζ]; with degree ≥ 1 ζ lies in
+                    # [ybar, ybar + ubar], with degree 0 (ζ = 0) the interval is widened to 0
+                    jnp.where(live, jnp.minimum(ybar - zeta, 0.0), zero),
+                    jnp.where(live, jnp.maximum(ybar + ubar - zeta, 0.0), zero),
                     jnp.where(live, e, zero), jnp.where(live, r, zero), jnp.where(live, rho, zero),
                     live)
 
@@ -444,7 +451,7 @@ def _ungroup(x):
 def _prepare(q, k, v, *, mask, scale, q_segment_ids, kv_segment_ids, prototypes,
              num_prototypes, degree, sketch_dim, key, chunk, causal, name):
     shapes = validate_qkv(q, k, v, mask=mask, name=name)
-    degree = _positive_int("degree", degree, 1, _MAX_DEGREE)
+    degree = _positive_int("degree", degree, 0, _MAX_DEGREE)
     sketch_dim = _positive_int("sketch_dim", sketch_dim)
     chunk = min(256, shapes.q_len) if chunk is None else _positive_int("chunk", chunk)
     if (q_segment_ids is None) != (kv_segment_ids is None):
@@ -710,9 +717,11 @@ def plash_attention(
       q: [B, T, H, D]; k: [B, S, Hkv, D]; v: [B, S, Hkv, Dv].
       prototypes: [Hkv, M, D] (or [B, Hkv, M, D]); None: ``num_prototypes`` default ones
         (evenly spaced keys; of the first chunk when causal).
-      degree: highest degree p of the logit enrichment (1…4); values are enriched to
-        first order. sketch_dim: D, features per degree. key: the sketch's PRNG key
-        (default ``jax.random.key(0)``; an int seed is accepted).
+      degree: highest degree p of the logit enrichment (0…4); values are enriched to
+        first order. ``degree=0``: no enrichment (λ_m = log n_m + s q·p_m, ũ_m = u_m, the
+        ablation of plain prototype attention; XLA path only). sketch_dim: D, features
+        per degree. key: the sketch's PRNG key (default ``jax.random.key(0)``; an int
+        seed is accepted).
       causal: top-left causal; chunked (``chunk``, default min(256, T)) with exact
         attention inside the current chunk and PLASH to the earlier chunks.
       mask: key-only ([B|1, 1, 1, S]) masks are native; any other mask, or segment ids,
@@ -754,6 +763,9 @@ def _plash(q, k, v, prototypes, *, degree, sketch_dim, key, causal, mask, scale,
         q, k, v, mask=mask, scale=scale, q_segment_ids=q_segment_ids,
         kv_segment_ids=kv_segment_ids, prototypes=prototypes, num_prototypes=num_prototypes,
         degree=degree, sketch_dim=sketch_dim, key=key, chunk=chunk, causal=causal, name=name)
+    if kernel is not None and degree == 0:
+        raise ValueError(f"{name}: `degree`=0 (no enrichment) has no Pallas kernel; use "
+                         f"implementation='xla'")
     if fallback:
         return _fallback(q, k, v, causal, mask, scale, q_segment_ids, kv_segment_ids,
                          return_aux, return_lse)
@@ -785,7 +797,7 @@ def _reference_core(q, k, v, valid, protos, w, *, degree, scale, chunk, causal):
     onehot = jax.nn.one_hot(a, m, dtype=acc)                   # [B, K, S, M]
     p_a = jnp.take_along_axis(protos, a[..., None], axis=2)
     r = kh - p_a
-    feats = polynomial_features(r, w, degree)
+    feats = polynomial_features(r, w, max(degree, 1))
     ti, si = jnp.arange(t), jnp.arange(s_len)
     q_chunk = ti // chunk if causal else jnp.zeros_like(ti)
     k_chunk = si // chunk if causal else jnp.zeros_like(si)
