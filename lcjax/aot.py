@@ -126,6 +126,9 @@ def memory_report(compiled, topology: str | None = None) -> dict[str, int | floa
     }
     report["total_bytes"] = (report["argument_bytes"] + report["output_bytes"]
                              - report["alias_bytes"] + report["temp_bytes"])
+    # host (pinned) memory: what an offloading program keeps off the chip, not in the total
+    report["host_bytes"] = sum(int(getattr(stats, f"host_{k}_size_in_bytes", 0) or 0)
+                               for k in ("argument", "output", "temp"))
     if topology is not None:
         report["hbm_bytes"] = hbm_bytes_per_chip(topology)
         report["hbm_fraction"] = report["total_bytes"] / report["hbm_bytes"]

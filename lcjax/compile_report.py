@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -120,7 +121,8 @@ def _seq_axes(axes: Mapping[str, int]):
 
 
 def check_config(shape: ModelShape, *, topology: str, seq_len: int, strategy: str,
-                 target: str = "layer", batch: int = 1, mesh_axes=None) -> list[tuple]:
+                 target: str = "layer", batch: int = 1, mesh_axes=None,
+                 offload: bool = False) -> list[tuple]:
     """``ValueError`` naming the numbers for a configuration that cannot compile or cannot
     fit (module docstring); returns the mesh axes [(name, size), ...]."""
     if strategy not in STRATEGIES:
@@ -146,7 +148,7 @@ def check_config(shape: ModelShape, *, topology: str, seq_len: int, strategy: st
     if strategy in ("ulysses", "upipe", "usp"):
         check_heads(name, shape.num_heads, shape.num_kv_heads, sizes.get(CONTEXT, 1))
     need, hbm = argument_bytes(shape, seq_len=seq_len, batch=batch, devices=devices,
-                               target=target), aot.hbm_bytes_per_chip(topology)
+                               target=target, offload=offload), aot.hbm_bytes_per_chip(topology)
     if need > hbm:
         raise ValueError(f"{name}: T={seq_len} cannot fit: the {target}'s arguments alone "
                          f"need {need / GiB:.1f} GiB per chip, over the {hbm / GiB:.0f} GiB "
@@ -155,15 +157,17 @@ def check_config(shape: ModelShape, *, topology: str, seq_len: int, strategy: st
 
 
 def argument_bytes(shape: ModelShape, *, seq_len: int, batch: int, devices: int,
-                   target: str) -> int:
+                   target: str, offload: bool = False) -> int:
     """A lower bound on the bytes per chip: ``"layer"``: x and dy (bf16, sharded) and the
     layer's bf16 weights (replicated); ``"step"``: parameters + two AdamW moments (fp32,
-    sharded over every chip) and the saved layer inputs (bf16, L x [B, T, d] / chips)."""
+    sharded over every chip) and the saved layer inputs (bf16, L x [B, T, d] / chips;
+    not counted with ``offload``: they live in host memory)."""
     tokens = batch * seq_len // devices
     if target == "layer":
         one = shape.param_count() - 2 * shape.vocab * shape.d_model - shape.d_model
         return 2 * 2 * tokens * shape.d_model + 2 * one // shape.layers
-    return 12 * shape.param_count() // devices + 2 * shape.layers * tokens * shape.d_model
+    saved = 0 if offload else 2 * shape.layers * tokens * shape.d_model
+    return 12 * shape.param_count() // devices + saved
 
 
 def layer_params(shape: ModelShape, dtype=jnp.bfloat16, layers: int | None = None) -> dict:
@@ -179,14 +183,45 @@ def layer_params(shape: ModelShape, dtype=jnp.bfloat16, layers: int | None = Non
     return {n: jax.ShapeDtypeStruct(lead + s, dtype) for n, s in shapes.items()}
 
 
-def _decoder_layer(p, x, *, strategy, mesh, block, attn_options):
-    """x [B, T, d] -> y: pre-norm attention then SwiGLU MLP, both residual."""
+def swiglu(h, gate, up, down):
+    """SwiGLU MLP: (silu(h W_gate) * (h W_up)) W_down, h [..., d] -> [..., d]."""
+    dt = h.dtype
+    return (jax.nn.silu(h @ gate.astype(dt)) * (h @ up.astype(dt))) @ down.astype(dt)
+
+
+def tiled_swiglu(mesh, seq, chunk: int) -> Callable:
+    """:func:`swiglu` inside ``shard_map``, each chip's tokens ``chunk`` at a time, each
+    chunk rematerialised in the backward (ALST's tiled MLP): the [tokens, F] hidden
+    activations exist for one chunk at a time, never for the chip's whole slice."""
+
+    def local(h, gate, up, down):
+        b, n, d = h.shape
+        size = min(chunk, n)
+        if n % size:
+            raise ValueError(f"tiled MLP: the {n} tokens per chip are not a multiple of "
+                             f"mlp_chunk={size}")
+        hs = h.reshape(b, n // size, size, d).swapaxes(0, 1)
+        one = jax.checkpoint(lambda x: swiglu(x, gate, up, down))
+        return lax.map(one, hs).swapaxes(0, 1).reshape(b, n, d)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(DATA, seq, None), P(), P(), P()),
+                         out_specs=P(DATA, seq, None), check_vma=False)
+
+
+def _decoder_layer(p, x, *, strategy, mesh, block, attn_options, mlp=swiglu):
+    """x [B, T, d] -> y: pre-norm attention then SwiGLU MLP (``mlp``), both residual."""
     h = rms_norm(x, p["attn_norm"])
     x = x + layer_apply(strategy, p, h, mesh=mesh, causal=True, variant="blockwise",
                         block_q=block, block_kv=block, **attn_options).astype(x.dtype)
     h = rms_norm(x, p["mlp_norm"])
-    gate = jax.nn.silu(h @ p["gate"].astype(h.dtype))
-    return x + (gate * (h @ p["up"].astype(h.dtype))) @ p["down"].astype(h.dtype)
+    return x + mlp(h, p["gate"], p["up"], p["down"])
+
+
+def _layer_fn(mesh, *, strategy, block, mlp_chunk):
+    axes = dict(zip(mesh.axis_names, mesh.devices.shape))
+    mlp = swiglu if mlp_chunk is None else tiled_swiglu(mesh, _seq_axes(axes), mlp_chunk)
+    return functools.partial(_decoder_layer, strategy=strategy, mesh=mesh, block=block,
+                             attn_options=_attn_options(strategy, axes), mlp=mlp)
 
 
 def _attn_options(strategy: str, axes: Mapping[str, int]) -> dict:
@@ -194,9 +229,12 @@ def _attn_options(strategy: str, axes: Mapping[str, int]) -> dict:
 
 
 def layer_step(shape: ModelShape, mesh, *, strategy: str, seq_len: int, batch: int = 1,
-               block: int = 512) -> tuple[Callable, tuple]:
+               block: int = 512, mlp_chunk: int | None = None, offload: bool = False
+               ) -> tuple[Callable, tuple]:
     """(fn, argument structs) of one decoder layer's fwd+bwd on ``mesh``:
-    ``value_and_grad`` of Σ y·dy in fp32 with respect to the weights and x."""
+    ``value_and_grad`` of Σ y·dy in fp32 with respect to the weights and x. ``mlp_chunk``:
+    the MLP tiled over each chip's tokens (:func:`tiled_swiglu`); ``offload`` has no
+    effect on one layer (it concerns the step's saved layer inputs)."""
     axes = dict(zip(mesh.axis_names, mesh.devices.shape))
     seq = _seq_axes(axes)
     rep = NamedSharding(mesh, P())
@@ -204,8 +242,7 @@ def layer_step(shape: ModelShape, mesh, *, strategy: str, seq_len: int, batch: i
               for n, s in layer_params(shape).items()}
     x = jax.ShapeDtypeStruct((batch, seq_len, shape.d_model), jnp.bfloat16,
                              sharding=NamedSharding(mesh, P(DATA, seq, None)))
-    layer_fn = functools.partial(_decoder_layer, strategy=strategy, mesh=mesh, block=block,
-                                 attn_options=_attn_options(strategy, axes))
+    layer_fn = _layer_fn(mesh, strategy=strategy, block=block, mlp_chunk=mlp_chunk)
 
     def loss(p, x, dy):
         return jnp.sum(layer_fn(p, x).astype(jnp.float32) * dy.astype(jnp.float32))
@@ -255,11 +292,15 @@ def _chunked_loss(mesh, seq, chunk: int):
 
 
 def train_step(shape: ModelShape, mesh, *, strategy: str, seq_len: int, batch: int = 1,
-               block: int = 512, loss_chunk: int = 1024, learning_rate: float = 1e-4
+               block: int = 512, loss_chunk: int = 1024, learning_rate: float = 1e-4,
+               mlp_chunk: int | None = None, offload: bool = False
                ) -> tuple[Callable, tuple]:
     """(fn, argument structs) of one AdamW training step of the whole model on ``mesh``
     (module docstring): fn(params, opt_state, tokens, targets) -> (params, opt_state,
-    loss)."""
+    loss). ``mlp_chunk``: the MLP tiled over each chip's tokens (:func:`tiled_swiglu`);
+    ``offload``: the saved layer inputs (L x [B, T/C, d]) go to the host's pinned memory
+    in the forward and come back layer by layer in the backward (ALST's checkpoint
+    offload), instead of staying in HBM."""
     import optax
 
     axes = dict(zip(mesh.axis_names, mesh.devices.shape))
@@ -286,9 +327,12 @@ def train_step(shape: ModelShape, mesh, *, strategy: str, seq_len: int, batch: i
         opt_state)
     tokens = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32,
                                   sharding=NamedSharding(mesh, P(DATA, seq)))
-    layer_fn = functools.partial(_decoder_layer, strategy=strategy, mesh=mesh, block=block,
-                                 attn_options=_attn_options(strategy, axes))
+    layer_fn = _layer_fn(mesh, strategy=strategy, block=block, mlp_chunk=mlp_chunk)
     loss_fn = _chunked_loss(mesh, seq, loss_chunk)
+    policy = (jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=["layer_input"],
+        offload_src="device", offload_dst="pinned_host") if offload
+        else jax.checkpoint_policies.nothing_saveable)
 
     def gathered(w):  # FSDP: this layer's weight, bf16, on every chip
         return lax.with_sharding_constraint(w.astype(jnp.bfloat16), rep)
@@ -297,8 +341,9 @@ def train_step(shape: ModelShape, mesh, *, strategy: str, seq_len: int, batch: i
         x = jnp.take(gathered(params["embed"]), tokens, axis=0)
         x = lax.with_sharding_constraint(x, NamedSharding(mesh, P(DATA, seq, None)))
 
-        @functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.nothing_saveable)
+        @functools.partial(jax.checkpoint, policy=policy)
         def body(x, p):
+            x = checkpoint_name(x, "layer_input")
             return layer_fn(jax.tree.map(gathered, p), x), None
 
         x, _ = lax.scan(body, x, params["layers"])
@@ -354,24 +399,29 @@ def report_compiled(fn: Callable, *args, topology: str, donate_argnums=()) -> di
 
 
 def compile_report(shape: ModelShape | str, *, topology: str, seq_len: int, strategy: str,
-                   target: str = "layer", batch: int = 1, mesh_axes=None, block: int = 512
-                   ) -> dict:
+                   target: str = "layer", batch: int = 1, mesh_axes=None, block: int = 512,
+                   mlp_chunk: int | None = None, offload: bool = False) -> dict:
     """Check (:func:`check_config`), build (:func:`layer_step` / :func:`train_step`) and
-    compile one configuration; the report of :func:`report_compiled` plus the settings."""
+    compile one configuration; the report of :func:`report_compiled` plus the settings.
+    ``mlp_chunk`` / ``offload``: the long-context recipe (tiled MLP, layer inputs
+    offloaded to the host; :func:`train_step`)."""
     if isinstance(shape, str):
         if shape not in MODELS:
             raise ValueError(f"compile: unknown model {shape!r}; known: {sorted(MODELS)}")
         shape = MODELS[shape]
     axes = check_config(shape, topology=topology, seq_len=seq_len, strategy=strategy,
-                        target=target, batch=batch, mesh_axes=mesh_axes)
+                        target=target, batch=batch, mesh_axes=mesh_axes, offload=offload)
+    if mlp_chunk is not None:
+        check_positive("compile", mlp_chunk=mlp_chunk)
     mesh = aot.topology_mesh(topology, axes)
     build = layer_step if target == "layer" else train_step
     fn, args = build(shape, mesh, strategy=strategy, seq_len=seq_len, batch=batch,
-                     block=block)
+                     block=block, mlp_chunk=mlp_chunk, offload=offload)
     rep = report_compiled(fn, *args, topology=topology,
                           donate_argnums=(0, 1) if target == "step" else ())
     return {"model": dataclasses.asdict(shape), "strategy": strategy, "target": target,
-            "seq_len": seq_len, "batch": batch, "mesh": dict(axes), "block": block, **rep}
+            "seq_len": seq_len, "batch": batch, "mesh": dict(axes), "block": block,
+            "mlp_chunk": mlp_chunk, "offload": offload, **rep}
 
 
 def format_report(rep: dict) -> str:
@@ -390,6 +440,8 @@ def format_report(rep: dict) -> str:
                 mem["alias_bytes"] / GiB, mem["temp_bytes"] / GiB, mem["total_bytes"] / GiB,
                 mem["hbm_bytes"] / GiB, mem["hbm_fraction"],
                 "fits" if rep["fits"] else "does NOT fit"))
+        if mem.get("host_bytes"):
+            lines.append(f"host memory per chip (offloaded): {mem['host_bytes'] / GiB:.2f} GiB")
         lines.append("collectives (HLO instructions): " + ", ".join(
             f"{k} {v}" for k, v in rep["collectives"].items()))
     return "\n".join(lines)
@@ -425,6 +477,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--mesh", default=None,
                         help="data=N,context=M[,ring=R]; default all chips on context")
     parser.add_argument("--block", type=int, default=512, help="blockwise attention block")
+    parser.add_argument("--mlp-chunk", type=int, default=None,
+                        help="tile the MLP over each chip's tokens, this many at a time")
+    parser.add_argument("--offload", action="store_true",
+                        help="step: keep the saved layer inputs in host memory")
     parser.add_argument("--json", default=None, help="also write the report to this file")
 
 
@@ -451,7 +507,8 @@ def run(args) -> int:
     """``lcjax compile``: print the report; exit 1 when it does not fit the chip's HBM."""
     rep = compile_report(shape_from_args(args), topology=args.topology, seq_len=args.seq_len,
                          strategy=args.strategy, target=args.target, batch=args.batch,
-                         mesh_axes=_mesh_arg(args.mesh), block=args.block)
+                         mesh_axes=_mesh_arg(args.mesh), block=args.block,
+                         mlp_chunk=args.mlp_chunk, offload=args.offload)
     print(format_report(rep))
     if args.json:
         with open(args.json, "w") as f:
