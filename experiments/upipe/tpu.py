@@ -51,13 +51,18 @@ STRATEGIES = ("ulysses", "upipe", "ring", "usp")
 # whole); the step with the long-context recipe of ALST, which the UPipe paper's runs build
 # on: saved layer inputs offloaded to host memory, MLP tiled over 4,096-token chunks
 RECIPES = {"layer": {"target": "layer"}, "step": {"target": "step"},
-           "step-offload": {"target": "step", "offload": True, "mlp_chunk": 4096}}
+           "step-offload": {"target": "step", "offload": True, "mlp_chunk": 4096},
+           # 64 chips as the paper's 70B layout: an 8-way context axis (C = 8, so UPipe has
+           # H / C = 8 head stages) beside an 8-way data axis, 8 sequences of T each
+           "layer-c8": {"target": "layer", "mesh_axes": [("data", 8), ("context", 8)],
+                        "batch": 8}}
 FULL = [
     ("llama3-8b", "v5p:2x2x2", "layer", STRATEGIES),
     ("llama3-8b", "v5p:2x2x2", "step", STRATEGIES),
     ("llama3-8b", "v5p:2x2x2", "step-offload", STRATEGIES),
     ("llama3-70b", "v5p:4x4x4", "layer", STRATEGIES),
     ("llama3-70b", "v5p:4x4x4", "step", STRATEGIES),
+    ("llama3-70b", "v5p:4x4x4", "layer-c8", ("ulysses", "upipe")),
 ]
 QUICK = [("llama3-8b", "v5p:2x2x2", "layer", ("ulysses", "upipe"))]
 PARALLEL = 2  # compiles at once (one subprocess each, ~1 GiB of host memory; 2-core host)
