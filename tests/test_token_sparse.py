@@ -217,7 +217,7 @@ def test_jit_vmap_grad():
     jitted, aux = _call(q, k, v, **opts)
     idx, valid = np.asarray(aux["indices"]), np.asarray(aux["valid"])
     np.testing.assert_allclose(jitted, np_restricted(q, k, v, idx, valid), atol=2e-5)
-    fn = functools.partial(token_sparse_attention, **opts)
+    fn = functools.partial(token_sparse_attention, causal=True, **opts)  # as _call
     scales = jnp.array([1.0, 0.5])[:, None, None, None, None]
     stacked = jax.jit(jax.vmap(fn))(q[None] * scales, k[None].repeat(2, 0),
                                     v[None].repeat(2, 0))

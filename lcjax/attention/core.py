@@ -314,8 +314,8 @@ def grouped_scores(q, k, *, causal: bool = False, mask=None, scale: float | None
     scores = scores * acc.type(default_scale(d, scale))
     slopes = alibi_slopes_array(alibi_slopes, q.shape[2], dtype=acc, name="attention")
     if slopes is not None:
-        bias = alibi_bias(t, k.shape[1], slopes, q_offset=q_offset + alibi_offset, dtype=acc)
-        scores = scores + bias.reshape(1, hk, q.shape[2] // hk, t, k.shape[1])
+        alibi = alibi_bias(t, k.shape[1], slopes, q_offset=q_offset + alibi_offset, dtype=acc)
+        scores = scores + alibi.reshape(1, hk, q.shape[2] // hk, t, k.shape[1])
     if bias is not None:
         b4 = jnp.asarray(bias, acc)
         b4 = b4.reshape((1,) * (4 - b4.ndim) + b4.shape)
