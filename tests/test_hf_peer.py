@@ -41,12 +41,11 @@ def _config(kind: str):
     return transformers.Qwen3Config(**COMMON, head_dim=16, tie_word_embeddings=False)
 
 
-def _peer(kind: str):
-    classes = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
-               "qwen3": transformers.Qwen3ForCausalLM}
-    torch.manual_seed(0)
-    model = classes[kind](_config(kind)).float().eval()
-    with torch.no_grad():  # weights of order 1/sqrt(fan_in), norms around 1, biases nonzero
+def _randomised(model):
+    """``model`` in float32 eval mode with weights of order 1/sqrt(fan_in), norms around 1
+    and nonzero biases (torch's own seed decides them)."""
+    model = model.float().eval()
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight") or "layernorm" in name:
                 p.copy_(1 + 0.2 * torch.randn_like(p))
@@ -56,6 +55,13 @@ def _peer(kind: str):
                 p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5 if "embed" not in name
                         else torch.randn_like(p))
     return model
+
+
+def _peer(kind: str):
+    classes = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
+               "qwen3": transformers.Qwen3ForCausalLM}
+    torch.manual_seed(0)
+    return _randomised(classes[kind](_config(kind)))
 
 
 def _torch_logits(model, tokens):
@@ -97,17 +103,7 @@ def _window_peer(kind: str):
                                           max_window_layers=1)
         cls = transformers.Qwen2ForCausalLM
     torch.manual_seed(1)
-    model = cls(config).float().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or "layernorm" in name:
-                p.copy_(1 + 0.2 * torch.randn_like(p))
-            elif p.ndim == 1:
-                p.copy_(0.3 * torch.randn_like(p))
-            else:
-                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5 if "embed" not in name
-                        else torch.randn_like(p))
-    return model
+    return _randomised(cls(config))
 
 
 @pytest.mark.parametrize("kind", ["mistral", "qwen2"])
