@@ -233,8 +233,11 @@ def layer_step(shape: ModelShape, mesh, *, strategy: str, seq_len: int, batch: i
                ) -> tuple[Callable, tuple]:
     """(fn, argument structs) of one decoder layer's fwd+bwd on ``mesh``:
     ``value_and_grad`` of Σ y·dy in fp32 with respect to the weights and x. ``mlp_chunk``:
-    the MLP tiled over each chip's tokens (:func:`tiled_swiglu`); ``offload`` has no
-    effect on one layer (it concerns the step's saved layer inputs)."""
+    the MLP tiled over each chip's tokens (:func:`tiled_swiglu`); ``offload`` concerns the
+    step's saved layer inputs, so it is refused here (ValueError)."""
+    if offload:
+        raise ValueError("compile: --offload moves the training step's saved layer inputs to "
+                         "host memory; it needs --target step (one layer saves none)")
     axes = dict(zip(mesh.axis_names, mesh.devices.shape))
     seq = _seq_axes(axes)
     rep = NamedSharding(mesh, P())

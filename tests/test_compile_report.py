@@ -146,3 +146,6 @@ def test_step_offloads_the_saved_layer_inputs_to_host_memory():
     saved = TINY.layers * (2048 // 4) * TINY.d_model * 2
     assert (cr.argument_bytes(TINY, **kw) - cr.argument_bytes(TINY, **kw, offload=True)
             == saved)
+    with pytest.raises(ValueError, match="needs --target step"):  # one layer saves none
+        cr.compile_report(TINY, topology=TOPO, seq_len=2048, strategy="upipe", target="layer",
+                          offload=True)
