@@ -63,3 +63,58 @@ def pytest_collection_modifyitems(session, config, items):
         if "/tests/tpu/" in path or path.endswith("/test_compile_report.py"):
             item.add_marker(pytest.mark.tpu_compile)
     items.sort(key=lambda item: not str(item.path).endswith(".ipynb"))
+
+
+# --- a pytest-xdist worker that dies takes its test with it -----------------------------------
+# CI of 2026-12-06 lost a run to "worker 'gw1' crashed while running
+# tests/test_token_sparse.py::test_jit_vmap_grad" (the test passes alone, and did in every local
+# full run); the process was gone without a Python error. Each worker now writes its
+# faulthandler dump (a segfault or abort in native code: its Python stack) to a file, the
+# controller records why a worker went down, and a crashed test runs ONCE more on a fresh
+# worker: a second crash fails it. Every crash is listed at the end of the run with the
+# worker's error and dump, whether or not the rerun passed, so a crash is never hidden.
+
+_CRASH_DIR = os.environ.setdefault(
+    "LCJAX_TEST_CRASH_DIR", os.path.join(os.environ.get("TMPDIR", "/tmp"),
+                                         f"lcjax-test-crashes-{os.getpid()}"))
+_crashes: dict[str, list[str]] = {}
+_node_errors: dict[str, str] = {}
+
+
+def _dump_path(worker_id: str) -> str:
+    return os.path.join(_CRASH_DIR, f"faulthandler-{worker_id}.log")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    worker_id = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker_id:  # in a worker: native crashes dump every thread's stack to a file
+        import faulthandler
+        os.makedirs(_CRASH_DIR, exist_ok=True)
+        config._lcjax_dump_file = open(_dump_path(worker_id), "a")  # noqa: SIM115
+        faulthandler.enable(file=config._lcjax_dump_file, all_threads=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    if error:
+        _node_errors[node.gateway.id] = str(error)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem, report, sched):
+    worker_id = report.node.gateway.id
+    dump = _dump_path(worker_id)
+    text = open(dump).read()[:3000] if os.path.exists(dump) else ""  # the crashing thread first
+    _crashes.setdefault(crashitem, []).append(
+        f"{worker_id}: {_node_errors.get(worker_id, 'no error reported')}\n{text}")
+    if len(_crashes[crashitem]) == 1:  # first crash of this test: once more, fresh worker
+        report.outcome = "rerun"
+        sched.mark_test_pending(crashitem)
+
+
+def pytest_terminal_summary(terminalreporter):
+    for nodeid, reports in _crashes.items():
+        terminalreporter.write_sep("=", f"worker crash: {nodeid} ({len(reports)}x)")
+        for text in reports:
+            terminalreporter.write_line(text)
