@@ -306,3 +306,32 @@ def test_causal_future_token_does_not_change_earlier_logits():
     assert np.std(a) > 0.1
     np.testing.assert_array_equal(a[:, :6], b[:, :6])
     assert np.max(np.abs(a[:, 6:] - b[:, 6:])) > 1e-3
+
+
+def test_attention_config_form_equals_keyword_form():
+    """Attention(AttentionConfig(...)) builds the same layer as the keyword form (same
+    parameters from the same rngs, same output); a config plus fields is refused; a
+    DecoderLM's layer is its config's layer_attention_config."""
+    from lcjax.nn import AttentionConfig, DecoderConfig, DecoderLM
+
+    kw = dict(attention="softmax", qkv_bias=True, qk_norm=True, local_window_size=(3, 0))
+    cfg = AttentionConfig(16, 4, 2, 8, **kw)
+    by_cfg = Attention(cfg, rngs=nnx.Rngs(3))
+    by_kw = Attention(16, 4, 2, 8, **kw, rngs=nnx.Rngs(3))
+    by_name = Attention(config=cfg, rngs=nnx.Rngs(3))
+    x = jax.random.normal(jax.random.key(0), (2, 5, 16))
+    want = by_kw(x, jnp.arange(5))[0]
+    for layer in (by_cfg, by_name):
+        for a, b in zip(jax.tree.leaves(nnx.state(layer, nnx.Param)),
+                        jax.tree.leaves(nnx.state(by_kw, nnx.Param)), strict=True):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(layer(x, jnp.arange(5))[0], want)
+    with pytest.raises(TypeError, match="not both"):
+        Attention(cfg, causal=False, rngs=nnx.Rngs(0))
+    dc = DecoderConfig(vocab_size=300, d_model=16, num_heads=4, num_kv_heads=2, head_dim=8,
+                       num_layers=1, max_len=32)
+    lm = DecoderLM(dc, rngs=nnx.Rngs(1))
+    ref = Attention(dc.layer_attention_config(0), rngs=nnx.Rngs(1))
+    attrs = ("num_heads", "num_kv_heads", "head_dim", "causal", "position", "use_rope",
+             "rope_base", "local_window_size", "attention_fn", "attention_options")
+    assert [getattr(lm.blocks[0].attn, a) for a in attrs] == [getattr(ref, a) for a in attrs]

@@ -146,6 +146,54 @@ def _check_header(path: str, saved: dict | None, header: dict) -> None:
                          + "; ".join(diffs) + "): use a fresh file")
 
 
+def _load_folder(target: str | os.PathLike, attention: str | None, attention_options: Any,
+                 tokenizer: Any) -> tuple[Any, Any]:
+    """A run folder's model, and the tokenizer that sizes the items: ``tokenizer`` if
+    given, else the folder's own (None for the byte tokenizer)."""
+    from lcjax.data.model_tokenizers import ByteTokenizer
+
+    target, own = load_target(target, attention=attention, attention_options=attention_options)
+    tokenizer = tokenizer if tokenizer is not None or isinstance(own, ByteTokenizer) \
+        else own
+    return target, tokenizer
+
+
+def _resumed_records(results_file: str | os.PathLike, header: dict, items: Sequence,
+                     *, resume: bool, retry_errors: bool) -> dict[tuple, dict]:
+    """The records of ``results_file`` this run keeps, by item key: those of an item with
+    the same prompt (and without an error, with ``retry_errors``). A file with records
+    needs ``resume``; its header must equal ``header``."""
+    saved_header, saved = read_results(results_file)
+    if saved and not resume:
+        raise ValueError(f"results file {os.fspath(results_file)!r} has {len(saved)} "
+                         "records: pass resume=True (--resume) or a fresh file")
+    _check_header(os.fspath(results_file), saved_header, header)
+    return {it.key: saved[it.key] for it in items if it.key in saved
+            and saved[it.key].get("prompt_sha") == it.prompt_sha
+            and not (retry_errors and saved[it.key].get("error") is not None)}
+
+
+def _run_items(runner: Any, suite: Suite, todo: Sequence, done: dict[tuple, dict],
+               out: ResultsFile | None, bar: Any) -> None:
+    """Runs ``todo``'s prompts through ``runner``, adding each finished item's record to
+    ``done`` (and ``out``) as it comes; closes ``bar`` and ``out`` at the end."""
+    errors = sum(r.get("error") is not None for r in done.values())
+    try:
+        for i, text, error, *extra in runner([it.prompt for it in todo]):
+            record = {**make_record(todo[i], text, error), **(extra[0] if extra else {})}
+            record = _with_suite_metrics(suite, todo[i], record)
+            done[todo[i].key] = record
+            if out is not None:
+                out.append(record)
+            errors += error is not None
+            bar.update(1)
+            bar.set_postfix(errors=errors)
+    finally:
+        bar.close()
+        if out is not None:
+            out.close()
+
+
 def evaluate(
     target: Any,
     suite: str | Suite,
@@ -201,13 +249,8 @@ def evaluate(
     suite = resolve_suite(suite)
     if isinstance(target, str | os.PathLike) and not isinstance(target, EndpointConfig) \
             and os.path.isdir(target):  # load once: the folder's tokenizer sizes the items
-        target, own = load_target(target, attention=attention,
-                                  attention_options=attention_options)
+        target, tokenizer = _load_folder(target, attention, attention_options, tokenizer)
         attention = attention_options = None
-        from lcjax.data.model_tokenizers import ByteTokenizer
-
-        tokenizer = tokenizer if tokenizer is not None or isinstance(own, ByteTokenizer) \
-            else own
     skipped: list[str] = []
     items = build_items(suite, lengths, depths, n_per_cell, seed, tasks=tasks,
                         tokenizer=_counter(tokenizer), skipped=skipped)
@@ -224,35 +267,14 @@ def evaluate(
                                   tokenizer=tokenizer)
     header = {"suite": suite.name, "seed": int(seed), "backend": backend,
               "max_new_tokens": int(max_new_tokens)}
-    done: dict[tuple, dict] = {}
-    if results_file is not None:
-        saved_header, saved = read_results(results_file)
-        if saved and not resume:
-            raise ValueError(f"results file {os.fspath(results_file)!r} has {len(saved)} "
-                             "records: pass resume=True (--resume) or a fresh file")
-        _check_header(os.fspath(results_file), saved_header, header)
-        done = {it.key: saved[it.key] for it in items if it.key in saved
-                and saved[it.key].get("prompt_sha") == it.prompt_sha
-                and not (retry_errors and saved[it.key].get("error") is not None)}
+    done = ({} if results_file is None else
+            _resumed_records(results_file, header, items, resume=resume,
+                             retry_errors=retry_errors))
     todo = [it for it in items if it.key not in done]
     out = ResultsFile(results_file, header) if results_file is not None else None
     bar = tqdm(total=len(items), initial=len(done), disable=not progress, desc="eval",
                unit="item")
-    errors = sum(r.get("error") is not None for r in done.values())
-    try:
-        for i, text, error, *extra in runner([it.prompt for it in todo]):
-            record = {**make_record(todo[i], text, error), **(extra[0] if extra else {})}
-            record = _with_suite_metrics(suite, todo[i], record)
-            done[todo[i].key] = record
-            if out is not None:
-                out.append(record)
-            errors += error is not None
-            bar.update(1)
-            bar.set_postfix(errors=errors)
-    finally:
-        bar.close()
-        if out is not None:
-            out.close()
+    _run_items(runner, suite, todo, done, out, bar)
     for it in items:
         if it.key in done and suite.score is not None and "suite_metrics" not in done[it.key]:
             done[it.key] = _with_suite_metrics(suite, it, dict(done[it.key]))

@@ -531,59 +531,26 @@ def save_hf(model: DecoderLM, path: str | os.PathLike, *, like: str | os.PathLik
       ValueError: ``tokenizer="bytes"`` with ``like`` or a vocabulary without the byte
         tokenizer's ids; an unknown ``tokenizer``.
     """
-    from lcjax.data import tokenizer as byte_tok
-
-    if tokenizer not in ("auto", "bytes", None):
-        raise ValueError(f"save_hf: `tokenizer` must be 'auto', 'bytes' or None, got "
-                         f"{tokenizer!r}")
-    small = model.config.vocab_size < byte_tok.VOCAB_SIZE
-    if tokenizer == "auto" and like is None and small:
-        warnings.warn(f"save_hf: no tokenizer written: vocab_size {model.config.vocab_size} "
-                      f"< {byte_tok.VOCAB_SIZE} has no room for the byte tokenizer's ids",
-                      stacklevel=2)
-    write_bytes = tokenizer == "bytes" or (tokenizer == "auto" and like is None and not small)
-    if tokenizer == "bytes" and like is not None:
-        raise ValueError("save_hf: tokenizer='bytes' with `like` (whose tokenizer is copied)")
-    if write_bytes and small:
-        raise ValueError(f"save_hf: the byte tokenizer needs vocab_size >= "
-                         f"{byte_tok.VOCAB_SIZE} (bytes and <bos>/<eos>/<pad>), the model has "
-                         f"{model.config.vocab_size}; pass tokenizer=None to write none")
-    from safetensors.numpy import save_file
-
+    write_bytes = _writes_byte_tokenizer(model, like, tokenizer)
     c = model.config
     path = os.fspath(path)
     os.makedirs(path, exist_ok=True)
     source = read_hf_config(like) if like is not None else None
     hf = decoder_to_hf_config(c, like=source, dtype=dtype)
-    token_ids = {"bos_token_id": byte_tok.BOS, "eos_token_id": byte_tok.EOS,
-                 "pad_token_id": byte_tok.PAD}
+    token_ids = _byte_token_ids()
     if write_bytes:
         hf.update(token_ids)
     store = jnp.dtype(_DTYPES[hf["torch_dtype"]])
     names = _hf_names(c)
     sizes = {n: int(np.prod(_get_shape(model, w))) * store.itemsize for n, (w, _) in names.items()}
-    shards: list[list[str]] = [[]]
-    used = 0
-    for name in names:
-        if shards[-1] and used + sizes[name] > max_shard_bytes:
-            shards.append([])
-            used = 0
-        shards[-1].append(name)
-        used += sizes[name]
+    shards = _plan_shards(sizes, max_shard_bytes)
     for old in os.listdir(path):  # stale weights of an earlier save would mix in
         if old.endswith(".safetensors") or old == _INDEX:
             os.remove(os.path.join(path, old))
     n = len(shards)
     files = [_SINGLE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors"
                                       for i in range(n)]
-    for file, shard in zip(files, shards):
-        arrays = {}
-        for name in shard:
-            where, how = names[name]
-            x = np.asarray(_get(model, where)).astype(store)
-            arrays[name] = np.ascontiguousarray(_to_hf(x, how))
-        save_file(arrays, os.path.join(path, file), metadata={"format": "pt"})
-        del arrays
+    _write_shards(model, path, names, store, files, shards)
     if n > 1:
         index = {"metadata": {"total_size": sum(sizes.values())},
                  "weight_map": {name: file for file, shard in zip(files, shards)
@@ -597,12 +564,78 @@ def save_hf(model: DecoderLM, path: str | os.PathLike, *, like: str | os.PathLik
             _write_json(os.path.join(path, name), value)
         _write_json(os.path.join(path, "generation_config.json"), token_ids)
     if like is not None and os.path.abspath(like) != os.path.abspath(path):
-        for entry in os.listdir(like):
-            src = os.path.join(like, entry)
-            if (os.path.isfile(src) and not entry.endswith(".safetensors")
-                    and entry not in ("config.json", _INDEX)):
-                shutil.copy2(src, os.path.join(path, entry))
+        _copy_source_files(like, path)
     return [os.path.join(path, f) for f in files]
+
+
+def _byte_token_ids() -> dict[str, int]:
+    """``config.json``'s bos/eos/pad token ids of lcjax's byte tokenizer."""
+    from lcjax.data import tokenizer as byte_tok
+
+    return {"bos_token_id": byte_tok.BOS, "eos_token_id": byte_tok.EOS,
+            "pad_token_id": byte_tok.PAD}
+
+
+def _writes_byte_tokenizer(model: DecoderLM, like: Any, tokenizer: str | None) -> bool:
+    """Whether :func:`save_hf` writes the byte tokenizer (its ``tokenizer`` argument);
+    warns when ``"auto"`` writes none for a vocabulary too small for it."""
+    from lcjax.data import tokenizer as byte_tok
+
+    if tokenizer not in ("auto", "bytes", None):
+        raise ValueError(f"save_hf: `tokenizer` must be 'auto', 'bytes' or None, got "
+                         f"{tokenizer!r}")
+    small = model.config.vocab_size < byte_tok.VOCAB_SIZE
+    if tokenizer == "auto" and like is None and small:
+        warnings.warn(f"save_hf: no tokenizer written: vocab_size {model.config.vocab_size} "
+                      f"< {byte_tok.VOCAB_SIZE} has no room for the byte tokenizer's ids",
+                      stacklevel=3)
+    write_bytes = tokenizer == "bytes" or (tokenizer == "auto" and like is None and not small)
+    if tokenizer == "bytes" and like is not None:
+        raise ValueError("save_hf: tokenizer='bytes' with `like` (whose tokenizer is copied)")
+    if write_bytes and small:
+        raise ValueError(f"save_hf: the byte tokenizer needs vocab_size >= "
+                         f"{byte_tok.VOCAB_SIZE} (bytes and <bos>/<eos>/<pad>), the model has "
+                         f"{model.config.vocab_size}; pass tokenizer=None to write none")
+    return write_bytes
+
+
+def _plan_shards(sizes: Mapping[str, int], max_shard_bytes: int) -> list[list[str]]:
+    """The tensor names (in order) per shard: a new shard starts where the next tensor
+    would take a non-empty one past ``max_shard_bytes``."""
+    shards: list[list[str]] = [[]]
+    used = 0
+    for name in sizes:
+        if shards[-1] and used + sizes[name] > max_shard_bytes:
+            shards.append([])
+            used = 0
+        shards[-1].append(name)
+        used += sizes[name]
+    return shards
+
+
+def _write_shards(model: DecoderLM, path: str, names: Mapping, store: np.dtype,
+                  files: list[str], shards: list[list[str]]) -> None:
+    """Writes each shard's tensors (HF layout, dtype ``store``) to its safetensors file."""
+    from safetensors.numpy import save_file
+
+    for file, shard in zip(files, shards):
+        arrays = {}
+        for name in shard:
+            where, how = names[name]
+            x = np.asarray(_get(model, where)).astype(store)
+            arrays[name] = np.ascontiguousarray(_to_hf(x, how))
+        save_file(arrays, os.path.join(path, file), metadata={"format": "pt"})
+        del arrays
+
+
+def _copy_source_files(like: str | os.PathLike, path: str) -> None:
+    """Copies ``like``'s files other than weights, index and config (tokenizer,
+    generation config) into ``path``."""
+    for entry in os.listdir(like):
+        src = os.path.join(like, entry)
+        if (os.path.isfile(src) and not entry.endswith(".safetensors")
+                and entry not in ("config.json", _INDEX)):
+            shutil.copy2(src, os.path.join(path, entry))
 
 
 def _get_shape(model, where) -> tuple:

@@ -7,6 +7,7 @@
 
 from lcjax.nn.attention import (
     Attention,
+    AttentionConfig,
     AttentionTap,
     KVCache,
     attend,
@@ -44,6 +45,7 @@ __all__ = [
     "ContextLMState",
     "context_lm_loss",
     "Attention",
+    "AttentionConfig",
     "AttentionTap",
     "LearnableAlpha",
     "LoRAConfig",

@@ -46,6 +46,7 @@ the index (a traced value).
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -64,8 +65,9 @@ from lcjax.nn.layers import RMSNorm, dense_init
 from lcjax.nn.variant_params import VariantConfig, build_variant_params
 from lcjax.rope import apply_rope, check_rope_scaling, scaled_inv_freq
 
-__all__ = ["Attention", "AttentionTap", "KVCache", "init_kv_cache", "update_kv_cache",
-           "cache_mask", "cache_window_mask", "attend", "capture_attention", "kv_cache_gap",
+__all__ = ["Attention", "AttentionConfig", "AttentionTap", "KVCache", "init_kv_cache",
+           "update_kv_cache", "cache_mask", "cache_window_mask", "attend", "capture_attention",
+           "kv_cache_gap",
            "nape_slopes",
            "takes_segment_ids",
            "POSITIONS"]
@@ -265,10 +267,117 @@ class AttentionTap(nnx.Module):
         return value
 
 
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """The configuration of an :class:`Attention` layer (its Args documents each field).
+
+    ``Attention(AttentionConfig(d_model, num_heads, num_kv_heads, head_dim, ...),
+    rngs=rngs)``; the keyword form ``Attention(d_model, num_heads, num_kv_heads, head_dim,
+    ..., rngs=rngs)`` builds this config from the same arguments.
+    """
+
+    d_model: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    _: dataclasses.KW_ONLY
+    attention: str | Callable = "softmax"
+    attention_options: Mapping[str, Any] | None = None
+    causal: bool = True
+    scale: float | None = None
+    rope_base: float = 10000.0
+    rope_layout: str = "half"
+    use_rope: bool = True
+    position: str | None = None
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    learn: Sequence[str] = ()
+    capture_weights: bool = False
+    capture_inputs: bool = False
+    context_parallel: str | None = None
+    qkv_bias: bool = False
+    out_bias: bool = False
+    qk_norm: bool = False
+    norm_eps: float = 1e-6
+    rope_scaling: Mapping[str, Any] | None = None
+    local_window_size: int | tuple[int, int] | None = None
+
+
+def _as_config(config: Any, args: tuple, kwargs: dict) -> AttentionConfig:
+    """``config`` itself (with no other arguments), or the config of the keyword form
+    ``Attention(d_model, num_heads, num_kv_heads, head_dim, **kwargs)``."""
+    if isinstance(config, AttentionConfig):
+        if args or kwargs:
+            raise TypeError(f"Attention: give an AttentionConfig or its fields, not both "
+                            f"(got also {len(args)} positional and {sorted(kwargs)})")
+        return config
+    return AttentionConfig(*(() if config is None else (config,)), *args, **kwargs)
+
+
+def _check_shape_and_position(c: AttentionConfig) -> str:
+    """Checks ``context_parallel``, the heads, the position scheme and the RoPE layout;
+    returns the position ("rope" | "nape" | "none")."""
+    if c.context_parallel not in CONTEXT_PARALLEL:
+        raise ValueError(f"Attention: `context_parallel` must be one of "
+                         f"{CONTEXT_PARALLEL}, got {c.context_parallel!r}")
+    if c.num_kv_heads <= 0 or c.num_heads % c.num_kv_heads:
+        raise ValueError(
+            f"Attention: num_heads ({c.num_heads}) must be a positive multiple of "
+            f"num_kv_heads ({c.num_kv_heads})"
+        )
+    position = c.position
+    if position is None:
+        position = "rope" if c.use_rope else "none"
+    if position not in POSITIONS:
+        raise ValueError(f"Attention: `position` must be one of {POSITIONS}, got {position!r}")
+    if position == "rope" and not c.use_rope:
+        raise ValueError("Attention: position='rope' contradicts use_rope=False")
+    if position == "rope" and c.head_dim % 2:
+        raise ValueError(f"Attention: RoPE needs an even head_dim, got {c.head_dim}")
+    if c.rope_layout not in ("half", "interleaved"):
+        raise ValueError(
+            f"Attention: rope_layout must be 'half' or 'interleaved', got {c.rope_layout!r}"
+        )
+    return position
+
+
+def _check_window(fn: Any, window: tuple[int, int] | None, given: Any) -> None:
+    """A sliding window needs a spec declaring ``Features.window`` (a plain callable gets
+    it in its mask)."""
+    if window is not None and isinstance(fn, AttentionSpec) and not fn.features.window:
+        raise ValueError(f"Attention: local_window_size={given!r} needs a "
+                         f"variant whose spec supports a sliding window "
+                         f"(Features.window); {fn.name!r} does not")
+
+
+def _variant_name(fn: Any) -> str:
+    return getattr(fn, "name", getattr(fn, "__name__", repr(fn)))
+
+
+def _static_options(fn: Any, attention_options: Mapping | None, position: str,
+                    num_heads: int) -> FrozenDict:
+    """The variant's static options: ``attention_options``, plus NAPE's ``alibi_slopes``
+    [H] (:func:`nape_slopes`) with ``position="nape"``."""
+    options = FrozenDict(attention_options or {})
+    if position == "nape":
+        if "alibi_slopes" in options:
+            raise ValueError("Attention: position='nape' sets `alibi_slopes`; do not pass "
+                             "them in attention_options too")
+        if not _takes_alibi(fn):
+            raise ValueError(f"Attention: position='nape' needs a variant that takes "
+                             f"`alibi_slopes`; {_variant_name(fn)!r} does not")
+        options = FrozenDict({**options, "alibi_slopes": nape_slopes(num_heads)})
+    return options
+
+
 class Attention(nnx.Module):
     """Grouped-query self-attention with RoPE and a pluggable attention variant.
 
-    Args:
+    ``Attention(config, rngs=rngs)`` with an :class:`AttentionConfig`, or the keyword form
+    ``Attention(d_model, num_heads, num_kv_heads, head_dim, **fields, rngs=rngs)`` that
+    builds one from the same arguments.
+
+    Args (the config's fields; ``learn_alpha`` and ``rngs`` are the constructor's):
       d_model: model width D_model.
       num_heads, num_kv_heads: H and Hkv, with H % Hkv == 0.
       head_dim: D (even, for RoPE).
@@ -311,85 +420,50 @@ class Attention(nnx.Module):
         rope_scaling)``.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        *,
-        attention: str | Callable = "softmax",
-        attention_options: Mapping[str, Any] | None = None,
-        causal: bool = True,
-        scale: float | None = None,
-        rope_base: float = 10000.0,
-        rope_layout: str = "half",
-        use_rope: bool = True,
-        position: str | None = None,
-        dtype=jnp.float32,
-        param_dtype=jnp.float32,
-        learn: Sequence[str] = (),
-        capture_weights: bool = False,
-        capture_inputs: bool = False,
-        learn_alpha: bool = False,
-        context_parallel: str | None = None,
-        qkv_bias: bool = False,
-        out_bias: bool = False,
-        qk_norm: bool = False,
-        norm_eps: float = 1e-6,
-        rope_scaling: Mapping[str, Any] | None = None,
-        local_window_size: int | tuple[int, int] | None = None,
-        rngs: nnx.Rngs,
-    ):
-        if context_parallel not in CONTEXT_PARALLEL:
-            raise ValueError(f"Attention: `context_parallel` must be one of "
-                             f"{CONTEXT_PARALLEL}, got {context_parallel!r}")
-        self.context_parallel = context_parallel
-        if num_kv_heads <= 0 or num_heads % num_kv_heads:
-            raise ValueError(
-                f"Attention: num_heads ({num_heads}) must be a positive multiple of "
-                f"num_kv_heads ({num_kv_heads})"
-            )
-        if position is None:
-            position = "rope" if use_rope else "none"
-        if position not in POSITIONS:
-            raise ValueError(f"Attention: `position` must be one of {POSITIONS}, got {position!r}")
-        if position == "rope" and not use_rope:
-            raise ValueError("Attention: position='rope' contradicts use_rope=False")
+    def __init__(self, config: AttentionConfig | int | None = None, *args: Any,
+                 rngs: nnx.Rngs, learn_alpha: bool = False, **kwargs: Any):
+        config = _as_config(config, args, kwargs)
+        c = config
+        self.context_parallel = c.context_parallel
+        position = _check_shape_and_position(c)
         use_rope = position == "rope"
-        if use_rope and head_dim % 2:
-            raise ValueError(f"Attention: RoPE needs an even head_dim, got {head_dim}")
-        if rope_layout not in ("half", "interleaved"):
-            raise ValueError(
-                f"Attention: rope_layout must be 'half' or 'interleaved', got {rope_layout!r}"
-            )
-        self.attention_fn = get(attention)  # ValueError for an unknown name
-        self.local_window_size = window_size(local_window_size, name="Attention")
-        fn = self.attention_fn
-        if (self.local_window_size is not None and isinstance(fn, AttentionSpec)
-                and not fn.features.window):
-            raise ValueError(f"Attention: local_window_size={local_window_size!r} needs a "
-                             f"variant whose spec supports a sliding window "
-                             f"(Features.window); {fn.name!r} does not")
-        options = FrozenDict(attention_options or {})
-        if position == "nape":
-            if "alibi_slopes" in options:
-                raise ValueError("Attention: position='nape' sets `alibi_slopes`; do not pass "
-                                 "them in attention_options too")
-            if not _takes_alibi(self.attention_fn):
-                name = getattr(self.attention_fn, "name", getattr(self.attention_fn, "__name__",
-                                                                  repr(self.attention_fn)))
-                raise ValueError(f"Attention: position='nape' needs a variant that takes "
-                                 f"`alibi_slopes`; {name!r} does not")
-            options = FrozenDict({**options, "alibi_slopes": nape_slopes(num_heads)})
+        self.attention_fn = get(c.attention)  # ValueError for an unknown name
+        self.local_window_size = window_size(c.local_window_size, name="Attention")
+        _check_window(self.attention_fn, self.local_window_size, c.local_window_size)
+        options = _static_options(self.attention_fn, c.attention_options, position,
+                                  c.num_heads)
         self.position = position
-        learn = _learn_names(learn, learn_alpha)
-        if capture_weights:
+        learn = _learn_names(c.learn, learn_alpha)
+        if c.capture_weights:
             self._weights_fn()  # ValueError now if the variant's weights are unknown
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.causal, self.scale, self.use_rope = causal, scale, use_rope
-        self.rope_base, self.rope_layout = rope_base, rope_layout
-        self.dtype = dtype
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.causal, self.scale, self.use_rope = c.causal, c.scale, use_rope
+        self.rope_base, self.rope_layout = c.rope_base, c.rope_layout
+        self.dtype = c.dtype
+        self._init_projections(c, rngs)
+        scaling = check_rope_scaling(c.rope_scaling)
+        # static (hashable) RoPE frequencies when scaled; None = apply_rope's default
+        self.rope_frequencies = None if scaling is None or not use_rope else tuple(
+            float(f) for f in scaled_inv_freq(c.head_dim, c.rope_base, scaling))
+        vcfg = VariantConfig(c.d_model, c.num_heads, c.num_kv_heads, c.head_dim,
+                             options=options, learn=learn, dtype=c.dtype,
+                             param_dtype=c.param_dtype)
+        try:
+            self.variant_params = build_variant_params(self.attention_fn, vcfg, rngs=rngs)
+        except ValueError as e:
+            raise ValueError(f"{e} (learn_alpha=True)" if learn_alpha else str(e)) from None
+        drop = getattr(self.variant_params, "init_options", ())
+        self.attention_options = FrozenDict({k: v for k, v in options.items()
+                                             if k not in drop})  # hashable: static
+        self.attention_weights = AttentionTap("weights", enabled=c.capture_weights)
+        self.attention_inputs = AttentionTap("inputs", enabled=c.capture_inputs)
+
+    def _init_projections(self, c: AttentionConfig, rngs: nnx.Rngs) -> None:
+        """Wq [d, H, D], Wk, Wv [d, Hkv, D], Wo [H, D, d] (keys drawn in that order), the
+        optional biases (init 0) and q/k RMSNorms."""
+        d_model, num_heads, num_kv_heads, head_dim = (c.d_model, c.num_heads, c.num_kv_heads,
+                                                      c.head_dim)
+        param_dtype = c.param_dtype
         key = rngs.params
         in_proj = dense_init(in_axis=0, out_axis=(1, 2))
         self.q_proj = nnx.Param(in_proj(key(), (d_model, num_heads, head_dim), param_dtype))
@@ -398,27 +472,13 @@ class Attention(nnx.Module):
         out_proj = dense_init(in_axis=(0, 1), out_axis=2)
         self.o_proj = nnx.Param(out_proj(key(), (num_heads, head_dim, d_model), param_dtype))
         zeros = lambda *shape: nnx.Param(jnp.zeros(shape, param_dtype))
-        self.q_bias = zeros(num_heads, head_dim) if qkv_bias else None
-        self.k_bias = zeros(num_kv_heads, head_dim) if qkv_bias else None
-        self.v_bias = zeros(num_kv_heads, head_dim) if qkv_bias else None
-        self.o_bias = zeros(d_model) if out_bias else None
-        self.q_norm = RMSNorm(head_dim, eps=norm_eps, param_dtype=param_dtype) if qk_norm else None
-        self.k_norm = RMSNorm(head_dim, eps=norm_eps, param_dtype=param_dtype) if qk_norm else None
-        scaling = check_rope_scaling(rope_scaling)
-        # static (hashable) RoPE frequencies when scaled; None = apply_rope's default
-        self.rope_frequencies = None if scaling is None or not use_rope else tuple(
-            float(f) for f in scaled_inv_freq(head_dim, rope_base, scaling))
-        config = VariantConfig(d_model, num_heads, num_kv_heads, head_dim, options=options,
-                               learn=learn, dtype=dtype, param_dtype=param_dtype)
-        try:
-            self.variant_params = build_variant_params(self.attention_fn, config, rngs=rngs)
-        except ValueError as e:
-            raise ValueError(f"{e} (learn_alpha=True)" if learn_alpha else str(e)) from None
-        drop = getattr(self.variant_params, "init_options", ())
-        self.attention_options = FrozenDict({k: v for k, v in options.items()
-                                             if k not in drop})  # hashable: static
-        self.attention_weights = AttentionTap("weights", enabled=capture_weights)
-        self.attention_inputs = AttentionTap("inputs", enabled=capture_inputs)
+        self.q_bias = zeros(num_heads, head_dim) if c.qkv_bias else None
+        self.k_bias = zeros(num_kv_heads, head_dim) if c.qkv_bias else None
+        self.v_bias = zeros(num_kv_heads, head_dim) if c.qkv_bias else None
+        self.o_bias = zeros(d_model) if c.out_bias else None
+        norm = lambda: RMSNorm(head_dim, eps=c.norm_eps, param_dtype=param_dtype)
+        self.q_norm = norm() if c.qk_norm else None
+        self.k_norm = norm() if c.qk_norm else None
 
     def _weights_fn(self) -> Callable:
         """The dense weights function of this layer's variant (``ValueError`` if unknown)."""
@@ -470,6 +530,33 @@ class Attention(nnx.Module):
         x = x.astype(dt)
         if self.context_parallel is not None and cache is None:
             return self._context_parallel(x, positions, segment_ids, mask), None
+        q, k, v = self._qkv(x, positions)
+        causal, kv_segment_ids = self.causal, segment_ids
+        alibi_offset = None
+        if cache is not None:
+            alibi_offset = cache.index  # the new queries sit at slots index, index + 1, ...
+            k, v, segment_ids, kv_segment_ids, mask, cache = self._through_cache(
+                x, k, v, cache, segment_ids, mask)
+            causal = False
+        k, v = k.astype(dt), v.astype(dt)
+        options = self.variant_options(x=x, q=q, k=k, v=v, positions=positions)
+        mask, tap_mask = self._window(q, k, mask, options, cached=cache is not None)
+        if "alibi_slopes" in options and alibi_offset is not None:
+            options["alibi_offset"] = alibi_offset
+        self._sow_taps(q, k, v, causal=causal, tap_mask=tap_mask, segment_ids=segment_ids,
+                       kv_segment_ids=kv_segment_ids, options=options)
+        o = attend(self.attention_fn, q, k, v, causal=causal, mask=mask,
+                   scale=self.scale, q_segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
+                   options=options)
+        y = jnp.einsum("BTNH,NHD->BTD", o.astype(dt), self.o_proj[...].astype(dt))
+        if self.o_bias is not None:
+            y = y + self.o_bias[...].astype(dt)
+        return y, cache
+
+    def _qkv(self, x, positions):
+        """q [B, T, H, D], k, v [B, T, Hkv, D] of x (compute dtype): projections, biases,
+        q/k norms and RoPE (scaled frequencies when configured)."""
+        dt = self.dtype
         q = jnp.einsum("BTD,DNH->BTNH", x, self.q_proj[...].astype(dt))
         k = jnp.einsum("BTD,DKH->BTKH", x, self.k_proj[...].astype(dt))
         v = jnp.einsum("BTD,DKH->BTKH", x, self.v_proj[...].astype(dt))
@@ -486,34 +573,43 @@ class Attention(nnx.Module):
                            frequencies=freqs)
             k = apply_rope(k, positions, base=self.rope_base, layout=self.rope_layout,
                            frequencies=freqs)
-        causal, kv_segment_ids = self.causal, segment_ids
-        alibi_offset = None
-        if cache is not None:
-            if (gap := kv_cache_gap(self.attention_fn, causal=self.causal)) is not None:
-                raise ValueError(f"Attention: {gap}")
-            b, t = x.shape[:2]
-            if cache.k.shape[0] != b or cache.k.shape[2:] != k.shape[2:]:
-                raise ValueError(f"Attention: cache k {cache.k.shape} does not fit keys "
-                                 f"{k.shape} ([B, S_max, Hkv, D])")
-            if t > cache.k.shape[1]:
-                raise ValueError(f"Attention: {t} new tokens exceed cache length "
-                                 f"{cache.k.shape[1]}")
-            if segment_ids is None:
-                segment_ids = jnp.zeros((b, t), jnp.int32)
-            step_mask = cache_mask(cache.index, t, cache.k.shape[1], causal=self.causal)
-            if step_mask is not None:
-                mask = step_mask if mask is None else jnp.logical_and(step_mask, mask)
-            alibi_offset = cache.index  # the new queries sit at slots index, index + 1, ...
-            index = cache.index
-            cache = update_kv_cache(cache, k, v, segment_ids)
-            if self.local_window_size is not None:
-                win = cache_window_mask(cache.segment_ids, index, t, self.local_window_size)
-                mask = win if mask is None else jnp.logical_and(win, mask)
-            k, v, kv_segment_ids, causal = cache.k, cache.v, cache.segment_ids, False
-        k, v = k.astype(dt), v.astype(dt)
-        options = self.variant_options(x=x, q=q, k=k, v=v, positions=positions)
+        return q, k, v
+
+    def _through_cache(self, x, k, v, cache: KVCache, segment_ids, mask):
+        """Writes the new k, v at ``cache.index`` and attends over the whole cache.
+
+        Returns ``(k, v, segment_ids, kv_segment_ids, mask, cache)``: the cache's keys,
+        values and segment ids, the new tokens' segment ids (default 0), and ``mask``
+        with the step's causal mask (:func:`cache_mask`) and window
+        (:func:`cache_window_mask`) folded in.
+        """
+        if (gap := kv_cache_gap(self.attention_fn, causal=self.causal)) is not None:
+            raise ValueError(f"Attention: {gap}")
+        b, t = x.shape[:2]
+        if cache.k.shape[0] != b or cache.k.shape[2:] != k.shape[2:]:
+            raise ValueError(f"Attention: cache k {cache.k.shape} does not fit keys "
+                             f"{k.shape} ([B, S_max, Hkv, D])")
+        if t > cache.k.shape[1]:
+            raise ValueError(f"Attention: {t} new tokens exceed cache length "
+                             f"{cache.k.shape[1]}")
+        if segment_ids is None:
+            segment_ids = jnp.zeros((b, t), jnp.int32)
+        step_mask = cache_mask(cache.index, t, cache.k.shape[1], causal=self.causal)
+        if step_mask is not None:
+            mask = step_mask if mask is None else jnp.logical_and(step_mask, mask)
+        index = cache.index
+        cache = update_kv_cache(cache, k, v, segment_ids)
+        if self.local_window_size is not None:
+            win = cache_window_mask(cache.segment_ids, index, t, self.local_window_size)
+            mask = win if mask is None else jnp.logical_and(win, mask)
+        return cache.k, cache.v, segment_ids, cache.segment_ids, mask, cache
+
+    def _window(self, q, k, mask, options: dict, *, cached: bool):
+        """``(mask, tap_mask)`` with the sliding window (without a cache): a spec gets it
+        as ``options["local_window_size"]`` (set here), a plain callable in its mask;
+        ``tap_mask`` has it folded in for the weights tap."""
         tap_mask = mask  # the window folded in, for the weights tap
-        if self.local_window_size is not None and cache is None:
+        if self.local_window_size is not None and not cached:
             native = isinstance(self.attention_fn, AttentionSpec)
             if not native or self.attention_weights.enabled:
                 tap_mask = build_mask(q.shape[1], k.shape[1], mask=mask,
@@ -522,8 +618,11 @@ class Attention(nnx.Module):
                 options["local_window_size"] = self.local_window_size
             else:  # a plain callable: in its mask
                 mask = tap_mask
-        if "alibi_slopes" in options and alibi_offset is not None:
-            options["alibi_offset"] = alibi_offset
+        return mask, tap_mask
+
+    def _sow_taps(self, q, k, v, *, causal, tap_mask, segment_ids, kv_segment_ids,
+                  options: dict) -> None:
+        """Sows the enabled taps: the variant's inputs and its dense weights."""
         if self.attention_inputs.enabled:
             self.attention_inputs({"q": q, "k": k, "v": v,
                                    "scale": default_scale(q.shape[-1], self.scale)})
@@ -536,13 +635,6 @@ class Attention(nnx.Module):
                 q, k, causal=causal, mask=tap_mask, scale=self.scale, q_segment_ids=segment_ids,
                 kv_segment_ids=kv_segment_ids,
                 **{key: val for key, val in options.items() if key != "local_window_size"}))
-        o = attend(self.attention_fn, q, k, v, causal=causal, mask=mask,
-                   scale=self.scale, q_segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
-                   options=options)
-        y = jnp.einsum("BTNH,NHD->BTD", o.astype(dt), self.o_proj[...].astype(dt))
-        if self.o_bias is not None:
-            y = y + self.o_bias[...].astype(dt)
-        return y, cache
 
 
     def _context_parallel(self, x, positions, segment_ids, mask):

@@ -29,7 +29,7 @@ from flax import nnx
 from flax.core import FrozenDict
 
 from lcjax.attention import get
-from lcjax.nn.attention import POSITIONS, Attention, KVCache
+from lcjax.nn.attention import POSITIONS, Attention, AttentionConfig, KVCache
 from lcjax.nn.contextlm import ContextLM, ContextLMConfig, check_context_lm
 from lcjax.nn.layers import RMSNorm, SwiGLU, dense_init
 from lcjax.nn.trsp import CONTEXTS as TRSP_CONTEXTS
@@ -209,6 +209,22 @@ class DecoderConfig:
         pick = lambda x: x[i] if isinstance(x, tuple) else x
         return pick(self.attention), pick(self.attention_options)
 
+    def layer_attention_config(self, i: int) -> AttentionConfig:
+        """The :class:`~lcjax.nn.attention.AttentionConfig` of layer ``i``'s attention."""
+        attention, attention_options = self.layer_attention(i)
+        return AttentionConfig(
+            self.d_model, self.num_heads, self.num_kv_heads, self.head_dim,
+            attention=attention, attention_options=attention_options, causal=self.causal,
+            learn=self.attention_learn, capture_weights=self.capture_attention_weights,
+            rope_base=self.rope_base, rope_layout=self.rope_layout,
+            position="none" if self.position == "absolute" else self.position,
+            context_parallel=self.context_parallel,
+            qkv_bias=self.attention_bias, out_bias=self.attention_out_bias,
+            qk_norm=self.qk_norm, norm_eps=self.norm_eps, rope_scaling=self.rope_scaling,
+            local_window_size=self.layer_window(i),
+            dtype=self.dtype, param_dtype=self.param_dtype,
+        )
+
 
 class DecoderBlock(nnx.Module):
     """Pre-norm block: x + Attn(norm(x)), then + SwiGLU(norm(.)); ``layer`` selects the
@@ -218,18 +234,7 @@ class DecoderBlock(nnx.Module):
         c = config
         attention, attention_options = c.layer_attention(layer)
         self.attn_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype)
-        self.attn = Attention(
-            c.d_model, c.num_heads, c.num_kv_heads, c.head_dim,
-            attention=attention, attention_options=attention_options, causal=c.causal,
-            learn=c.attention_learn, capture_weights=c.capture_attention_weights,
-            rope_base=c.rope_base, rope_layout=c.rope_layout,
-            position="none" if c.position == "absolute" else c.position,
-            context_parallel=c.context_parallel,
-            qkv_bias=c.attention_bias, out_bias=c.attention_out_bias, qk_norm=c.qk_norm,
-            norm_eps=c.norm_eps, rope_scaling=c.rope_scaling,
-            local_window_size=c.layer_window(layer),
-            dtype=c.dtype, param_dtype=c.param_dtype, rngs=rngs,
-        )
+        self.attn = Attention(c.layer_attention_config(layer), rngs=rngs)
         self.mlp_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype)
         self.mlp = SwiGLU(c.d_model, c.mlp_hidden, dtype=c.dtype, param_dtype=c.param_dtype,
                           rngs=rngs)

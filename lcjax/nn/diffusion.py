@@ -433,16 +433,73 @@ def generate_blocks(
       :class:`BlockGeneration` (and the recorded externals with ``record_external``, or the
       per-step logits with ``teacher``).
     """
-    name = "generate_blocks"
-    _check_model(model, name)
+    _check_model(model, "generate_blocks")
     prompt = jnp.asarray(prompt)
+    _check_prompt(prompt, num_blocks, block_size)
+    schedule = transfer_schedule(block_size, steps_per_block)
+    _check_options(order=order, temperature=temperature, use_cache=use_cache,
+                   flashblock=flashblock, record_external=record_external,
+                   threshold=threshold)
+    if threshold is not None:
+        schedule = (None,) * steps_per_block
+    if teacher is not None:
+        _check_teacher(teacher, prompt, num_blocks, steps_per_block, block_size=block_size,
+                       threshold=threshold, record_external=record_external)
+    if flashblock is not None:
+        _check_flashblock(model.config, flashblock)
+    rng = jax.random.key(0) if rng is None else rng
+    b, p = prompt.shape
+    total = p + num_blocks * block_size
+    graphdef, state = nnx.split(model)
+    tokens = prompt.astype(jnp.int32)
+    cache = _start_cache(model, graphdef, state, tokens, total, block_size) if use_cache else None
+    steps_out, logprob_out, refreshes, recorded, step_logits = [], [], [], [], []
+    for n in range(num_blocks):
+        block, step_of, lp_of, refreshed, block_record, logits_n = _generate_block(
+            graphdef, state, tokens, cache, n, schedule, rng=rng, total=total,
+            block_size=block_size, use_cache=use_cache, flashblock=flashblock,
+            record_external=record_external, threshold=threshold, teacher=teacher,
+            order=order, temperature=temperature)
+        step_logits.extend(logits_n)
+        tokens = jnp.concatenate([tokens, block], axis=1)
+        if use_cache and n + 1 < num_blocks:
+            cache = _commit(graphdef, state, block, cache)
+        steps_out.append(step_of)
+        logprob_out.append(lp_of)
+        refreshes.append(refreshed)
+        recorded.append(block_record)
+    result = BlockGeneration(tokens, jnp.concatenate(steps_out, 1),
+                             jnp.concatenate(logprob_out, 1), tuple(refreshes))
+    if teacher is not None:
+        steps = len(schedule)
+        return result, jnp.stack(step_logits).reshape(num_blocks, steps,
+                                                      *step_logits[0].shape)
+    return (result, recorded) if record_external else result
+
+
+def _start_cache(model, graphdef, state, tokens, total: int, block_size: int):
+    """A KV cache of ``total`` positions holding the prompt ``tokens`` [B, P] (if P > 0)."""
+    cache = model.init_cache(tokens.shape[0], total)
+    if tokens.shape[1]:
+        cache = _prefill(graphdef, state, tokens, cache, block_size=block_size)
+    return cache
+
+
+def _check_prompt(prompt, num_blocks, block_size) -> None:
+    """:func:`generate_blocks`' checks of ``prompt`` and ``num_blocks``."""
+    name = "generate_blocks"
     if prompt.ndim != 2 or not jnp.issubdtype(prompt.dtype, jnp.integer):
         raise ValueError(f"{name}: `prompt` must be int [batch, len], got {prompt.dtype} "
                          f"{prompt.shape}")
     _check_block(prompt.shape[1], block_size, name, "prompt")
     if not isinstance(num_blocks, int) or num_blocks < 1:
         raise ValueError(f"{name}: `num_blocks` must be a positive int, got {num_blocks!r}")
-    schedule = transfer_schedule(block_size, steps_per_block)
+
+
+def _check_options(*, order, temperature, use_cache, flashblock, record_external,
+                   threshold) -> None:
+    """:func:`generate_blocks`' checks of its sampling options."""
+    name = "generate_blocks"
     if order not in ("confidence", "random"):
         raise ValueError(f"{name}: `order` must be 'confidence' or 'random', got {order!r}")
     if float(temperature) < 0:
@@ -460,107 +517,120 @@ def generate_blocks(
         if order != "confidence":
             raise ValueError(f"{name}: `threshold` is a confidence rule; it needs "
                              f"order='confidence', got {order!r}")
-        schedule = (None,) * steps_per_block
-    if teacher is not None:
-        want = (prompt.shape[0], num_blocks * block_size)
-        if threshold is not None or record_external:
-            raise ValueError(f"{name}: `teacher` replays a fixed schedule; it takes no "
-                             "threshold or record_external")
-        if tuple(teacher.step.shape) != want or tuple(teacher.tokens.shape) != (
-                want[0], prompt.shape[1] + want[1]):
-            raise ValueError(f"{name}: `teacher` must be a generation of {want[1]} tokens "
-                             f"after this prompt {tuple(prompt.shape)}; got tokens "
-                             f"{tuple(teacher.tokens.shape)}, step {tuple(teacher.step.shape)}")
-        if int(jnp.max(teacher.step)) >= steps_per_block:
-            raise ValueError(f"{name}: `teacher` revealed tokens at step "
-                             f"{int(jnp.max(teacher.step))} >= steps_per_block "
-                             f"{steps_per_block}")
-    c = model.config
-    if flashblock is not None:
-        layers = [c.layer_attention(i) for i in range(c.num_layers)]
-        if c.position == "nape" or any(opts for _, opts in layers) or any(
-                getattr(get(fn), "reference", None) is not dot_product_attention
-                for fn, _ in layers):
-            raise ValueError(f"{name}: flashblock splits softmax attention: it needs layers "
-                             "of the softmax family ('softmax', 'blockwise', 'jax'), without "
-                             "NAPE or attention_options; got "
-                             f"{[fn for fn, _ in layers]}")
-        heads = flashblock.recompute_heads
-        if heads is not None and (len(heads) != c.num_layers
-                                  or any(len(x) != c.num_heads for x in heads)):
-            raise ValueError(f"{name}: flashblock.recompute_heads must be {c.num_layers} "
-                             f"layers x {c.num_heads} heads, got "
-                             f"{[len(x) for x in heads]}")
-    rng = jax.random.key(0) if rng is None else rng
-    b, p = prompt.shape
-    total = p + num_blocks * block_size
-    graphdef, state = nnx.split(model)
-    tokens = prompt.astype(jnp.int32)
-    cache = None
-    if use_cache:
-        cache = model.init_cache(b, total)
-        if p:
-            cache = _prefill(graphdef, state, tokens, cache, block_size=block_size)
-    steps_out, logprob_out, refreshes, recorded, step_logits = [], [], [], [], []
-    for n in range(num_blocks):
-        block = jnp.full((b, block_size), MASK_ID, jnp.int32)
-        step_of = jnp.zeros((b, block_size), jnp.int32)
-        lp_of = jnp.zeros((b, block_size), jnp.float32)
-        externals, dirty, refreshed, block_record = None, 0, [], []
-        for s, count in enumerate(schedule):
-            if threshold is not None and not bool(jnp.any(block == MASK_ID)):
-                break  # the dynamic rule finished the block early
-            if not use_cache:
-                pad = jnp.full((b, total - tokens.shape[1] - block_size), MASK_ID, jnp.int32)
-                logits = _full_logits(graphdef, state,
-                                      jnp.concatenate([tokens, block, pad], 1),
-                                      jnp.int32(tokens.shape[1]), block_size=block_size)
-                refreshed.append(s)
-            elif flashblock is None:
-                logits = _cached_logits(graphdef, state, block, cache)
-                refreshed.append(s)
-            else:
-                refresh = should_refresh(s, dirty, block_size, flashblock.reuse_ratio)
-                reuse = not refresh
-                sparse = flashblock if flashblock.sparse_keep is not None else None
-                logits, new_ext, internals = _flashblock_logits(
-                    graphdef, state, block, cache, externals if reuse else None,
-                    block_size=block_size, reuse=reuse,
-                    recompute_heads=flashblock.recompute_heads if reuse else None,
-                    sparse=sparse, record=record_external)
-                if refresh:
-                    externals, dirty = new_ext, 0
-                    refreshed.append(s)
-                if record_external:
-                    block_record.append((new_ext, internals))
-            last = s == len(schedule) - 1
-            dynamic = threshold is not None and not last
-            if teacher is None:
-                block, revealed, chosen = _reveal(
-                    logits, block, jax.random.fold_in(rng, n * block_size + s),
-                    count=block_size if count is None else count, order=order,
-                    temperature=float(temperature), threshold=threshold if dynamic else None)
-            else:
-                block, revealed, chosen = _forced_reveal(logits, block, teacher, n, s,
-                                                         p=p, block_size=block_size)
-                step_logits.append(logits.astype(jnp.float32))
-            step_of = jnp.where(revealed, s, step_of)
-            lp_of = jnp.where(revealed, chosen, lp_of)
-            dirty += count if count is not None else int(jnp.max(jnp.sum(revealed, axis=1)))
-        tokens = jnp.concatenate([tokens, block], axis=1)
-        if use_cache and n + 1 < num_blocks:
-            cache = _commit(graphdef, state, block, cache)
-        steps_out.append(step_of)
-        logprob_out.append(lp_of)
-        refreshes.append(tuple(refreshed))
-        recorded.append(block_record)
-    result = BlockGeneration(tokens, jnp.concatenate(steps_out, 1),
-                             jnp.concatenate(logprob_out, 1), tuple(refreshes))
-    if teacher is not None:
-        steps = len(schedule)
-        return result, jnp.stack(step_logits).reshape(num_blocks, steps,
-                                                      *step_logits[0].shape)
-    return (result, recorded) if record_external else result
+
+
+def _check_teacher(teacher, prompt, num_blocks, steps_per_block, *, block_size, threshold,
+                   record_external) -> None:
+    """``teacher`` must be a generation of ``num_blocks`` blocks after ``prompt``, within
+    ``steps_per_block`` steps, and comes without ``threshold`` / ``record_external``."""
+    name = "generate_blocks"
+    want = (prompt.shape[0], num_blocks * block_size)
+    if threshold is not None or record_external:
+        raise ValueError(f"{name}: `teacher` replays a fixed schedule; it takes no "
+                         "threshold or record_external")
+    if tuple(teacher.step.shape) != want or tuple(teacher.tokens.shape) != (
+            want[0], prompt.shape[1] + want[1]):
+        raise ValueError(f"{name}: `teacher` must be a generation of {want[1]} tokens "
+                         f"after this prompt {tuple(prompt.shape)}; got tokens "
+                         f"{tuple(teacher.tokens.shape)}, step {tuple(teacher.step.shape)}")
+    if int(jnp.max(teacher.step)) >= steps_per_block:
+        raise ValueError(f"{name}: `teacher` revealed tokens at step "
+                         f"{int(jnp.max(teacher.step))} >= steps_per_block "
+                         f"{steps_per_block}")
+
+
+def _check_flashblock(c, flashblock: FlashBlockConfig) -> None:
+    """FlashBlock needs softmax-family layers without NAPE or options (config ``c``), and
+    ``recompute_heads`` of ``num_layers x num_heads``."""
+    name = "generate_blocks"
+    layers = [c.layer_attention(i) for i in range(c.num_layers)]
+    if c.position == "nape" or any(opts for _, opts in layers) or any(
+            getattr(get(fn), "reference", None) is not dot_product_attention
+            for fn, _ in layers):
+        raise ValueError(f"{name}: flashblock splits softmax attention: it needs layers "
+                         "of the softmax family ('softmax', 'blockwise', 'jax'), without "
+                         "NAPE or attention_options; got "
+                         f"{[fn for fn, _ in layers]}")
+    heads = flashblock.recompute_heads
+    if heads is not None and (len(heads) != c.num_layers
+                              or any(len(x) != c.num_heads for x in heads)):
+        raise ValueError(f"{name}: flashblock.recompute_heads must be {c.num_layers} "
+                         f"layers x {c.num_heads} heads, got "
+                         f"{[len(x) for x in heads]}")
+
+
+def _step_logits(graphdef, state, tokens, block, cache, s: int, *, total: int,
+                 block_size: int, use_cache: bool, flashblock: FlashBlockConfig | None,
+                 externals, dirty: int, record: bool):
+    """The logits [B, b, V] of the current ``block`` at step ``s``: the whole sequence
+    afresh (no cache), from the KV cache, or with FlashBlock reusing the block-external
+    attention ``externals`` until :func:`should_refresh` (``dirty`` tokens revealed since).
+
+    Returns ``(logits, externals, dirty, refreshed, recorded)``: ``refreshed`` whether
+    this step computed its attention afresh; ``recorded`` ``(externals, internals)`` with
+    ``record``, else None.
+    """
+    b = block.shape[0]
+    if not use_cache:
+        pad = jnp.full((b, total - tokens.shape[1] - block_size), MASK_ID, jnp.int32)
+        logits = _full_logits(graphdef, state, jnp.concatenate([tokens, block, pad], 1),
+                              jnp.int32(tokens.shape[1]), block_size=block_size)
+        return logits, externals, dirty, True, None
+    if flashblock is None:
+        return _cached_logits(graphdef, state, block, cache), externals, dirty, True, None
+    refresh = should_refresh(s, dirty, block_size, flashblock.reuse_ratio)
+    reuse = not refresh
+    sparse = flashblock if flashblock.sparse_keep is not None else None
+    logits, new_ext, internals = _flashblock_logits(
+        graphdef, state, block, cache, externals if reuse else None,
+        block_size=block_size, reuse=reuse,
+        recompute_heads=flashblock.recompute_heads if reuse else None,
+        sparse=sparse, record=record)
+    if refresh:
+        externals, dirty = new_ext, 0
+    return logits, externals, dirty, refresh, ((new_ext, internals) if record else None)
+
+
+def _generate_block(graphdef, state, tokens, cache, n: int, schedule, *, rng, total: int,
+                    block_size: int, use_cache: bool, flashblock, record_external: bool,
+                    threshold, teacher, order: str, temperature):
+    """Block ``n`` after ``tokens``: from all MASK, reveal ``schedule[s]`` positions at each
+    step ``s`` (``None``: by ``threshold``; with ``teacher``: the teacher's).
+
+    Returns ``(block [B, b], step_of [B, b], logprob_of [B, b], refreshed steps,
+    recorded (externals, internals) per step, logits per step (with ``teacher``))``.
+    """
+    b, p = tokens.shape[0], tokens.shape[1] - n * block_size
+    block = jnp.full((b, block_size), MASK_ID, jnp.int32)
+    step_of = jnp.zeros((b, block_size), jnp.int32)
+    lp_of = jnp.zeros((b, block_size), jnp.float32)
+    externals, dirty, refreshed, block_record, step_logits = None, 0, [], [], []
+    for s, count in enumerate(schedule):
+        if threshold is not None and not bool(jnp.any(block == MASK_ID)):
+            break  # the dynamic rule finished the block early
+        logits, externals, dirty, refresh, entry = _step_logits(
+            graphdef, state, tokens, block, cache, s, total=total, block_size=block_size,
+            use_cache=use_cache, flashblock=flashblock, externals=externals, dirty=dirty,
+            record=record_external)
+        if refresh:
+            refreshed.append(s)
+        if record_external:
+            block_record.append(entry)
+        last = s == len(schedule) - 1
+        dynamic = threshold is not None and not last
+        if teacher is None:
+            block, revealed, chosen = _reveal(
+                logits, block, jax.random.fold_in(rng, n * block_size + s),
+                count=block_size if count is None else count, order=order,
+                temperature=float(temperature), threshold=threshold if dynamic else None)
+        else:
+            block, revealed, chosen = _forced_reveal(logits, block, teacher, n, s,
+                                                     p=p, block_size=block_size)
+            step_logits.append(logits.astype(jnp.float32))
+        step_of = jnp.where(revealed, s, step_of)
+        lp_of = jnp.where(revealed, chosen, lp_of)
+        dirty += count if count is not None else int(jnp.max(jnp.sum(revealed, axis=1)))
+    return block, step_of, lp_of, tuple(refreshed), block_record, step_logits
 
 
 def _forced_reveal(logits, block, teacher: BlockGeneration, n: int, s: int, *, p: int,

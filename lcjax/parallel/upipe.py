@@ -60,6 +60,7 @@ gathered in that order, so a checkpoint of :class:`lcjax.nn.Attention` loads unc
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 
@@ -157,182 +158,271 @@ def upipe_local(params: Mapping[str, jax.Array], x, positions, *, axis: str, siz
     ``check_vma=False`` the loops carry partials and ``shard_map``'s transpose sums them.
     """
     wq, wk, wv, wo = (params[n] for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
-    d, heads, hd = wq.shape
-    kv_heads_n = wk.shape[1]
-    q_np, _ = stage_heads(heads, kv_heads_n, size)
-    n_c, g = q_np.shape[0], q_np.shape[1]
-    repeats = n_c * size // kv_heads_n  # > 1 only when n_c == 1 (Hkv < C)
-    chunks = (_chunks(x.shape[1], x.shape[2], size * hd)
-              if accumulate_slices is None else accumulate_slices)
-    # mesh axes x varies over; the weights do not (check_vma=True): reduce dW slices there
-    reduce_axes = tuple(a for a in varying_axes(x) if a not in varying_axes(wq))
-
-    def attend(q, k, v):
-        return attn(q, k, v, causal=causal, scale=scale, **options)  # [B, T, 1, D]
-
-    bwd_options = _softmax_backward_options(attn, options)
-    save = save_attention_output and bwd_options is not None
-    keep_kv = save_kv and n_c == 1
-
-    def attend_lse(q, k, v):  # ([B, T, 1, D], lse [B, T, 1])
-        return attn(q, k, v, causal=causal, scale=scale, return_lse=True, **options)
-
-    def rope(t, positions):
-        return t if rope_base is None else apply_rope(t, positions, base=rope_base)
-
-    def q_heads(qp, positions):  # [B, L, C, D] projected -> [B, T, 1, D] (stage's heads)
-        return seq_to_heads(rope(qp, positions), axis)
-
-    def kv_heads(kp, vp, positions):
-        return seq_to_heads(rope(kp, positions), axis), seq_to_heads(vp, axis)
-
-    def proj(x, w):  # x [B, L, d] @ w [d, n, D] -> [B, L, n, D]
-        return jnp.einsum("BTD,DNH->BTNH", x, w.astype(x.dtype))
-
-    # stage (c, j) takes query heads (c C + i) g + j, i < C: one slice of these views
-    def q_view(w):  # [d, H, D] -> [d, n_c, C, g, D]
-        return w.reshape(d, n_c, size, g, hd)
-
-    def o_view(w):  # [H, D, d] -> [n_c, C, g, D, d]
-        return w.reshape(n_c, size, g, hd, d)
-
-    def q_weights(wq, wo, c, j):
-        wq_s = lax.dynamic_slice(q_view(wq), (0, c, 0, j, 0), (d, 1, size, 1, hd))
-        wo_s = lax.dynamic_slice(o_view(wo), (c, 0, j, 0, 0), (1, size, 1, hd, d))
-        return wq_s.reshape(d, size, hd), wo_s.reshape(size, hd, d)
-
-    def kv_weights(w, c):  # chunk c: kv heads (c C + i) // R, i < C
-        if repeats > 1:
-            return jnp.repeat(w, repeats, axis=1)
-        return lax.dynamic_slice_in_dim(w, c * size, size, axis=1)
-
-    def forward(wq, wk, wv, wo, x, positions, keep: bool, keep_kv: bool):
-        """y, and the backward's residuals stacked [n_c, ...]: with ``keep`` each stage's
-        output (sequence layout) and LSE (head layout) [n_c, g, ...], with ``keep_kv``
-        each chunk's k, v (head layout)."""
-        def group(y, c_xs):
-            c, _ = c_xs
-            k, v = kv_heads(proj(x, kv_weights(wk, c)), proj(x, kv_weights(wv, c)),
-                            positions)
-
-            def stage(y, j_xs):
-                j, _ = j_xs
-                wq_s, wo_s = q_weights(wq, wo, c, j)
-                q = q_heads(proj(x, wq_s), positions)
-                o, lse = attend_lse(q, k, v) if keep else (attend(q, k, v), None)
-                o = heads_to_seq(o, axis)  # [B, L, C, D]
-                y = accumulate_matmul(y, o, wo_s, "BTNH,NHD->BTD", chunks)
-                return y, ((o, lse) if keep else None)
-
-            y, stages = _loop(stage, y, g)
-            return y, (stages, (k, v) if keep_kv else None)
-
-        y = match_varying(jnp.zeros_like(x), x, wq)
-        return _loop(group, y, n_c)
-
-    def reduce(tree):
-        return lax.psum(tree, reduce_axes) if reduce_axes else tree
+    plan = _plan(wq, wk, x, axis=axis, size=size, attn=attn, causal=causal, scale=scale,
+                 rope_base=rope_base, accumulate_slices=accumulate_slices,
+                 save_attention_output=save_attention_output, save_kv=save_kv,
+                 options=options)
 
     @jax.custom_vjp
     def layer(wq, wk, wv, wo, x, positions):
-        return forward(wq, wk, wv, wo, x, positions, False, False)[0]
+        return _forward(plan, wq, wk, wv, wo, x, positions, False, False)[0]
 
-    def layer_fwd(wq, wk, wv, wo, x, positions):
-        y, saved = forward(wq, wk, wv, wo, x, positions, save, keep_kv)
-        # x (which every recomputed projection reads) tied to y: XLA runs the backward
-        # after the forward, not beside it (which kept both loops' buffers alive at once
-        # under value_and_grad: 169 vs 113 MiB, GQA, T = 32K)
-        y, x, saved = lax.optimization_barrier((y, x, saved))
-        return y, (wq, wk, wv, wo, x, positions, saved)
-
-    def layer_bwd(res, dy):
-        wq, wk, wv, wo, x, positions, saved = res
-        dy = dy.astype(x.dtype)
-
-        def stage_grads(q, k, v, wo_s, saved_s, dk, dv):
-            """(dq, dk + dk_s, dv + dv_s, dWo_s) of a stage from its recomputed q, k, v and
-            the chunk's kv cotangent accumulators dk, dv. Exact softmax: the
-            FlashAttention-2 backward from the stage's output and LSE — saved
-            (``save``) or from its forward run again, the output moved to the sequence
-            layout at once — adding dk_s, dv_s into the accumulators block by block (no
-            dk_s, dv_s buffers). Other variants: through their VJP after their forward."""
-            d_o = jnp.einsum("BTD,NHD->BTNH", dy, wo_s.astype(dy.dtype))  # [B, L, C, D]
-            if bwd_options is None:
-                o, attn_pull = jax.vjp(attend, q, k, v)
-                o = heads_to_seq(o, axis)
-                dq, dk_s, dv_s = attn_pull(seq_to_heads(d_o, axis).astype(o.dtype))
-                return (dq, dk + dk_s.astype(dk.dtype), dv + dv_s.astype(dv.dtype),
-                        _out_grad(o, dy))
-            if saved_s is None:
-                o, lse = attend_lse(q, k, v)
-                o = heads_to_seq(o, axis)
-            else:
-                o, lse = saved_s
-            # delta = Σ_D dO·O per token and head, where both live: the sequence layout
-            delta = jnp.sum(d_o * o.astype(d_o.dtype), -1, keepdims=True)  # [B, L, C, 1]
-            delta = seq_to_heads(delta, axis)[..., 0]  # [B, T, 1]
-            dq, dk, dv = blockwise_attention_bwd(q, k, v, lse, seq_to_heads(d_o, axis),
-                                                 delta=delta, causal=causal, scale=scale,
-                                                 dk_acc=dk, dv_acc=dv, **bwd_options)
-            return dq, dk, dv, _out_grad(o, dy)
-
-        def group(carry, c_xs):
-            c, (saved_c, saved_kv) = c_xs
-            dx, dwq, dwk, dwv, dwo = carry
-            wk_c, wv_c = kv_weights(wk, c), kv_weights(wv, c)
-            if saved_kv is None:
-                (k, v), kv_pull = jax.vjp(lambda kp, vp: kv_heads(kp, vp, positions),
-                                          proj(x, wk_c), proj(x, wv_c))
-            else:  # RoPE and the all-to-alls are linear: transpose them, no forward
-                k, v = saved_kv
-                like = match_varying(jnp.zeros((*x.shape[:2], size, hd), x.dtype), x)
-                kv_pull = jax.linear_transpose(
-                    lambda kp, vp: kv_heads(kp, vp, positions), like, like)
-
-            def stage(carry, j_xs):
-                j, saved_s = j_xs
-                dx, dk, dv, dwq, dwo = carry
-                wq_s, wo_s = q_weights(wq, wo, c, j)
-                q, q_pull = jax.vjp(lambda qp: q_heads(qp, positions), proj(x, wq_s))
-                dq, dk, dv, dwo_s = stage_grads(q, k, v, wo_s, saved_s, dk, dv)
-                (dqp,) = q_pull(dq.astype(q.dtype))  # [B, L, C, D]
-                dwq_s, dwo_s = reduce((_weight_grad(dqp, x).astype(dwq.dtype),
-                                       dwo_s.astype(dwo.dtype)))
-                dwq = lax.dynamic_update_slice(dwq, dwq_s.reshape(d, 1, size, 1, hd),
-                                               (0, c, 0, j, 0))
-                dwo = lax.dynamic_update_slice(dwo, dwo_s.reshape(1, size, 1, hd, d),
-                                               (c, 0, j, 0, 0))
-                dx = accumulate_matmul(dx, dqp, wq_s, "BTNH,DNH->BTD", chunks)
-                return (dx, dk, dv, dwq, dwo), None
-
-            zeros = match_varying((jnp.zeros_like(k), jnp.zeros_like(v)), k, v, x)
-            dx, dk, dv, dwq, dwo = _loop(stage, (dx, *zeros, dwq, dwo), g, saved_c)[0]
-            dkp, dvp = kv_pull((dk, dv))
-            dwk_c, dwv_c = reduce((_weight_grad(dkp, x).astype(dwk.dtype),
-                                   _weight_grad(dvp, x).astype(dwv.dtype)))
-            if repeats > 1:  # one chunk; copies of a kv head: their gradients summed
-                dwk = dwk_c.reshape(d, kv_heads_n, repeats, hd).sum(2)
-                dwv = dwv_c.reshape(d, kv_heads_n, repeats, hd).sum(2)
-            else:
-                dwk = lax.dynamic_update_slice_in_dim(dwk, dwk_c, c * size, axis=1)
-                dwv = lax.dynamic_update_slice_in_dim(dwv, dwv_c, c * size, axis=1)
-            dx = accumulate_matmul(dx, dkp, wk_c, "BTNH,DNH->BTD", chunks)
-            dx = accumulate_matmul(dx, dvp, wv_c, "BTNH,DNH->BTD", chunks)
-            return (dx, dwq, dwk, dwv, dwo), None
-
-        dx = match_varying(jnp.zeros_like(x), x)
-        dws = tuple(jnp.zeros_like(w) for w in (q_view(wq), wk, wv, o_view(wo)))
-        if not reduce_axes:  # partials: varying like x (a no-op without check_vma)
-            dws = match_varying(dws, x)
-        dx, dwq, dwk, dwv, dwo = _loop(group, (dx, *dws), n_c, saved)[0]
-        return dwq.reshape(wq.shape), dwk, dwv, dwo.reshape(wo.shape), dx, None
-
-    layer.defvjp(layer_fwd, layer_bwd)
-    if not reduce_axes:
+    layer.defvjp(functools.partial(_layer_fwd, plan), functools.partial(_layer_bwd, plan))
+    if not plan.reduce_axes:
         # weights varying like x: the custom_vjp returns this device's partial dW and the
         # cast's transpose (or shard_map's, without check_vma) sums them outside it
         wq, wk, wv, wo = match_varying((wq, wk, wv, wo), x)
     return layer(wq, wk, wv, wo, x, positions)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Plan:
+    """What every stage of one UPipe layer shares (static under the trace).
+
+    ``d``, ``hd``: model and head widths; ``n_c`` kv chunks of ``g`` query stages each
+    (:func:`stage_heads`); ``repeats`` = R copies of each kv head (> 1 only when n_c = 1,
+    Hkv < C); ``chunks``: sequence slices of :func:`accumulate_matmul`; ``reduce_axes``:
+    mesh axes x varies over and the weights do not (dW slices are ``psum``'d there);
+    ``bwd_options``: :func:`_softmax_backward_options` (None: the variant's own VJP);
+    ``save``/``keep_kv``: the forward keeps each stage's output and LSE / the K/V chunk.
+    """
+
+    axis: str
+    size: int
+    d: int
+    hd: int
+    kv_heads: int
+    n_c: int
+    g: int
+    repeats: int
+    chunks: int
+    reduce_axes: tuple
+    attn: Callable
+    causal: bool
+    scale: float | None
+    rope_base: float | None
+    options: Mapping
+    bwd_options: dict | None
+    save: bool
+    keep_kv: bool
+
+
+def _plan(wq, wk, x, *, axis, size, attn, causal, scale, rope_base, accumulate_slices,
+          save_attention_output, save_kv, options) -> _Plan:
+    """The :class:`_Plan` of :func:`upipe_local`'s arguments (wq [d, H, D], wk
+    [d, Hkv, D], local x [B, L, d])."""
+    d, heads, hd = wq.shape
+    kv_heads_n = wk.shape[1]
+    q_np, _ = stage_heads(heads, kv_heads_n, size)
+    n_c, g = q_np.shape[0], q_np.shape[1]
+    chunks = (_chunks(x.shape[1], x.shape[2], size * hd)
+              if accumulate_slices is None else accumulate_slices)
+    bwd_options = _softmax_backward_options(attn, options)
+    return _Plan(
+        axis=axis, size=size, d=d, hd=hd, kv_heads=kv_heads_n, n_c=n_c, g=g,
+        repeats=n_c * size // kv_heads_n, chunks=chunks,
+        # mesh axes x varies over; the weights do not (check_vma=True): reduce dW slices there
+        reduce_axes=tuple(a for a in varying_axes(x) if a not in varying_axes(wq)),
+        attn=attn, causal=causal, scale=scale, rope_base=rope_base, options=options,
+        bwd_options=bwd_options, save=save_attention_output and bwd_options is not None,
+        keep_kv=save_kv and n_c == 1)
+
+
+def _attend(plan: _Plan, q, k, v):
+    """The variant's attention of one stage: q, k, v [B, T, 1, D] -> [B, T, 1, D]."""
+    return plan.attn(q, k, v, causal=plan.causal, scale=plan.scale, **plan.options)
+
+
+def _attend_lse(plan: _Plan, q, k, v):
+    """:func:`_attend` with its LSE: ([B, T, 1, D], lse [B, T, 1])."""
+    return plan.attn(q, k, v, causal=plan.causal, scale=plan.scale, return_lse=True,
+                     **plan.options)
+
+
+def _rope(plan: _Plan, t, positions):
+    return t if plan.rope_base is None else apply_rope(t, positions, base=plan.rope_base)
+
+
+def _q_heads(plan: _Plan, qp, positions):
+    """A stage's projected queries [B, L, C, D] -> RoPE'd, head layout [B, T, 1, D]."""
+    return seq_to_heads(_rope(plan, qp, positions), plan.axis)
+
+
+def _kv_heads(plan: _Plan, kp, vp, positions):
+    """A chunk's projected k, v [B, L, C, D] -> (RoPE'd k, v) in the head layout."""
+    return seq_to_heads(_rope(plan, kp, positions), plan.axis), seq_to_heads(vp, plan.axis)
+
+
+def _proj(x, w):
+    """x [B, L, d] @ w [d, n, D] -> [B, L, n, D]."""
+    return jnp.einsum("BTD,DNH->BTNH", x, w.astype(x.dtype))
+
+
+# stage (c, j) takes query heads (c C + i) g + j, i < C: one slice of these views
+def _q_view(plan: _Plan, w):
+    """Wq [d, H, D] -> [d, n_c, C, g, D]."""
+    return w.reshape(plan.d, plan.n_c, plan.size, plan.g, plan.hd)
+
+
+def _o_view(plan: _Plan, w):
+    """Wo [H, D, d] -> [n_c, C, g, D, d]."""
+    return w.reshape(plan.n_c, plan.size, plan.g, plan.hd, plan.d)
+
+
+def _q_weights(plan: _Plan, wq, wo, c, j):
+    """Stage (c, j)'s Wq_s [d, C, D] and Wo_s [C, D, d]."""
+    d, size, hd = plan.d, plan.size, plan.hd
+    wq_s = lax.dynamic_slice(_q_view(plan, wq), (0, c, 0, j, 0), (d, 1, size, 1, hd))
+    wo_s = lax.dynamic_slice(_o_view(plan, wo), (c, 0, j, 0, 0), (1, size, 1, hd, d))
+    return wq_s.reshape(d, size, hd), wo_s.reshape(size, hd, d)
+
+
+def _kv_weights(plan: _Plan, w, c):
+    """Chunk c's Wk or Wv [d, C, D]: kv heads (c C + i) // R, i < C."""
+    if plan.repeats > 1:
+        return jnp.repeat(w, plan.repeats, axis=1)
+    return lax.dynamic_slice_in_dim(w, c * plan.size, plan.size, axis=1)
+
+
+def _reduce(plan: _Plan, tree):
+    """``psum`` over ``plan.reduce_axes`` (none: unchanged)."""
+    return lax.psum(tree, plan.reduce_axes) if plan.reduce_axes else tree
+
+
+def _stage_fwd(plan: _Plan, wq, wo, x, positions, k, v, c, keep: bool, y, j_xs):
+    """Stage (c, j)'s forward, a scan body: y + o_s Wo_s with o_s the attention of its C
+    query heads over chunk c's k, v; with ``keep`` its output (sequence layout) and LSE."""
+    j, _ = j_xs
+    wq_s, wo_s = _q_weights(plan, wq, wo, c, j)
+    q = _q_heads(plan, _proj(x, wq_s), positions)
+    o, lse = _attend_lse(plan, q, k, v) if keep else (_attend(plan, q, k, v), None)
+    o = heads_to_seq(o, plan.axis)  # [B, L, C, D]
+    y = accumulate_matmul(y, o, wo_s, "BTNH,NHD->BTD", plan.chunks)
+    return y, ((o, lse) if keep else None)
+
+
+def _group_fwd(plan: _Plan, wq, wk, wv, wo, x, positions, keep: bool, keep_kv: bool, y,
+               c_xs):
+    """Kv chunk c's forward, a scan body: its k, v projected once, then its g stages."""
+    c, _ = c_xs
+    k, v = _kv_heads(plan, _proj(x, _kv_weights(plan, wk, c)),
+                     _proj(x, _kv_weights(plan, wv, c)), positions)
+    stage = functools.partial(_stage_fwd, plan, wq, wo, x, positions, k, v, c, keep)
+    y, stages = _loop(stage, y, plan.g)
+    return y, (stages, (k, v) if keep_kv else None)
+
+
+def _forward(plan: _Plan, wq, wk, wv, wo, x, positions, keep: bool, keep_kv: bool):
+    """y, and the backward's residuals stacked [n_c, ...]: with ``keep`` each stage's
+    output (sequence layout) and LSE (head layout) [n_c, g, ...], with ``keep_kv``
+    each chunk's k, v (head layout)."""
+    group = functools.partial(_group_fwd, plan, wq, wk, wv, wo, x, positions, keep, keep_kv)
+    y = match_varying(jnp.zeros_like(x), x, wq)
+    return _loop(group, y, plan.n_c)
+
+
+def _layer_fwd(plan: _Plan, wq, wk, wv, wo, x, positions):
+    """The custom_vjp forward: y and the residuals (inputs, and what ``plan`` keeps)."""
+    y, saved = _forward(plan, wq, wk, wv, wo, x, positions, plan.save, plan.keep_kv)
+    # x (which every recomputed projection reads) tied to y: XLA runs the backward
+    # after the forward, not beside it (which kept both loops' buffers alive at once
+    # under value_and_grad: 169 vs 113 MiB, GQA, T = 32K)
+    y, x, saved = lax.optimization_barrier((y, x, saved))
+    return y, (wq, wk, wv, wo, x, positions, saved)
+
+
+def _stage_grads(plan: _Plan, dy, q, k, v, wo_s, saved_s, dk, dv):
+    """(dq, dk + dk_s, dv + dv_s, dWo_s) of a stage from its recomputed q, k, v and
+    the chunk's kv cotangent accumulators dk, dv. Exact softmax: the
+    FlashAttention-2 backward from the stage's output and LSE — saved
+    (``save``) or from its forward run again, the output moved to the sequence
+    layout at once — adding dk_s, dv_s into the accumulators block by block (no
+    dk_s, dv_s buffers). Other variants: through their VJP after their forward."""
+    axis = plan.axis
+    d_o = jnp.einsum("BTD,NHD->BTNH", dy, wo_s.astype(dy.dtype))  # [B, L, C, D]
+    if plan.bwd_options is None:
+        o, attn_pull = jax.vjp(functools.partial(_attend, plan), q, k, v)
+        o = heads_to_seq(o, axis)
+        dq, dk_s, dv_s = attn_pull(seq_to_heads(d_o, axis).astype(o.dtype))
+        return (dq, dk + dk_s.astype(dk.dtype), dv + dv_s.astype(dv.dtype),
+                _out_grad(o, dy))
+    if saved_s is None:
+        o, lse = _attend_lse(plan, q, k, v)
+        o = heads_to_seq(o, axis)
+    else:
+        o, lse = saved_s
+    # delta = Σ_D dO·O per token and head, where both live: the sequence layout
+    delta = jnp.sum(d_o * o.astype(d_o.dtype), -1, keepdims=True)  # [B, L, C, 1]
+    delta = seq_to_heads(delta, axis)[..., 0]  # [B, T, 1]
+    dq, dk, dv = blockwise_attention_bwd(q, k, v, lse, seq_to_heads(d_o, axis),
+                                         delta=delta, causal=plan.causal, scale=plan.scale,
+                                         dk_acc=dk, dv_acc=dv, **plan.bwd_options)
+    return dq, dk, dv, _out_grad(o, dy)
+
+
+def _stage_bwd(plan: _Plan, wq, wo, x, positions, dy, k, v, c, carry, j_xs):
+    """Stage (c, j)'s backward, a scan body over carry (dx, dk, dv, dWq, dWo): recomputes
+    its queries, adds its dk, dv into the chunk's, writes its dWq, dWo slices and adds
+    dq_s Wq_sᵀ into dx."""
+    d, size, hd = plan.d, plan.size, plan.hd
+    j, saved_s = j_xs
+    dx, dk, dv, dwq, dwo = carry
+    wq_s, wo_s = _q_weights(plan, wq, wo, c, j)
+    q, q_pull = jax.vjp(lambda qp: _q_heads(plan, qp, positions), _proj(x, wq_s))
+    dq, dk, dv, dwo_s = _stage_grads(plan, dy, q, k, v, wo_s, saved_s, dk, dv)
+    (dqp,) = q_pull(dq.astype(q.dtype))  # [B, L, C, D]
+    dwq_s, dwo_s = _reduce(plan, (_weight_grad(dqp, x).astype(dwq.dtype),
+                                  dwo_s.astype(dwo.dtype)))
+    dwq = lax.dynamic_update_slice(dwq, dwq_s.reshape(d, 1, size, 1, hd), (0, c, 0, j, 0))
+    dwo = lax.dynamic_update_slice(dwo, dwo_s.reshape(1, size, 1, hd, d), (c, 0, j, 0, 0))
+    dx = accumulate_matmul(dx, dqp, wq_s, "BTNH,DNH->BTD", plan.chunks)
+    return (dx, dk, dv, dwq, dwo), None
+
+
+def _group_bwd(plan: _Plan, wq, wk, wv, wo, x, positions, dy, carry, c_xs):
+    """Kv chunk c's backward, a scan body over carry (dx, dWq, dWk, dWv, dWo): its k, v
+    recomputed (or, kept, their linear RoPE/all-to-all transposed), its g stages'
+    backward summing dk, dv, then its dWk, dWv slices and dk Wkᵀ + dv Wvᵀ into dx."""
+    d, size, hd = plan.d, plan.size, plan.hd
+    c, (saved_c, saved_kv) = c_xs
+    dx, dwq, dwk, dwv, dwo = carry
+    wk_c, wv_c = _kv_weights(plan, wk, c), _kv_weights(plan, wv, c)
+    if saved_kv is None:
+        (k, v), kv_pull = jax.vjp(lambda kp, vp: _kv_heads(plan, kp, vp, positions),
+                                  _proj(x, wk_c), _proj(x, wv_c))
+    else:  # RoPE and the all-to-alls are linear: transpose them, no forward
+        k, v = saved_kv
+        like = match_varying(jnp.zeros((*x.shape[:2], size, hd), x.dtype), x)
+        kv_pull = jax.linear_transpose(
+            lambda kp, vp: _kv_heads(plan, kp, vp, positions), like, like)
+    stage = functools.partial(_stage_bwd, plan, wq, wo, x, positions, dy, k, v, c)
+    zeros = match_varying((jnp.zeros_like(k), jnp.zeros_like(v)), k, v, x)
+    dx, dk, dv, dwq, dwo = _loop(stage, (dx, *zeros, dwq, dwo), plan.g, saved_c)[0]
+    dkp, dvp = kv_pull((dk, dv))
+    dwk_c, dwv_c = _reduce(plan, (_weight_grad(dkp, x).astype(dwk.dtype),
+                                  _weight_grad(dvp, x).astype(dwv.dtype)))
+    if plan.repeats > 1:  # one chunk; copies of a kv head: their gradients summed
+        dwk = dwk_c.reshape(d, plan.kv_heads, plan.repeats, hd).sum(2)
+        dwv = dwv_c.reshape(d, plan.kv_heads, plan.repeats, hd).sum(2)
+    else:
+        dwk = lax.dynamic_update_slice_in_dim(dwk, dwk_c, c * size, axis=1)
+        dwv = lax.dynamic_update_slice_in_dim(dwv, dwv_c, c * size, axis=1)
+    dx = accumulate_matmul(dx, dkp, wk_c, "BTNH,DNH->BTD", plan.chunks)
+    dx = accumulate_matmul(dx, dvp, wv_c, "BTNH,DNH->BTD", plan.chunks)
+    return (dx, dwq, dwk, dwv, dwo), None
+
+
+def _layer_bwd(plan: _Plan, res, dy):
+    """The custom_vjp backward: the stage loops again, from the residuals ``res``."""
+    wq, wk, wv, wo, x, positions, saved = res
+    dy = dy.astype(x.dtype)
+    group = functools.partial(_group_bwd, plan, wq, wk, wv, wo, x, positions, dy)
+    dx = match_varying(jnp.zeros_like(x), x)
+    dws = tuple(jnp.zeros_like(w) for w in (_q_view(plan, wq), wk, wv, _o_view(plan, wo)))
+    if not plan.reduce_axes:  # partials: varying like x (a no-op without check_vma)
+        dws = match_varying(dws, x)
+    dx, dwq, dwk, dwv, dwo = _loop(group, (dx, *dws), plan.n_c, saved)[0]
+    return dwq.reshape(wq.shape), dwk, dwv, dwo.reshape(wo.shape), dx, None
 
 
 def _softmax_backward_options(attn, options: Mapping) -> dict | None:

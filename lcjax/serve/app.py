@@ -495,7 +495,16 @@ def create_app(served: ServedModel, *, batch_window_ms: float = 10.0, max_batch:
     app.state.batcher = batcher
     app.state.served = served
     app.state.limits = limits
-    created = int(time.time())
+    _add_error_handlers(app)
+    _add_info_routes(app, served, batcher, limits, created=int(time.time()))
+    _add_completions_route(app, served, batcher, limits)
+    _add_chat_route(app, served, batcher, limits, default_chat_max_tokens)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as an OpenAI error body: :class:`APIError`s as raised, invalid requests
+    400 naming the first bad parameter, HTTP errors with their status, anything else 500."""
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
@@ -522,6 +531,12 @@ def create_app(served: ServedModel, *, batch_window_ms: float = 10.0, max_batch:
         return error_response(500, f"generation failed: {type(exc).__name__}: {exc}",
                               type="server_error")
 
+
+def _add_info_routes(app: FastAPI, served: ServedModel, batcher: Batcher,
+                     limits: ServeLimits, *, created: int) -> None:
+    """``GET /health``, ``/v1/models``, ``/v1/models/{model_id}`` and ``/v1/lcjax/stats``
+    (the batcher's counters, pending requests and the limits)."""
+
     @app.get("/health")
     async def health():
         return {"status": "ok"}
@@ -541,21 +556,34 @@ def create_app(served: ServedModel, *, batch_window_ms: float = 10.0, max_batch:
         return {**batcher.stats.as_dict(), "pending": batcher.pending,
                 "limits": dataclasses.asdict(limits)}
 
+
+def _completion_ids(served: ServedModel, req: CompletionRequest, limits: ServeLimits
+                    ) -> tuple[list[list[int]], int]:
+    """The checked request's token ids per prompt and its ``max_tokens`` (default 16)."""
+    prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+    _check_rows(len(prompts) * req.n, limits, "prompt")
+    for i, p in enumerate(prompts):
+        _check_text(p, "prompt" if isinstance(req.prompt, str) else f"prompt.{i}")
+    for s in _stops(req.stop):
+        _check_text(s, "stop")
+    max_tokens = 16 if req.max_tokens is None else req.max_tokens  # OpenAI's default
+    ids = [served.tokenizer.encode(p) for p in prompts]
+    for i, x in enumerate(ids):
+        if len(x) == 0:
+            raise APIError(400, f"prompt {i} has no tokens", param="prompt")
+        _check_context(served, len(x), max_tokens, "max_tokens")
+    return ids, max_tokens
+
+
+def _add_completions_route(app: FastAPI, served: ServedModel, batcher: Batcher,
+                           limits: ServeLimits) -> None:
+    """``POST /v1/completions``: ``n`` completions of each prompt (OpenAI's body; SSE
+    with ``stream``: one event per choice, then the usage)."""
+
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
         _check_model(served, req.model)
-        prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
-        _check_rows(len(prompts) * req.n, limits, "prompt")
-        for i, p in enumerate(prompts):
-            _check_text(p, "prompt" if isinstance(req.prompt, str) else f"prompt.{i}")
-        for s in _stops(req.stop):
-            _check_text(s, "stop")
-        max_tokens = 16 if req.max_tokens is None else req.max_tokens  # OpenAI's default
-        ids = [served.tokenizer.encode(p) for p in prompts]
-        for i, x in enumerate(ids):
-            if len(x) == 0:
-                raise APIError(400, f"prompt {i} has no tokens", param="prompt")
-            _check_context(served, len(x), max_tokens, "max_tokens")
+        ids, max_tokens = _completion_ids(served, req, limits)
         gens = await _generate_all(batcher, ids, [max_tokens] * len(ids), req, request,
                                    limits)
         stops = _stops(req.stop)
@@ -577,30 +605,61 @@ def create_app(served: ServedModel, *, batch_window_ms: float = 10.0, max_batch:
                         + [{**body, "choices": [], "usage": usage}])
         return body
 
+
+def _chat_ids(served: ServedModel, req: ChatRequest, limits: ServeLimits,
+              default_max_tokens: int) -> tuple[list[int], int]:
+    """The checked chat request's prompt ids (through the chat template) and the tokens
+    to generate (``max_completion_tokens``, ``max_tokens``, else the default, at most
+    what the context leaves)."""
+    _check_rows(req.n, limits, "n")
+    for i, m in enumerate(req.messages):
+        _check_text(m.text(), f"messages.{i}.content")
+        _check_text(m.name, f"messages.{i}.name")
+    for s in _stops(req.stop):
+        _check_text(s, "stop")
+    messages = [{"role": m.role, "content": m.text(),
+                 **({"name": m.name} if m.name else {})} for m in req.messages]
+    try:
+        ids = served.tokenizer.encode_chat(messages)
+    except Exception as e:  # a template's raise_exception, e.g. roles out of order
+        raise APIError(400, f"the chat template failed: {e}", param="messages") from None
+    if len(ids) == 0:
+        raise APIError(400, "the messages have no tokens", param="messages")
+    asked = req.max_completion_tokens or req.max_tokens
+    param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+    if asked is None:
+        asked = min(default_max_tokens, served.max_len - len(ids))
+        if asked < 1:
+            asked = 1  # then the guard below names the over-long prompt
+    _check_context(served, len(ids), asked, param)
+    return ids, asked
+
+
+def _chat_events(body: dict) -> list[dict]:
+    """A chat completion ``body`` as SSE chunks: per choice its whole content, then its
+    finish reason; last the usage."""
+    chunk = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"],
+             "model": body["model"]}
+    events = []
+    for c in body["choices"]:
+        events.append({**chunk, "choices": [{"index": c["index"], "delta": {
+            "role": "assistant", "content": c["message"]["content"]},
+            "logprobs": c["logprobs"], "finish_reason": None}]})
+        events.append({**chunk, "choices": [{"index": c["index"], "delta": {},
+                                             "logprobs": None,
+                                             "finish_reason": c["finish_reason"]}]})
+    return events + [{**chunk, "choices": [], "usage": body["usage"]}]
+
+
+def _add_chat_route(app: FastAPI, served: ServedModel, batcher: Batcher,
+                    limits: ServeLimits, default_chat_max_tokens: int) -> None:
+    """``POST /v1/chat/completions``: ``n`` replies to the messages (OpenAI's body; SSE
+    with ``stream``: :func:`_chat_events`)."""
+
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
         _check_model(served, req.model)
-        _check_rows(req.n, limits, "n")
-        for i, m in enumerate(req.messages):
-            _check_text(m.text(), f"messages.{i}.content")
-            _check_text(m.name, f"messages.{i}.name")
-        for s in _stops(req.stop):
-            _check_text(s, "stop")
-        messages = [{"role": m.role, "content": m.text(),
-                     **({"name": m.name} if m.name else {})} for m in req.messages]
-        try:
-            ids = served.tokenizer.encode_chat(messages)
-        except Exception as e:  # a template's raise_exception, e.g. roles out of order
-            raise APIError(400, f"the chat template failed: {e}", param="messages") from None
-        if len(ids) == 0:
-            raise APIError(400, "the messages have no tokens", param="messages")
-        asked = req.max_completion_tokens or req.max_tokens
-        param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
-        if asked is None:
-            asked = min(default_chat_max_tokens, served.max_len - len(ids))
-            if asked < 1:
-                asked = 1  # then the guard below names the over-long prompt
-        _check_context(served, len(ids), asked, param)
+        ids, asked = _chat_ids(served, req, limits, default_chat_max_tokens)
         [row] = await _generate_all(batcher, [ids], [asked], req, request, limits)
         stops = _stops(req.stop)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
@@ -616,18 +675,6 @@ def create_app(served: ServedModel, *, batch_window_ms: float = 10.0, max_batch:
         body = {"id": rid, "object": "chat.completion", "created": int(time.time()),
                 "model": served.name, "choices": choices, "usage": usage}
         if req.stream:
-            chunk = {"id": rid, "object": "chat.completion.chunk", "created": body["created"],
-                     "model": served.name}
-            events = []
-            for c in choices:
-                events.append({**chunk, "choices": [{"index": c["index"], "delta": {
-                    "role": "assistant", "content": c["message"]["content"]},
-                    "logprobs": c["logprobs"], "finish_reason": None}]})
-                events.append({**chunk, "choices": [{"index": c["index"], "delta": {},
-                                                     "logprobs": None,
-                                                     "finish_reason": c["finish_reason"]}]})
-            return _sse(events + [{**chunk, "choices": [], "usage": usage}])
+            return _sse(_chat_events(body))
         return body
-
-    return app
 

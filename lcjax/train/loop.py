@@ -586,6 +586,243 @@ def _check_model_cfg(model_cfg: Any) -> None:
         raise ValueError(f"model vocab_size={vocab} < byte tokenizer's {tokenizer.VOCAB_SIZE}")
 
 
+def _check_train_args(cfg: TrainConfig, train_docs: Any, eval_docs: Any, dataset: Any,
+                      eval_dataset: Any, overwrite: bool) -> None:
+    """Refuses conflicting data arguments and a foreign ``cfg.out_dir``, before any work."""
+    if dataset is not None and train_docs is not None:
+        raise ValueError("give train_docs or dataset, not both")
+    if eval_dataset is not None and eval_docs is not None:
+        raise ValueError("give eval_docs or eval_dataset, not both")
+    if dataset is not None and cfg.document_mask:
+        raise ValueError("TrainConfig.document_mask applies to packed documents; a dataset "
+                         "masks attention by carrying segment_ids")
+    if cfg.out_dir is not None:  # refuse a foreign out_dir before any work
+        checkpoint.check_out_dir(cfg.out_dir, resume=cfg.resume, overwrite=overwrite)
+
+
+def _train_data(model_cfg: Any, cfg: TrainConfig, mesh: Mesh | None, train_docs: Any,
+                eval_docs: Any, dataset: Any, eval_dataset: Any
+                ) -> tuple[Any, Any, int | None]:
+    """``(dataset, eval_dataset, eval_batches)`` of a run (:func:`train`'s data arguments).
+
+    Documents are packed into ``[batch_size, seq_len]`` windows, this process's rows of
+    the mesh's data axis only; without documents or a dataset, the Shakespeare split.
+    With several processes evaluation reads whole batches only, as many as the shortest
+    shard has. ``cfg.eval_batches == 0`` disables evaluation (``eval_dataset`` None).
+    """
+    shard_index, shard_count = (0, 1) if mesh is None else distributed.process_rows(mesh)
+    if mesh is not None and dataset is None:
+        _check_mesh_shapes(cfg, mesh)
+    if dataset is None:
+        _check_model_cfg(model_cfg)
+        if train_docs is None and eval_docs is None:
+            train_docs, eval_docs = shakespeare_split(cfg.heldout_fraction, cfg.split_seed)
+        if train_docs is None:
+            raise ValueError("eval_docs without train_docs (or dataset)")
+        dataset = pipeline.make_dataset(
+            train_docs, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.data_seed,
+            segments=cfg.document_mask, shard_index=shard_index, shard_count=shard_count,
+        )
+    eval_batches = cfg.eval_batches
+    if eval_docs and cfg.eval_batches != 0:
+        # several processes: whole batches only, as many as the shortest shard has
+        eval_dataset = pipeline.make_dataset(
+            eval_docs, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.data_seed,
+            num_epochs=1, drop_remainder=shard_count > 1, segments=cfg.document_mask,
+            shard_index=shard_index, shard_count=shard_count,
+        )
+        if shard_count > 1:
+            from jax.experimental import multihost_utils
+
+            fewest = int(np.min(multihost_utils.process_allgather(np.int32(len(eval_dataset)))))
+            eval_batches = fewest if eval_batches is None else min(eval_batches, fewest)
+    if cfg.eval_batches == 0:
+        eval_dataset = None
+    return dataset, eval_dataset, eval_batches
+
+
+def _init_state(model_cfg: Any, cfg: TrainConfig, model_fn: Callable | None, wrt: Any,
+                mesh: Mesh | None) -> tuple[nnx.GraphDef, tuple[Any, Any, Any], dict]:
+    """``(graphdef, (params, rest, opt_state), hparams)`` of a fresh model and optimizer.
+
+    ``params`` are the ``wrt`` variables, ``rest`` the others; on a mesh all three are
+    replicated.
+    """
+    model = (model_fn or _default_model_fn)(model_cfg, nnx.Rngs(cfg.seed))
+    graphdef, params, rest = nnx.split(model, wrt, ...)
+    hparams = optimizer_hparams(cfg)
+    opt_state = make_optimizer(**hparams).init(params)
+    if mesh is not None:  # replicated state, batches sharded P("data", "context")
+        params, rest, opt_state = distributed.replicate((params, rest, opt_state), mesh)
+    return graphdef, (params, rest, opt_state), hparams
+
+
+def _run_meta(model_cfg: Any, cfg: TrainConfig, params: Any) -> dict:
+    """The checkpoint's JSON metadata: both configs and the parameter shapes."""
+    return json.loads(json.dumps({
+        "model_config": config_dict(model_cfg), "train_config": config_dict(cfg),
+        "params": checkpoint.param_shapes(params),
+    }))
+
+
+def _open_run(cfg: TrainConfig, meta: dict, state: tuple[Any, Any, Any], *,
+              mesh: Mesh | None, overwrite: bool, extra_config: Mapping[str, Any] | None):
+    """Opens ``cfg.out_dir`` (checkpoints, ``metrics.jsonl``, ``config.json``), resuming.
+
+    Returns ``(manager, log_path, state, data_state, step)``: ``state = (params, rest,
+    opt_state)`` restored onto this run's mesh when a checkpoint is resumed, else the
+    given one; ``manager``/``log_path`` None without ``out_dir``. A resumed run's
+    ``metrics.jsonl`` is cut back to its checkpoint's step.
+    """
+    if cfg.out_dir is None:
+        return None, None, state, None, 0
+    params, rest, opt_state = state
+    data_state, step = None, 0
+    checkpoint.prepare_out_dir(cfg.out_dir, resume=cfg.resume, overwrite=overwrite)
+    manager, restored = checkpoint.open_run(  # restored onto this run's mesh
+        os.path.join(cfg.out_dir, "checkpoints"), resume=cfg.resume, meta=meta,
+        fields=RESUME_FIELDS, params=params, rest=rest, opt_state=opt_state,
+        max_to_keep=cfg.keep_checkpoints, uncommit=mesh is None,
+    )
+    if restored is not None:
+        params, rest, opt_state = (restored[k] for k in ("params", "rest", "opt_state"))
+        data_state, step = restored["data_state"], restored["step"]
+        if step > cfg.steps:
+            manager.close()
+            raise ValueError(f"cannot resume: the checkpoint is at step {step}, past "
+                             f"steps={cfg.steps} (a resume may extend a run, not shorten "
+                             "it)")
+    log_path = os.path.join(cfg.out_dir, "metrics.jsonl")
+    if jax.process_index() == 0:
+        metrics.truncate_jsonl(log_path, step)  # what a killed run logged past `step`
+        with open(os.path.join(cfg.out_dir, "config.json"), "w", encoding="utf-8") as f:
+            json.dump({"model": meta["model_config"], "train": meta["train_config"],
+                       **(extra_config or {})}, f, indent=2)
+    return manager, log_path, (params, rest, opt_state), data_state, step
+
+
+def _step_records(steps: Sequence[int], stats: Sequence[dict], lrs: Any,
+                  tokens_per_s: float) -> list[dict]:
+    """One log record per step: ``step``, ``loss``, the hook's metrics, ``lr``,
+    ``grad_norm``, ``tokens_per_s`` (``stats`` are host dicts; their ``loss`` is popped)."""
+    return [
+        {"step": k, "loss": float(s.pop("loss")), **{m: float(v) for m, v in s.items()
+                                                     if m != "grad_norm"},
+         "lr": float(lr), "grad_norm": float(s["grad_norm"]), "tokens_per_s": tokens_per_s}
+        for k, s, lr in zip(steps, stats, lrs)
+    ]
+
+
+class _StepLog:
+    """The run's log: step stats are kept on device until :meth:`flush`, which fetches
+    them, writes their records (:func:`_step_records`) to ``history``, ``log_path``
+    (process 0) and the progress bar, and times the interval since the last flush.
+
+    ``tokens_per_s`` is the mean over every interval but the first (which includes
+    compilation); time spent evaluating or checkpointing is left out
+    (:meth:`restart_clock`).
+    """
+
+    def __init__(self, sched: Callable[[Any], jax.Array], log_path: str | None, bar: Any):
+        self.sched, self.log_path, self.bar = sched, log_path, bar
+        self.history: list[dict] = []
+        self.evals: list[dict] = []
+        self.pending: list[tuple[int, Any, int]] = []  # (step, device stats, tokens)
+        self.timed_tokens, self.timed_s = 0, 0.0
+        self.t0, self.first_flush = time.perf_counter(), True
+
+    def add(self, step: int, stats: Any, tokens: int) -> None:
+        self.pending.append((step, stats, tokens))
+
+    def restart_clock(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        stats = jax.device_get([s for _, s, _ in self.pending])
+        dt = time.perf_counter() - self.t0
+        tokens = sum(n for _, _, n in self.pending)
+        tps = tokens / dt
+        if not self.first_flush:  # the first interval includes compilation
+            self.timed_tokens, self.timed_s = self.timed_tokens + tokens, self.timed_s + dt
+        steps = [k for k, _, _ in self.pending]
+        lrs = np.asarray(self.sched(np.array(steps)))
+        records = _step_records(steps, stats, lrs, tps)
+        self.history.extend(records)
+        if self.log_path and jax.process_index() == 0:
+            metrics.append_jsonl(self.log_path, records)
+        self.bar.update(len(self.pending))
+        shown = {k: v for k, v in records[-1].items() if k not in ("step", "lr", "tokens_per_s")}
+        self.bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()} | {"tok_s": f"{tps:.3g}"})
+        self.pending.clear()
+        self.t0, self.first_flush = time.perf_counter(), False
+
+    def log_eval(self, record: dict) -> None:
+        self.evals.append(record)
+        if self.log_path and jax.process_index() == 0:
+            metrics.append_jsonl(self.log_path, [record])
+        self.bar.write(json.dumps(record))
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.timed_tokens / self.timed_s if self.timed_s > 0 else math.nan
+
+
+def _due(step: int, every: int | None, at_end: bool) -> bool:
+    """Whether a periodic action (eval, checkpoint) runs after ``step``."""
+    return bool(at_end or (every and step % every == 0))
+
+
+def _run_steps(cfg: TrainConfig, state: tuple[Any, Any, Any], step: int, last: int, *,
+               batches: _Batches, train_step: Callable, hparams: dict,
+               place: Callable | None, log: _StepLog, run_eval: Callable | None,
+               save: Callable | None) -> tuple[tuple[Any, Any, Any], int]:
+    """Updates ``step + 1 .. last``; returns ``(state, last)``.
+
+    Update ``k`` takes the next batch and ``fold_in(train_rng, k)``. Logs every
+    ``cfg.log_every`` steps and at ``last``; ``run_eval(step, params, rest) -> record``
+    every ``cfg.eval_every`` steps and at ``cfg.steps``; ``save(step, state,
+    data_state)`` every ``cfg.ckpt_every`` steps and at ``last``.
+    """
+    params, rest, opt_state = state
+    train_rng = jax.random.fold_in(jax.random.key(cfg.seed), _TRAIN_RNG)
+    while step < last:
+        batch = as_batch(next(batches), cfg.grad_accum if place is None else 1)
+        if place is not None:
+            batch = place(batch)
+        params, rest, opt_state, stats = train_step(
+            params, rest, opt_state, batch, hparams, jax.random.fold_in(train_rng, step + 1))
+        step += 1
+        log.add(step, stats, batch["inputs"].size)
+        if step % cfg.log_every == 0 or step == last:
+            log.flush()
+        if run_eval is not None and _due(step, cfg.eval_every, at_end=step == cfg.steps):
+            log.flush()
+            log.log_eval(run_eval(step, params, rest))
+            log.restart_clock()
+        if save is not None and _due(step, cfg.ckpt_every, at_end=step == last):
+            log.flush()
+            save(step, (params, rest, opt_state), batches.state())
+            log.restart_clock()
+    log.flush()
+    return (params, rest, opt_state), step
+
+
+def _eval_record(step: int, params: Any, rest: Any, *, eval_step: Callable,
+                 dataset: Iterable[dict], **kwargs: Any) -> dict:
+    """``{"step": step, **evaluate(eval_step, params, rest, dataset, **kwargs)}``."""
+    return {"step": step, **evaluate(eval_step, params, rest, dataset, **kwargs)}
+
+
+def _save(step: int, state: tuple[Any, Any, Any], data_state: dict, *, manager: Any,
+          meta: dict) -> None:
+    """Checkpoints ``state = (params, rest, opt_state)`` and the data state at ``step``."""
+    params, rest, opt_state = state
+    checkpoint.save_checkpoint(manager, step, params=params, rest=rest, opt_state=opt_state,
+                               data_state=data_state, meta=meta)
+
+
 def train(
     model_cfg: Any,
     cfg: TrainConfig,
@@ -648,157 +885,30 @@ def train(
         or optimizer/data config (:data:`RESUME_FIELDS`) differ from the checkpoint's;
         a resume whose checkpoint is past ``cfg.steps``.
     """
-    if dataset is not None and train_docs is not None:
-        raise ValueError("give train_docs or dataset, not both")
-    if eval_dataset is not None and eval_docs is not None:
-        raise ValueError("give eval_docs or eval_dataset, not both")
-    if dataset is not None and cfg.document_mask:
-        raise ValueError("TrainConfig.document_mask applies to packed documents; a dataset "
-                         "masks attention by carrying segment_ids")
-    if cfg.out_dir is not None:  # refuse a foreign out_dir before any work
-        checkpoint.check_out_dir(cfg.out_dir, resume=cfg.resume, overwrite=overwrite)
+    _check_train_args(cfg, train_docs, eval_docs, dataset, eval_dataset, overwrite)
     mesh = run_mesh(cfg)
-    shard_index, shard_count = (0, 1) if mesh is None else distributed.process_rows(mesh)
-    if mesh is not None and dataset is None:
-        _check_mesh_shapes(cfg, mesh)
-    if dataset is None:
-        _check_model_cfg(model_cfg)
-        if train_docs is None and eval_docs is None:
-            train_docs, eval_docs = shakespeare_split(cfg.heldout_fraction, cfg.split_seed)
-        if train_docs is None:
-            raise ValueError("eval_docs without train_docs (or dataset)")
-        dataset = pipeline.make_dataset(
-            train_docs, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.data_seed,
-            segments=cfg.document_mask, shard_index=shard_index, shard_count=shard_count,
-        )
-    eval_batches = cfg.eval_batches
-    if eval_docs and cfg.eval_batches != 0:
-        # several processes: whole batches only, as many as the shortest shard has
-        eval_dataset = pipeline.make_dataset(
-            eval_docs, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.data_seed,
-            num_epochs=1, drop_remainder=shard_count > 1, segments=cfg.document_mask,
-            shard_index=shard_index, shard_count=shard_count,
-        )
-        if shard_count > 1:
-            from jax.experimental import multihost_utils
-
-            fewest = int(np.min(multihost_utils.process_allgather(np.int32(len(eval_dataset)))))
-            eval_batches = fewest if eval_batches is None else min(eval_batches, fewest)
-    if cfg.eval_batches == 0:
-        eval_dataset = None
-    last = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
-
-    model = (model_fn or _default_model_fn)(model_cfg, nnx.Rngs(cfg.seed))
-    graphdef, params, rest = nnx.split(model, wrt, ...)
-    train_step = cached_train_step(graphdef, loss_fn, cfg.grad_accum, mesh, wrt)
-    eval_step = _eval_step(graphdef, eval_fn, mesh)
-    hparams = optimizer_hparams(cfg)
-    opt_state = make_optimizer(**hparams).init(params)
-    place = None
-    if mesh is not None:  # replicated state, batches sharded P("data", "context")
-        params, rest, opt_state = distributed.replicate((params, rest, opt_state), mesh)
-        place = functools.partial(_place_batch, mesh=mesh, grad_accum=cfg.grad_accum)
-    meta = json.loads(json.dumps({
-        "model_config": config_dict(model_cfg), "train_config": config_dict(cfg),
-        "params": checkpoint.param_shapes(params),
-    }))
-    data_state, step = None, 0
-
-    manager = log_path = None
-    if cfg.out_dir is not None:
-        checkpoint.prepare_out_dir(cfg.out_dir, resume=cfg.resume, overwrite=overwrite)
-        manager, restored = checkpoint.open_run(  # restored onto this run's mesh
-            os.path.join(cfg.out_dir, "checkpoints"), resume=cfg.resume, meta=meta,
-            fields=RESUME_FIELDS, params=params, rest=rest, opt_state=opt_state,
-            max_to_keep=cfg.keep_checkpoints, uncommit=mesh is None,
-        )
-        if restored is not None:
-            params, rest, opt_state = (restored[k] for k in ("params", "rest", "opt_state"))
-            data_state, step = restored["data_state"], restored["step"]
-            if step > cfg.steps:
-                manager.close()
-                raise ValueError(f"cannot resume: the checkpoint is at step {step}, past "
-                                 f"steps={cfg.steps} (a resume may extend a run, not shorten "
-                                 "it)")
-        log_path = os.path.join(cfg.out_dir, "metrics.jsonl")
-        if jax.process_index() == 0:
-            metrics.truncate_jsonl(log_path, step)  # what a killed run logged past `step`
-            with open(os.path.join(cfg.out_dir, "config.json"), "w", encoding="utf-8") as f:
-                json.dump({"model": meta["model_config"], "train": meta["train_config"],
-                           **(extra_config or {})}, f, indent=2)
-
-    batches = _Batches(dataset, data_state)
-    sched = lr_schedule(cfg)
-    seed_key = jax.random.key(cfg.seed)
-    train_rng, eval_rng = (jax.random.fold_in(seed_key, salt) for salt in (_TRAIN_RNG, _EVAL_RNG))
-
-    history, evals, pending = [], [], []
-    timed_tokens, timed_s = 0, 0.0
-    t0, first_flush = time.perf_counter(), True
-    bar = tqdm(total=cfg.steps, initial=step, disable=not cfg.progress, desc="train")
-
-    def flush():
-        nonlocal t0, first_flush, timed_tokens, timed_s
-        if not pending:
-            return
-        stats = jax.device_get([s for _, s, _ in pending])
-        dt = time.perf_counter() - t0
-        tokens = sum(n for _, _, n in pending)
-        tps = tokens / dt
-        if not first_flush:  # the first interval includes compilation
-            timed_tokens, timed_s = timed_tokens + tokens, timed_s + dt
-        lrs = np.asarray(sched(np.array([k for k, _, _ in pending])))
-        records = [
-            {"step": k, "loss": float(s.pop("loss")), **{m: float(v) for m, v in s.items()
-                                                         if m != "grad_norm"},
-             "lr": float(lr), "grad_norm": float(s["grad_norm"]), "tokens_per_s": tps}
-            for (k, _, _), s, lr in zip(pending, stats, lrs)
-        ]
-        history.extend(records)
-        if log_path and jax.process_index() == 0:
-            metrics.append_jsonl(log_path, records)
-        bar.update(len(pending))
-        shown = {k: v for k, v in records[-1].items() if k not in ("step", "lr", "tokens_per_s")}
-        bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()} | {"tok_s": f"{tps:.3g}"})
-        pending.clear()
-        t0, first_flush = time.perf_counter(), False
-
-    while step < last:
-        batch = as_batch(next(batches), cfg.grad_accum if mesh is None else 1)
-        if place is not None:
-            batch = place(batch)
-        params, rest, opt_state, stats = train_step(
-            params, rest, opt_state, batch, hparams, jax.random.fold_in(train_rng, step + 1))
-        step += 1
-        pending.append((step, stats, batch["inputs"].size))
-        if step % cfg.log_every == 0 or step == last:
-            flush()
-        at_end = step == cfg.steps
-        if eval_dataset is not None and (
-            at_end or (cfg.eval_every and step % cfg.eval_every == 0)
-        ):
-            flush()
-            record = {"step": step, **evaluate(
-                eval_step, params, rest, eval_dataset, max_batches=eval_batches,
-                rng=eval_rng, bpb=eval_fn is None, place=place,
-            )}
-            evals.append(record)
-            if log_path and jax.process_index() == 0:
-                metrics.append_jsonl(log_path, [record])
-            bar.write(json.dumps(record))
-            t0 = time.perf_counter()
-        if manager is not None and (
-            step == last or (cfg.ckpt_every and step % cfg.ckpt_every == 0)
-        ):
-            flush()
-            checkpoint.save_checkpoint(
-                manager, step, params=params, rest=rest, opt_state=opt_state,
-                data_state=batches.state(), meta=meta,
-            )
-            t0 = time.perf_counter()
-    flush()
-    bar.close()
+    dataset, eval_dataset, eval_batches = _train_data(
+        model_cfg, cfg, mesh, train_docs, eval_docs, dataset, eval_dataset)
+    graphdef, state, hparams = _init_state(model_cfg, cfg, model_fn, wrt, mesh)
+    place = None if mesh is None else functools.partial(
+        _place_batch, mesh=mesh, grad_accum=cfg.grad_accum)
+    meta = _run_meta(model_cfg, cfg, state[0])
+    manager, log_path, state, data_state, step = _open_run(
+        cfg, meta, state, mesh=mesh, overwrite=overwrite, extra_config=extra_config)
+    run_eval = None if eval_dataset is None else functools.partial(
+        _eval_record, eval_step=_eval_step(graphdef, eval_fn, mesh), dataset=eval_dataset,
+        max_batches=eval_batches, bpb=eval_fn is None, place=place,
+        rng=jax.random.fold_in(jax.random.key(cfg.seed), _EVAL_RNG))
+    log = _StepLog(lr_schedule(cfg), log_path,
+                   tqdm(total=cfg.steps, initial=step, disable=not cfg.progress, desc="train"))
+    (params, rest, _), step = _run_steps(
+        cfg, state, step, cfg.steps if stop_at is None else min(stop_at, cfg.steps),
+        batches=_Batches(dataset, data_state), hparams=hparams, place=place, log=log,
+        train_step=cached_train_step(graphdef, loss_fn, cfg.grad_accum, mesh, wrt),
+        run_eval=run_eval,
+        save=None if manager is None else functools.partial(_save, manager=manager, meta=meta))
+    log.bar.close()
     if manager is not None:
         manager.close()
-    tps = timed_tokens / timed_s if timed_s > 0 else math.nan
-    return TrainResult(history, evals, step, nnx.merge(graphdef, params, rest), tps)
+    return TrainResult(log.history, log.evals, step, nnx.merge(graphdef, params, rest),
+                       log.tokens_per_s)

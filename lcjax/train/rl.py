@@ -554,6 +554,47 @@ def train_grpo(
         raise TypeError(f"cfg must be a GRPOConfig; got {type(cfg).__name__}")
     if not items:
         raise ValueError("train_grpo: no items")
+    padded, prompt_len = _padded_prompts(cfg, items, prompt_fn, encode)
+    graphdef, ref_params, ref_rest = nnx.split(model, nnx.Param, ...)
+    params, rest = jax.tree.map(jnp.copy, (ref_params, ref_rest))  # the step donates them
+    tcfg = cfg.train_config()
+    hparams = optimizer_hparams(tcfg)
+    opt_state = make_optimizer(**hparams).init(params)
+    meta, fields = _grpo_meta(cfg, model, params, ref_params, padded, prompt_len, items)
+    manager, log_path, (params, rest, opt_state), step = _open_grpo_run(
+        cfg, meta, fields, (params, rest, opt_state), overwrite=overwrite)
+    step_fn = functools.partial(
+        _grpo_step, cfg, graphdef=graphdef, reference=(ref_params, ref_rest),
+        update=cached_train_step(graphdef, grpo_loss_fn(
+            float(cfg.clip_eps), float(cfg.kl_beta), cfg.averaging), cfg.grad_accum),
+        logprob_step=compiled_logprobs(graphdef), hparams=hparams, sched=lr_schedule(tcfg),
+        prompts=(padded, prompt_len), items=items, reward_fn=reward_fn, decode=decode)
+    last = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
+    history, pending = [], []
+    bar = tqdm(total=cfg.steps, initial=step, disable=not cfg.progress, desc="grpo")
+    while step < last:
+        step += 1
+        (params, rest, opt_state), record = step_fn((params, rest, opt_state), step)
+        pending.append(record)
+        if step % cfg.log_every == 0 or step == last:
+            _flush_grpo_log(pending, history, log_path, bar)
+        if manager is not None and (step == last or (cfg.ckpt_every
+                                                     and step % cfg.ckpt_every == 0)):
+            _flush_grpo_log(pending, history, log_path, bar)
+            checkpoint.save_checkpoint(
+                manager, step, params=params, rest=rest, opt_state=opt_state,
+                data_state={"prompts_seen": step * cfg.prompts_per_step}, meta=meta)
+    _flush_grpo_log(pending, history, log_path, bar)
+    bar.close()
+    if manager is not None:
+        manager.close()
+    return GRPOResult(history, step, nnx.merge(graphdef, params, rest))
+
+
+def _padded_prompts(cfg: GRPOConfig, items: Sequence[Mapping], prompt_fn: Callable,
+                    encode: Callable) -> tuple[np.ndarray, np.ndarray]:
+    """The items' prompts as ids padded with ``cfg.pad_id`` to ``cfg.max_prompt_len`` (or
+    the longest), int32 [N, width], and their lengths [N]."""
     prompts = [_encode_prompt(prompt_fn(it), encode) for it in items]
     prompt_len = np.array([len(p) for p in prompts], np.int32)
     width = int(prompt_len.max()) if cfg.max_prompt_len is None else cfg.max_prompt_len
@@ -562,16 +603,14 @@ def train_grpo(
     padded = np.full((len(prompts), width), cfg.pad_id, np.int32)
     for i, p in enumerate(prompts):
         padded[i, :len(p)] = p
+    return padded, prompt_len
 
-    graphdef, ref_params, ref_rest = nnx.split(model, nnx.Param, ...)
-    params, rest = jax.tree.map(jnp.copy, (ref_params, ref_rest))  # the step donates them
-    tcfg = cfg.train_config()
-    hparams = optimizer_hparams(tcfg)
-    opt_state = make_optimizer(**hparams).init(params)
-    sched = lr_schedule(tcfg)
-    loss_fn = grpo_loss_fn(float(cfg.clip_eps), float(cfg.kl_beta), cfg.averaging)
-    update = cached_train_step(graphdef, loss_fn, cfg.grad_accum)
-    logprob_step = compiled_logprobs(graphdef)
+
+def _grpo_meta(cfg: GRPOConfig, model: nnx.Module, params: Any, ref_params: Any,
+               padded: np.ndarray, prompt_len: np.ndarray, items: Sequence[Mapping]
+               ) -> tuple[dict, dict]:
+    """The checkpoint's metadata (configs, parameter shapes, fingerprints of the reference
+    and of the items) and the fields a resume must match (all but :data:`_RUN_FIELDS`)."""
     answers = json.dumps([str(it.get("answer")) for it in items])
     meta = json.loads(json.dumps({
         "grpo_config": config_dict(cfg),
@@ -582,79 +621,88 @@ def train_grpo(
     }))
     fields = {"grpo_config": tuple(k for k in meta["grpo_config"] if k not in _RUN_FIELDS),
               "model_config": None, "params": None, "reference": None, "items": None}
+    return meta, fields
 
-    step, manager, log_path = 0, None, None
-    if cfg.out_dir is not None:
-        checkpoint.prepare_out_dir(cfg.out_dir, resume=cfg.resume, overwrite=overwrite)
-        manager, restored = checkpoint.open_run(
-            os.path.join(cfg.out_dir, "checkpoints"), resume=cfg.resume, meta=meta,
-            fields=fields, params=params, rest=rest, opt_state=opt_state,
-            max_to_keep=cfg.keep_checkpoints)
-        if restored is not None:
-            params, rest, opt_state = (restored[k] for k in ("params", "rest", "opt_state"))
-            step = restored["step"]
-        log_path = os.path.join(cfg.out_dir, "metrics.jsonl")
-        metrics.truncate_jsonl(log_path, step)
-        with open(os.path.join(cfg.out_dir, "config.json"), "w", encoding="utf-8") as f:
-            json.dump({"model": meta["model_config"], "grpo": meta["grpo_config"]}, f, indent=2)
 
+def _open_grpo_run(cfg: GRPOConfig, meta: dict, fields: dict, state: tuple, *,
+                   overwrite: bool):
+    """Opens ``cfg.out_dir`` (checkpoints, ``metrics.jsonl`` cut back to the resumed step,
+    ``config.json``). Returns ``(manager, log_path, state, step)``: ``state = (params,
+    rest, opt_state)`` restored on a resume; ``manager``/``log_path`` None without
+    ``out_dir``."""
+    if cfg.out_dir is None:
+        return None, None, state, 0
+    params, rest, opt_state = state
+    step = 0
+    checkpoint.prepare_out_dir(cfg.out_dir, resume=cfg.resume, overwrite=overwrite)
+    manager, restored = checkpoint.open_run(
+        os.path.join(cfg.out_dir, "checkpoints"), resume=cfg.resume, meta=meta,
+        fields=fields, params=params, rest=rest, opt_state=opt_state,
+        max_to_keep=cfg.keep_checkpoints)
+    if restored is not None:
+        params, rest, opt_state = (restored[k] for k in ("params", "rest", "opt_state"))
+        step = restored["step"]
+    log_path = os.path.join(cfg.out_dir, "metrics.jsonl")
+    metrics.truncate_jsonl(log_path, step)
+    with open(os.path.join(cfg.out_dir, "config.json"), "w", encoding="utf-8") as f:
+        json.dump({"model": meta["model_config"], "grpo": meta["grpo_config"]}, f, indent=2)
+    return manager, log_path, (params, rest, opt_state), step
+
+
+def _grpo_step(cfg: GRPOConfig, state: tuple, step: int, *, graphdef: nnx.GraphDef,
+               reference: tuple, update: Callable, logprob_step: Callable, hparams: dict,
+               sched: Callable, prompts: tuple[np.ndarray, np.ndarray],
+               items: Sequence[Mapping], reward_fn: Callable, decode: Callable
+               ) -> tuple[tuple, dict]:
+    """GRPO step ``step`` (1-based): sample ``group_size`` completions of this step's
+    prompts with the policy ``state = (params, rest, opt_state)``, score them, and make
+    ``updates_per_batch`` updates (none when every advantage is 0 and
+    ``skip_flat_steps``). Update ``k = (step - 1) mu + u + 1`` gets ``fold_in(update_rng,
+    k)``. Returns the new state and the step's record (device values)."""
+    params, rest, opt_state = state
+    (padded, prompt_len), (ref_params, ref_rest) = prompts, reference
     key = jax.random.key(cfg.seed)
     sample_rng, update_rng = (jax.random.fold_in(key, s) for s in (_SAMPLE_RNG, _UPDATE_RNG))
-    last = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
     g, mu = cfg.group_size, cfg.updates_per_batch
-    history, pending = [], []
-    bar = tqdm(total=cfg.steps, initial=step, disable=not cfg.progress, desc="grpo")
-
-    def flush():
-        if not pending:
-            return
-        records = [{k: (v if k == "step" else float(v)) for k, v in r.items()}
-                   for r in jax.device_get(pending)]
-        history.extend(records)
-        if log_path:
-            metrics.append_jsonl(log_path, records)
-        bar.update(len(records))
-        bar.set_postfix({k: f"{records[-1][k]:.3g}" for k in ("reward_mean", "kl")})
-        pending.clear()
-
-    while step < last:
-        step += 1
-        idx = np.repeat(prompt_indices(len(items), step, cfg.prompts_per_step, cfg.data_seed),
-                        g)
-        batch, rewards, gen_len = sample_group_batch(
-            nnx.merge(graphdef, params, rest), cfg, padded[idx], prompt_len[idx],
-            [items[i] for i in idx], jax.random.fold_in(sample_rng, step), reward_fn, decode)
-        skip = cfg.skip_flat_steps and not np.any(batch["advantages"])
-        if not skip:  # the log-probs only the update reads
-            batch["ref_logprobs"] = logprob_step(ref_params, ref_rest, batch["inputs"],
+    idx = np.repeat(prompt_indices(len(items), step, cfg.prompts_per_step, cfg.data_seed), g)
+    batch, rewards, gen_len = sample_group_batch(
+        nnx.merge(graphdef, params, rest), cfg, padded[idx], prompt_len[idx],
+        [items[i] for i in idx], jax.random.fold_in(sample_rng, step), reward_fn, decode)
+    skip = cfg.skip_flat_steps and not np.any(batch["advantages"])
+    if not skip:  # the log-probs only the update reads
+        batch["ref_logprobs"] = logprob_step(ref_params, ref_rest, batch["inputs"],
+                                             batch["targets"])
+        if cfg.old_logprobs == "recompute":
+            batch["old_logprobs"] = logprob_step(params, rest, batch["inputs"],
                                                  batch["targets"])
-            if cfg.old_logprobs == "recompute":
-                batch["old_logprobs"] = logprob_step(params, rest, batch["inputs"],
-                                                     batch["targets"])
-        stats = []
-        for u in range(0 if skip else mu):
-            k = (step - 1) * mu + u + 1  # 1-based update number
-            params, rest, opt_state, s = update(params, rest, opt_state, batch, hparams,
-                                                jax.random.fold_in(update_rng, k))
-            stats.append(s)
-        update_stats = ({m: float("nan") for m in _UPDATE_METRICS} if skip else
-                        {"loss": stats[0]["loss"],
-                         **{m: sum(s[m] for s in stats) / mu for m in _UPDATE_METRICS[1:]}})
-        pending.append({
-            "step": step, "reward_mean": rewards.mean(), "reward_std": rewards.std(),
-            "completion_len": float(np.mean(gen_len)), **update_stats,
-            "lr": sched(step * mu), "skipped": float(skip),
-        })
-        if step % cfg.log_every == 0 or step == last:
-            flush()
-        if manager is not None and (step == last or (cfg.ckpt_every
-                                                     and step % cfg.ckpt_every == 0)):
-            flush()
-            checkpoint.save_checkpoint(
-                manager, step, params=params, rest=rest, opt_state=opt_state,
-                data_state={"prompts_seen": step * cfg.prompts_per_step}, meta=meta)
-    flush()
-    bar.close()
-    if manager is not None:
-        manager.close()
-    return GRPOResult(history, step, nnx.merge(graphdef, params, rest))
+    stats = []
+    for u in range(0 if skip else mu):
+        k = (step - 1) * mu + u + 1  # 1-based update number
+        params, rest, opt_state, s = update(params, rest, opt_state, batch, hparams,
+                                            jax.random.fold_in(update_rng, k))
+        stats.append(s)
+    update_stats = ({m: float("nan") for m in _UPDATE_METRICS} if skip else
+                    {"loss": stats[0]["loss"],
+                     **{m: sum(s[m] for s in stats) / mu for m in _UPDATE_METRICS[1:]}})
+    record = {
+        "step": step, "reward_mean": rewards.mean(), "reward_std": rewards.std(),
+        "completion_len": float(np.mean(gen_len)), **update_stats,
+        "lr": sched(step * mu), "skipped": float(skip),
+    }
+    return (params, rest, opt_state), record
+
+
+def _flush_grpo_log(pending: list[dict], history: list[dict], log_path: str | None,
+                    bar: Any) -> None:
+    """Moves the ``pending`` records (fetched, as floats) to ``history``, ``log_path`` and
+    the progress bar."""
+    if not pending:
+        return
+    records = [{k: (v if k == "step" else float(v)) for k, v in r.items()}
+               for r in jax.device_get(pending)]
+    history.extend(records)
+    if log_path:
+        metrics.append_jsonl(log_path, records)
+    bar.update(len(records))
+    bar.set_postfix({k: f"{records[-1][k]:.3g}" for k in ("reward_mean", "kl")})
+    pending.clear()
