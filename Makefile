@@ -52,7 +52,10 @@ test-hf: $(STAMP)
 	$(PY) -m pytest tests/test_hf_peer.py tests/test_hf_export_tokenizer.py
 
 # every experiment's quick run (each prints its wall time against its quick budget;
-# 25 minutes in all on 2 CPUs); extra flags in ARGS, e.g. ARGS="--only lm_demo" or ARGS=--list
+# 25 minutes in all on 2 CPUs); extra flags in ARGS, e.g. ARGS="--only lm_demo" or ARGS=--list.
+# It writes under runs/reports/ (not committed): the checkout stays clean. The full runs write
+# the committed reports/ (claims, aggregates, figures; per-item records under runs/records/);
+# reports/index.md is rebuilt only on purpose: `python experiments/reproduce.py --write-index`.
 reproduce: $(STAMP)
 	$(PY) experiments/reproduce.py --quick $(ARGS)
 
@@ -74,4 +77,4 @@ bench-entmax: $(STAMP)
 	$(VENV)/bin/lcjax bench entmax $(ARGS)
 
 clean:
-	rm -rf $(VENV) reports/*.json
+	rm -rf $(VENV) runs/reports
