@@ -617,7 +617,7 @@ if __name__ == "__main__":
     parser.add_argument("--seeds", help="comma-separated seeds (default: the setting's); runs "
                         "of other seeds in --out are left alone, so seeds can train in "
                         "parallel processes")
-    parser.add_argument("--out", type=Path, default=Path("reports/entmax"))
+    parser.add_argument("--out", type=Path, default=Path("runs/reports/entmax"))
     args = parser.parse_args()
     base = FULL if args.full else QUICK
     over = {k: v for k, v in {
