@@ -55,7 +55,8 @@ test-hf: $(STAMP)
 # 25 minutes in all on 2 CPUs); extra flags in ARGS, e.g. ARGS="--only lm_demo" or ARGS=--list.
 # It writes under runs/reports/ (not committed): the checkout stays clean. The full runs write
 # the committed reports/ (claims, aggregates, figures; per-item records under runs/records/);
-# reports/index.md is rebuilt only on purpose: `python experiments/reproduce.py --write-index`.
+# reports/index.md is rebuilt only on purpose: `python experiments/reproduce.py --write-index`,
+# then `python experiments/readme.py` (the README's results summary and variant matrix).
 reproduce: $(STAMP)
 	$(PY) experiments/reproduce.py --quick $(ARGS)
 
