@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # every top-level module an extra provides (and the big ones they pull), listed here rather
 # than read from lcjax.optional, so a package moved to the core by mistake shows up here
 BLOCKED = ("fastapi", "uvicorn", "starlette", "pydantic", "jinja2", "faker", "sentencex",
-           "statsmodels", "scipy", "pandas", "matplotlib", "tokenizers", "requests", "httpx",
+           "statsmodels", "pandas", "matplotlib", "tokenizers", "requests", "httpx",
            "transformers", "torch", "safetensors", "threadpoolctl", "entmax")
 
 PROBE = r"""
