@@ -158,16 +158,17 @@ ITEM_LIMIT = 50  # a JSON list longer than this holds per-item/per-run records o
 PNG_COLOURS = 64
 
 
-def split_items(value, limit: int = ITEM_LIMIT):
+def split_items(value, limit: int = ITEM_LIMIT, *, top: bool = True):
     """``(kept, moved)``: ``value`` (parsed JSON) with every list longer than ``limit``
-    replaced by a one-line note, and whether anything was replaced."""
+    replaced by a one-line note, and whether anything was replaced. A file that is one
+    list (``top``) is a table of rows: its rows are looked into, never replaced."""
     if isinstance(value, list):
-        if len(value) > limit:
+        if len(value) > limit and not top:
             return f"[{len(value)} items: in the untracked copy under runs/records/]", True
-        pairs = [split_items(v, limit) for v in value]
+        pairs = [split_items(v, limit, top=False) for v in value]
         return [k for k, _ in pairs], any(m for _, m in pairs)
     if isinstance(value, dict):
-        pairs = {k: split_items(v, limit) for k, v in value.items()}
+        pairs = {k: split_items(v, limit, top=False) for k, v in value.items()}
         return {k: kv for k, (kv, _) in pairs.items()}, any(m for _, m in pairs.values())
     return value, False
 

@@ -63,6 +63,10 @@ def test_split_items_moves_long_lists_only():
     assert moved and kept["d"] == 3 and kept["b"] == [{"c": list(range(n))}]
     assert kept["a"] == f"[{n + 1} items: in the untracked copy under runs/records/]"
     assert reproduce.split_items(kept) == (kept, False)
+    rows = [{"cell": i, "curve": list(range(n + 1))} for i in range(n + 2)]  # a table file
+    kept, moved = reproduce.split_items(rows)
+    assert moved and len(kept) == n + 2 and kept[0]["cell"] == 0
+    assert isinstance(kept[0]["curve"], str)
 
 
 def test_compact_json_keeps_the_whole_file_in_its_twin(tmp_path):
