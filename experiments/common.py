@@ -165,6 +165,27 @@ class Experiment:
                              f"got {self.quick_budget_s!r}")
 
 
+# What is committed and what is not: reports/ keeps each experiment's claims, aggregates and
+# figures (<= 2 MB in all, tests/test_records.py); per-item records and run caches live in
+# the same relative path under runs/records/ (untracked, .gitignore), and `make reproduce`
+# (quick) writes everything under runs/reports/.
+ROOT = Path(__file__).resolve().parents[1]
+REPORTS = ROOT / "reports"
+RECORDS = ROOT / "runs" / "records"
+QUICK_REPORTS = ROOT / "runs" / "reports"
+
+
+def records_dir(report_dir: Path) -> Path:
+    """The untracked folder for the per-item records and run caches of ``report_dir``:
+    ``reports/<x>`` -> ``runs/records/<x>``; any folder outside ``reports/`` (a quick run's,
+    a test's) keeps its own."""
+    report_dir = Path(report_dir).resolve()
+    try:
+        return RECORDS / report_dir.relative_to(REPORTS)
+    except ValueError:
+        return report_dir
+
+
 def write_json(path: Path, payload) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, default=json_default))

@@ -1,4 +1,4 @@
-"""Run the registered experiments and write ``reports/index.md`` (+ JSON and PNGs).
+"""Run the registered experiments and write their reports (JSON, PNGs and an ``index.md``).
 
 Each folder ``experiments/<name>/`` with an ``experiment.py`` that defines
 ``EXPERIMENT`` (an :class:`experiments.common.Experiment`) is one entry; nothing else
@@ -6,13 +6,20 @@ lists them. In quick mode each experiment has a wall-clock budget (``quick_budge
 declared beside it); the runner prints every experiment's wall time against it, and the
 budgets add up to at most ``TOTAL_QUICK_BUDGET_S`` (25 minutes on the 2-CPU machine).
 
-A full run writes ``reports/<name>/results.json`` (the committed report); a quick run
-writes ``reports/<name>/quick/results.json``, so ``make reproduce`` never overwrites a full
-report. ``index.md`` is rebuilt from all of them (the full result first, the quick one
-beside it), so ``--only`` refreshes one experiment's section and keeps the others'.
+A quick run (``make reproduce``) writes ``runs/reports/<name>/quick/`` and
+``runs/reports/index.md``: ``runs/`` is not committed, so a fresh clone stays clean after it.
+A full run writes ``reports/<name>/`` (the committed record) and keeps there only the claims,
+aggregates and figures: every JSON list longer than :data:`ITEM_LIMIT` (per-item records,
+per-step curves) is moved to the same path under ``runs/records/`` (the file there keeps
+everything) and PNGs are stored with a 64-colour palette, so that ``reports/`` stays under
+2 MB (tests/test_records.py). The committed ``reports/index.md`` is rebuilt only on purpose,
+with ``--write-index`` (which runs nothing and compacts every folder of ``reports/`` first).
+An index is rebuilt from every results.json of its folder (the full result first, the quick
+one beside it), so ``--only`` refreshes one experiment's section and keeps the others'.
 
     python experiments/reproduce.py --quick                # `make reproduce`
-    python experiments/reproduce.py                        # the full runs
+    python experiments/reproduce.py                        # the full runs, into reports/
+    python experiments/reproduce.py --write-index          # rebuild reports/index.md
     python experiments/reproduce.py --quick --only lm_demo,entmax
     python experiments/reproduce.py --list
 """
@@ -33,6 +40,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from experiments.common import (  # noqa: E402
+    QUICK_REPORTS,
+    REPORTS,
     TOTAL_QUICK_BUDGET_S,
     VERDICTS,
     Claim,
@@ -40,6 +49,7 @@ from experiments.common import (  # noqa: E402
     Result,
     claim_line,
     machine_info,
+    records_dir,
     verdict_of,
     write_json,
 )
@@ -138,7 +148,81 @@ def run_one(exp: Experiment, quick: bool, out: Path, command: str) -> tuple[dict
         "crashed": crashed, "command": command, "machine": machine_info(),
     }
     write_json(dest / "results.json", record)
+    compact(dest)
     return record, crashed
+
+
+# --- what a committed report folder keeps ---------------------------------------------------
+
+ITEM_LIMIT = 50  # a JSON list longer than this holds per-item/per-run records or a curve
+PNG_COLOURS = 64
+
+
+def split_items(value, limit: int = ITEM_LIMIT, *, top: bool = True):
+    """``(kept, moved)``: ``value`` (parsed JSON) with every list longer than ``limit``
+    replaced by a one-line note, and whether anything was replaced. A file that is one
+    list (``top``) is a table of rows: its rows are looked into, never replaced."""
+    if isinstance(value, list):
+        if len(value) > limit and not top:
+            return f"[{len(value)} items: in the untracked copy under runs/records/]", True
+        pairs = [split_items(v, limit, top=False) for v in value]
+        return [k for k, _ in pairs], any(m for _, m in pairs)
+    if isinstance(value, dict):
+        pairs = {k: split_items(v, limit, top=False) for k, v in value.items()}
+        return {k: kv for k, (kv, _) in pairs.items()}, any(m for _, m in pairs.values())
+    return value, False
+
+
+def compact_json(path: Path, twin: Path) -> bool:
+    """Move ``path``'s per-item lists out: the whole file is copied to ``twin`` and
+    ``path`` keeps the rest (:func:`split_items`), indented by one space. Returns whether
+    ``path`` changed."""
+    text = path.read_text(encoding="utf-8")
+    kept, moved = split_items(json.loads(text))
+    if moved:
+        twin.parent.mkdir(parents=True, exist_ok=True)
+        twin.write_text(text, encoding="utf-8")
+    small = json.dumps(kept, indent=1, ensure_ascii=False)
+    if small == text:
+        return False
+    path.write_text(small, encoding="utf-8")
+    return True
+
+
+def compact_png(path: Path, colours: int = PNG_COLOURS) -> bool:
+    """Re-store a PNG with a ``colours``-colour palette (no dithering) when that is smaller;
+    plots of a few flat colours look the same at a quarter of the size."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        if im.mode == "P":
+            return False
+        dpi = im.info.get("dpi")
+        small = im.convert("RGB").quantize(colors=colours, method=Image.Quantize.MEDIANCUT,
+                                           dither=Image.Dither.NONE)
+    tmp = path.with_suffix(".tmp.png")
+    small.save(tmp, format="PNG", optimize=True, **({"dpi": dpi} if dpi else {}))
+    if tmp.stat().st_size < path.stat().st_size:
+        tmp.replace(path)
+        return True
+    tmp.unlink()
+    return False
+
+
+def compact(report_dir: Path) -> list[Path]:
+    """Make a folder of ``reports/`` fit for committing (its JSON files via
+    :func:`compact_json`, its PNGs via :func:`compact_png`); a folder outside ``reports/``
+    is left as it is. Returns the files changed."""
+    twin = records_dir(report_dir)
+    if twin == Path(report_dir).resolve():
+        return []
+    changed = []
+    for path in sorted(Path(report_dir).rglob("*")):
+        if path.suffix == ".json" and compact_json(path, twin / path.relative_to(report_dir)):
+            changed.append(path)
+        elif path.suffix == ".png" and compact_png(path):
+            changed.append(path)
+    return changed
 
 
 def _relative(path: Path, out: Path) -> str:
@@ -222,14 +306,24 @@ def _run_lines(exp: Experiment, rec: dict, out: Path) -> list[str]:
     return lines
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when inside it."""
+    try:
+        return Path(path).resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return Path(path).as_posix()
+
+
 def write_index(out: Path, experiments: list[Experiment]) -> Path:
     """``out/index.md`` from every experiment's last results (each says how it was run)."""
     records = load_records(out, experiments)
     lines = ["# lcjax — reproduced claims", "",
              f"Index rebuilt {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M UTC} from "
-             "`reports/<experiment>/results.json` (full runs) and "
-             "`reports/<experiment>/quick/results.json` (quick runs, `make reproduce`); each "
-             "section names the command, machine and date of its numbers.", "",
+             f"`{_shown(out)}/<experiment>/results.json` (full runs) and "
+             f"`{_shown(out)}/<experiment>/quick/results.json` (quick runs; `make reproduce` "
+             f"writes them under `{_shown(QUICK_REPORTS)}/`); each section names the command, "
+             "machine and date of its numbers. Per-item records and run caches are not "
+             f"committed: they are under `{_shown(records_dir(REPORTS))}/`.", "",
              "A verdict is **holds**, **fails** or **not tested**: a claim whose precondition "
              "(e.g. both arms learned the task) was not met is not tested, with the reason, "
              "never \"fails\".", "", "## Verdicts per paper", ""]
@@ -249,8 +343,17 @@ def parse_args(argv):
                         help="comma-separated names of the experiments to run (see --list)")
     parser.add_argument("--list", action="store_true",
                         help="list the experiments and their quick budgets, run nothing")
-    parser.add_argument("--out", type=Path, default=ROOT / "reports")
-    return parser, parser.parse_args(argv)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the report folder (default: reports/ for full runs, "
+                             "runs/reports/ for quick ones)")
+    parser.add_argument("--write-index", action="store_true",
+                        help="run nothing: compact every folder of the report folder and "
+                             "rebuild its index.md (the committed reports/index.md is "
+                             "rebuilt only this way)")
+    args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = QUICK_REPORTS if args.quick else REPORTS
+    return parser, args
 
 
 def main(argv=None, experiments: list[Experiment] | None = None) -> int:
@@ -260,6 +363,11 @@ def main(argv=None, experiments: list[Experiment] | None = None) -> int:
     every = discover() if experiments is None else list(experiments)
     if args.list:
         print("\n".join(list_lines(every)))
+        return 0
+    if args.write_index:
+        for sub in sorted(p for p in args.out.iterdir() if p.is_dir()):
+            compact(sub)
+        print(f"wrote {write_index(args.out, every)}")
         return 0
     try:
         chosen = select(every, args.only)
@@ -283,7 +391,11 @@ def main(argv=None, experiments: list[Experiment] | None = None) -> int:
     total = sum(s for _, s in summary)
     print(f"   {'total':<16} {total:7.0f} s" + (f"  (limit {TOTAL_QUICK_BUDGET_S} s)"
                                               if args.quick else ""))
-    print(f"wrote {write_index(args.out, every)}")
+    if args.out.resolve() == REPORTS:
+        print(f"{REPORTS / 'index.md'} not rebuilt (committed; rebuild it on purpose with "
+              "`python experiments/reproduce.py --write-index`)")
+    else:
+        print(f"wrote {write_index(args.out, every)}")
     return 1 if failed else 0
 
 

@@ -83,8 +83,9 @@ def test_small_vocabulary_writes_no_tokenizer(tmp_path):
 
 def test_transformers_loads_the_export_and_generates_the_same_text(export):
     transformers = pytest.importorskip(
-        "transformers", reason="needs transformers (the `hf` extra: pip install 'lcjax[hf]')")
-    torch = pytest.importorskip("torch", reason="needs torch (the `hf` extra)")
+        "transformers",
+        reason="needs transformers (the `hf-peer` extra: pip install 'lcjax[hf-peer]')")
+    torch = pytest.importorskip("torch", reason="needs torch (the `hf-peer` extra)")
     model, path = export
     tok = transformers.AutoTokenizer.from_pretrained(path)
     peer = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)

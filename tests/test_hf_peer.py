@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 transformers = pytest.importorskip(
-    "transformers", reason="the peer tests need the `hf` extra: pip install -e '.[hf]' "
+    "transformers", reason="the peer tests need the `hf-peer` extra: pip install -e '.[hf-peer]' "
     "(make test-hf)")
-torch = pytest.importorskip("torch", reason="the peer tests need torch (the `hf` extra)")
+torch = pytest.importorskip("torch", reason="the peer tests need torch (the `hf-peer` extra)")
 
 import jax.numpy as jnp  # noqa: E402
 

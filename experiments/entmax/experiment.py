@@ -45,7 +45,14 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.common import Claim, Experiment, Result, claim_line, not_tested
+from experiments.common import (
+    Claim,
+    Experiment,
+    Result,
+    claim_line,
+    not_tested,
+    records_dir,
+)
 
 EVAL_MULTS = (1, 2, 4, 8, 16)
 LEARNED = 0.9  # exact match at 1× L that counts as "learned"
@@ -448,8 +455,10 @@ def train_and_score(task: Task, variant: str, pos: str, seed: int, setting: Sett
 
 
 def run_record_path(out_dir: Path, task: str, variant: str, pos: str, seed: int) -> Path:
-    """Where the full run keeps one finished (task, variant, position, seed) run."""
-    return Path(out_dir) / "runs" / f"{task}-{variant}-{pos}-seed{seed}.json"
+    """Where the full run keeps one finished (task, variant, position, seed) run: under
+    ``runs/`` of the untracked twin of ``out_dir`` (``runs/records/entmax/runs/`` for the
+    committed report dir, :func:`experiments.common.records_dir`)."""
+    return records_dir(out_dir) / "runs" / f"{task}-{variant}-{pos}-seed{seed}.json"
 
 
 def record_fingerprint(setting: Setting, task: str) -> dict:
@@ -489,7 +498,7 @@ def load_run_record(path: Path | None, setting: Setting) -> dict | None:
 def run(quick: bool, out_dir: Path, *, setting: Setting | None = None, log=print) -> Result:
     """The experiment (``setting`` overrides the quick or full one: smoke tests).
 
-    The full run (``quick=False``) keeps every finished run under ``out_dir/runs/``
+    The full run (``quick=False``) keeps every finished run under :func:`run_record_path`
     (:func:`save_run_record`) and reuses the ones made with the same setting, so an
     interrupted full run resumes where it stopped; delete that folder to start over. The
     quick run keeps nothing."""
@@ -608,7 +617,7 @@ if __name__ == "__main__":
     parser.add_argument("--seeds", help="comma-separated seeds (default: the setting's); runs "
                         "of other seeds in --out are left alone, so seeds can train in "
                         "parallel processes")
-    parser.add_argument("--out", type=Path, default=Path("reports/entmax"))
+    parser.add_argument("--out", type=Path, default=Path("runs/reports/entmax"))
     args = parser.parse_args()
     base = FULL if args.full else QUICK
     over = {k: v for k, v in {

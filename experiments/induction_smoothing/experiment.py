@@ -570,7 +570,7 @@ def main(argv=None) -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default="reports/induction_smoothing/custom")
+    ap.add_argument("--out", default="runs/reports/induction_smoothing/custom")
     for key in ("length", "steps", "batch", "n_fit", "n_eval"):
         ap.add_argument(f"--{key.replace('_', '-')}", type=int, dest=key)
     ap.add_argument("--orders", type=lambda v: tuple(int(k) for k in v.split(",")))

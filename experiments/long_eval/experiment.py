@@ -370,7 +370,7 @@ if __name__ == "__main__":
     parser.add_argument("--full", action="store_true", help="the full setting (else quick)")
     parser.add_argument("--steps", type=int, help="training steps (default: the setting's)")
     parser.add_argument("--n-per-cell", type=int, help="items per (task, length, depth)")
-    parser.add_argument("--out", type=Path, default=Path("reports/long_eval"))
+    parser.add_argument("--out", type=Path, default=Path("runs/reports/long_eval"))
     args = parser.parse_args()
     res = run(not args.full, args.out, steps=args.steps, n_per_cell=args.n_per_cell)
     for c in res.claims:

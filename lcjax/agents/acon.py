@@ -33,7 +33,11 @@ import os
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import requests
+
+from lcjax.optional import require
+
+with require("eval", "lcjax.agents.acon"):
+    import requests
 
 from lcjax.agents.envs import RecallTask
 from lcjax.eval.endpoint import EndpointConfig, EndpointError, TokenCounter, complete

@@ -25,6 +25,8 @@ import re
 
 import numpy as np
 
+from lcjax.optional import require
+
 __all__ = ["FACTS", "RecallTask", "make_tasks", "parse_answer", "reference_policy"]
 
 # (what the fact is called, the value's prefix letters): the value is PREFIX-ddddd
@@ -36,7 +38,8 @@ _ANSWER = re.compile(r"^\s*answer\s*[:=]?\s*(\S+)", re.IGNORECASE | re.MULTILINE
 
 @functools.lru_cache(maxsize=1)
 def _faker():
-    from faker import Faker
+    with require("data", "lcjax.agents.envs"):
+        from faker import Faker
 
     return Faker("en_US")
 

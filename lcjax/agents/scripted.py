@@ -29,7 +29,10 @@ import socket
 import threading
 import time
 
-from fastapi import Request
+from lcjax.optional import require
+
+with require("serve", "lcjax.agents.scripted"):
+    from fastapi import Request
 
 from lcjax.agents import acon
 from lcjax.agents.envs import FACTS
@@ -102,8 +105,9 @@ def create_scripted_app():
     """The FastAPI app (state: ``calls`` Counter per answered role, ``prompts`` list of
     (role, prompt), ``headers`` and ``bodies`` of every request, ``requests`` count,
     ``faults`` dict, ``delay_s``)."""
-    from fastapi import FastAPI
-    from fastapi.responses import JSONResponse, PlainTextResponse
+    with require("serve", "lcjax.agents.scripted"):
+        from fastapi import FastAPI
+        from fastapi.responses import JSONResponse, PlainTextResponse
 
     app = FastAPI()
     app.state.calls = collections.Counter()
@@ -166,7 +170,8 @@ class ThreadedServer:
     (``url``); a context manager. ``config``: more ``uvicorn.Config`` keywords."""
 
     def __init__(self, app, *, start_timeout: float = 60.0, **config):
-        import uvicorn
+        with require("serve", "lcjax.agents.scripted.ThreadedServer"):
+            import uvicorn
 
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))

@@ -57,9 +57,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
+from lcjax.optional import require
 from lcjax.rope import scaled_inv_freq
+
+with require("eval", "lcjax.analysis.lps"):
+    from threadpoolctl import threadpool_limits
 
 __all__ = ["LPSResult", "kernel_energies", "scores_from_energies", "lps_scores", "model_lps",
            "enhance_heads", "enhance_model", "multiplier_schedule", "LLAMA_MULTIPLIER",
@@ -196,7 +199,8 @@ class LPSResult:
     def heatmap(self, path: str | os.PathLike, *, what: str = "score", top: int = 0,
                 title: str | None = None) -> None:
         """Layer × head heat-map PNG of ``what`` (the ``top`` best heads boxed)."""
-        import matplotlib
+        with require("eval", "lcjax.analysis.lps (plots)"):
+            import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt

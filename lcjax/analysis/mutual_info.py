@@ -29,6 +29,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from lcjax.optional import require
+
 __all__ = ["PeakCheck", "PowerLawFit", "as_token_arrays", "fit_power_law", "lagged_mi",
            "mutual_information", "periodic_peaks", "plot_mi", "row_period", "text_vs_table_mi"]
 
@@ -197,7 +199,8 @@ def plot_mi(curves: dict[str, tuple[Sequence[int], Sequence[float]]], path, *,
     """Writes a PNG with one panel per curve ({label: (lags, mi)}): log-log axes with the
     power-law fit for labels in ``fits``, linear axes with dashed lines at multiples of the
     period for labels in ``periods``. Returns ``path``."""
-    import matplotlib
+    with require("eval", "lcjax.analysis.mutual_info (plots)"):
+        import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from lcjax.optional import require
+
 __all__ = ["answer_position", "retrieval_success", "correlate", "spearman", "pearson",
            "scatter_plot"]
 
@@ -119,7 +121,8 @@ def correlate(success: np.ndarray, result) -> dict[str, dict[str, float]]:
 def scatter_plot(success: np.ndarray, result, path: str | os.PathLike, *,
                  title: str = "retrieval-head success vs static scores") -> None:
     """Scatter PNG: success rate against lps, s_dist and s_erank (one panel each)."""
-    import matplotlib
+    with require("eval", "lcjax.analysis.retrieval_heads (plots)"):
+        import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -36,6 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lcjax.optional import require
+
 __all__ = ["FLATNESS_RTOL", "METRICS", "anisotropy", "effective_rank", "hidden_state_metrics",
            "perturbation_ratio", "plot_spectral", "randomized_singular_values",
            "singular_values", "spectral_flatness", "spectral_gap", "spectral_report",
@@ -282,7 +284,8 @@ def plot_spectral(reports: dict[str, dict] | dict, path: str | Path, *,
     """Per-layer curves (mean over the batch, ± one standard deviation) of every metric
     in ``reports`` — one :func:`spectral_report` or ``{name: report}`` to compare models —
     saved to ``path`` (PNG)."""
-    import matplotlib
+    with require("eval", "lcjax.analysis.spectral (plots)"):
+        import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

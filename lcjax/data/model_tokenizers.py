@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from lcjax.data import tokenizer as byte_tok
+from lcjax.optional import require
 
 __all__ = ["ByteTokenizer", "HFTokenizer", "escape_chat_content", "load_tokenizer",
            "read_json", "render_byte_chat"]
@@ -116,8 +117,9 @@ class HFTokenizer:
 
     def render_chat(self, messages: Sequence[dict]) -> str:
         """The chat template rendered with ``add_generation_prompt=True`` (jinja2 sandbox)."""
-        from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        with require("hf", "lcjax.data.model_tokenizers (chat templates)"):
+            from jinja2.exceptions import TemplateError
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(message):
             raise TemplateError(message)

@@ -37,7 +37,10 @@ import re
 import statistics
 from collections.abc import Mapping, Sequence
 
-from sentencex import segment as _sentencex_segment
+from lcjax.optional import require
+
+with require("data", "lcjax.data.parallel"):
+    from sentencex import segment as _sentencex_segment
 
 __all__ = [
     "DEBIAN_LANGS",

@@ -31,6 +31,8 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from lcjax.optional import require
+
 __all__ = ["BYTES", "Suite", "SuiteOption", "SuiteTask", "TokenCounter", "as_tokenizer",
            "get_suite", "register_suite", "suite_options", "suites"]
 
@@ -179,7 +181,8 @@ def load_tokenizer_file(path: str | os.PathLike) -> Any:
       ValueError: the file is missing or does not load (naming it; the ``tokenizers``
         package itself says only "No such file or directory").
     """
-    import tokenizers
+    with require("data", "lcjax.data.suites"):
+        import tokenizers
 
     path = os.fspath(path)
     if not os.path.isfile(path):

@@ -38,6 +38,8 @@ import dataclasses
 
 import numpy as np
 
+from lcjax.optional import require
+
 __all__ = ["SERIES", "ForecastSplits", "SeriesInfo", "fit_linear", "load_series", "mae",
            "make_splits", "mse", "predict_linear", "seasonal_naive", "sliding_windows",
            "split_bounds"]
@@ -65,7 +67,8 @@ def load_series(name: str) -> np.ndarray:
     """The series ``name`` (a key of :data:`SERIES`) as float64 [n], in time order."""
     if name not in SERIES:
         raise ValueError(f"unknown series {name!r}; known: {sorted(SERIES)}")
-    from statsmodels import datasets  # imported here: only forecasting needs statsmodels
+    with require("data", "lcjax.data.timeseries"):
+        from statsmodels import datasets  # imported here: only forecasting needs statsmodels
 
     data = getattr(datasets, name).load_pandas().data
     if name == "co2":  # weekly index; 59 NaN weeks filled linearly in time

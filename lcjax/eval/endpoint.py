@@ -36,7 +36,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import requests
+from lcjax.optional import require
+
+with require("eval", "lcjax.eval.endpoint"):
+    import requests
 
 from lcjax.eval.http_client import RETRY_STATUS, HttpError, HttpLimits, is_loopback_url, post_json
 

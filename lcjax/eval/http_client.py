@@ -32,7 +32,10 @@ import time
 import urllib.parse
 from typing import Any
 
-import requests
+from lcjax.optional import require
+
+with require("eval", "lcjax.eval.http_client"):
+    import requests
 
 __all__ = [
     "RETRY_STATUS",

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 
 from lcjax.bench import report as bench_report
 from lcjax.eval.results import METRICS
+from lcjax.optional import require
 
 __all__ = ["format_markdown", "heatmap", "plot_heatmap", "write_report"]
 
@@ -84,7 +85,8 @@ def heatmap(grid, rows: Sequence[str], cols: Sequence[str], path: str, *, title:
             ylabel: str | None = None) -> None:
     """Writes a PNG heat map of ``grid`` [len(rows), len(cols)] (percent, 0-100; NaN cells
     left blank) with each value printed in its cell."""
-    import matplotlib
+    with require("eval", "lcjax.eval.report (plots)"):
+        import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

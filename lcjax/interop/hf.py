@@ -58,6 +58,7 @@ from flax import nnx
 
 from lcjax.nn import DecoderConfig, DecoderLM
 from lcjax.nn.pretrained import init_variant_params
+from lcjax.optional import require
 from lcjax.rope import check_rope_scaling
 
 __all__ = ["byte_tokenizer_files", "load_hf", "save_hf", "read_hf_config", "read_qk_weights",
@@ -351,7 +352,8 @@ def weight_file_in(path: str, name: Any, index: str) -> str:
 
 def _weight_files(path: str) -> dict[str, str]:
     """Tensor name -> file (absolute) of checkpoint ``path``."""
-    from safetensors import safe_open
+    with require("hf", "lcjax.interop.hf"):
+        from safetensors import safe_open
 
     index = os.path.join(path, _INDEX)
     if os.path.isfile(index):
@@ -415,7 +417,8 @@ def load_hf(path: str | os.PathLike, dtype=None, *, attention=None, attention_op
       its :class:`DecoderConfig`; with ``return_initialised``, ``(model, config,
       initialised)``.
     """
-    from safetensors import safe_open
+    with require("hf", "lcjax.interop.hf"):
+        from safetensors import safe_open
 
     path = os.fspath(path)
     hf = read_hf_config(path)
@@ -482,7 +485,8 @@ def byte_tokenizer_files(max_len: int) -> dict[str, dict]:
     maps the bytes back. ``tokenizer_config.json`` names the special tokens for
     ``transformers`` (``PreTrainedTokenizerFast``) and marks the tokenizer
     (``"lcjax_tokenizer": "bytes"``)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+    with require("hf", "lcjax.interop.hf"):
+        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
     from lcjax.data import tokenizer as byte_tok
 
@@ -616,7 +620,8 @@ def _plan_shards(sizes: Mapping[str, int], max_shard_bytes: int) -> list[list[st
 def _write_shards(model: DecoderLM, path: str, names: Mapping, store: np.dtype,
                   files: list[str], shards: list[list[str]]) -> None:
     """Writes each shard's tensors (HF layout, dtype ``store``) to its safetensors file."""
-    from safetensors.numpy import save_file
+    with require("hf", "lcjax.interop.hf"):
+        from safetensors.numpy import save_file
 
     for file, shard in zip(files, shards):
         arrays = {}
@@ -651,7 +656,8 @@ def read_qk_weights(path: str | os.PathLike) -> tuple[DecoderConfig, list[np.nda
     """Only W_Q and W_K of checkpoint ``path``, for static head analysis (``lcjax.analysis.
     lps``) without building the model: ``(config, wq, wk)`` with one float32 array per layer,
     wq [D_model, H, d], wk [D_model, H_kv, d] (our layout)."""
-    from safetensors import safe_open
+    with require("hf", "lcjax.interop.hf"):
+        from safetensors import safe_open
 
     path = os.fspath(path)
     config = hf_to_decoder_config(read_hf_config(path), dtype=jnp.float32)

@@ -50,6 +50,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from lcjax.optional import require
+
 __all__ = ["LoRAConfig", "LoRAParam", "LoRALayer", "LoRAAdapter", "LoRAModel", "apply_lora",
            "adapter_filter", "with_deltas",
            "lora_targets", "kernel_in_axes", "save_adapter", "load_adapter", "save_peft",
@@ -446,7 +448,8 @@ def save_peft(model: LoRAModel, directory: str | os.PathLike, name: str | None =
     Raises:
       ValueError: a target without a Hugging Face name (e.g. a TRSP or ContextLM kernel).
     """
-    from safetensors.numpy import save_file
+    with require("hf", "lcjax.nn.lora"):
+        from safetensors.numpy import save_file
 
     name, adapter = _adapter(model, name)
     hf = _hf_modules(model)
@@ -481,7 +484,8 @@ def load_peft(model: LoRAModel, directory: str | os.PathLike, name: str = "defau
         per-module rank/alpha patterns, fan_in_fan_out, biases), a tensor whose module is
         not in the model, or shapes that differ.
     """
-    from safetensors.numpy import load_file
+    with require("hf", "lcjax.nn.lora"):
+        from safetensors.numpy import load_file
 
     with open(os.path.join(directory, PEFT_CONFIG), encoding="utf-8") as f:
         cfg = json.load(f)

@@ -49,19 +49,23 @@ import uuid
 from typing import Annotated, Literal
 
 import numpy as np
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictInt,
-    model_validator,
-)
-from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from lcjax.optional import require
+
+with require("serve", "lcjax.serve"):
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from pydantic import (
+        BaseModel,
+        BeforeValidator,
+        ConfigDict,
+        Field,
+        StrictBool,
+        StrictInt,
+        model_validator,
+    )
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lcjax.serve.batcher import SEED_LIMIT, TOP_LOGPROBS, Batcher, Generation, ShuttingDown
 from lcjax.serve.model import ROLES, ServedModel

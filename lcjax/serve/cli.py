@@ -19,6 +19,7 @@ import signal
 import threading
 
 from lcjax.attention.options import attention_options_arg
+from lcjax.optional import require
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,7 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _server_class():
     """uvicorn's Server, except that SIGINT/SIGTERM end it with status 0: uvicorn (>= 0.29)
     re-raises the signal after its graceful shutdown, so the process would die by it."""
-    import uvicorn
+    with require("serve", "lcjax serve"):
+        import uvicorn
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager
@@ -95,7 +97,8 @@ def _server_class():
 
 def run(args: argparse.Namespace) -> int:
     """Loads the model and serves it until SIGINT/SIGTERM; returns the exit status."""
-    import uvicorn
+    with require("serve", "lcjax serve"):
+        import uvicorn
 
     from lcjax.serve.app import ServeLimits, create_app
     from lcjax.serve.model import load_served

@@ -33,6 +33,8 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from lcjax.optional import require
+
 __all__ = ["ArgSpec", "Tool", "ToolExample", "make_tools", "make_examples", "openai_tools",
            "openai_call", "render_value", "OBJECTS", "ACTIONS", "max_tools", "call_text",
            "tool_docs", "prompt_text", "make_tool_batch", "PromptAnswer"]
@@ -316,7 +318,8 @@ def make_examples(tools: Sequence[Tool], n: int, *, seed: int = 0, split: str = 
     Raises:
       ValueError: an unknown split or a probability outside [0, 1].
     """
-    from faker import Faker
+    with require("data", "lcjax.tools.world"):
+        from faker import Faker
 
     if split not in ("seen", "heldout"):
         raise ValueError(f"make_examples: split must be 'seen' or 'heldout', got {split!r}")

@@ -26,6 +26,7 @@ import random
 import numpy as np
 
 from lcjax.data.tablelong import vocab
+from lcjax.optional import require
 
 __all__ = ["DOMAINS", "SQL_TYPES", "TYPES", "ColumnSpec", "Database", "TableSpec",
            "faker_pool", "make_database", "resize_leaf"]
@@ -140,7 +141,8 @@ class Database:
 def faker_pool(kind: str, language: str, size: int = 400) -> tuple[str, ...]:
     """``size`` distinct faker values (``"person"``, ``"city"``, ``"company"``) of the
     language's locale, from a fixed seed: the same tuple in every process."""
-    import faker  # imported here: ``import lcjax.data`` stays light
+    with require("data", "lcjax.data.tablelong"):
+        import faker  # imported here: ``import lcjax.data`` stays light
 
     fake = faker.Faker(vocab.LOCALES[language])
     fake.seed_instance(20261201)
