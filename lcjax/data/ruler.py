@@ -65,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from lcjax.data.suites import Suite, SuiteTask, TokenCounter, as_tokenizer, register_suite
+from lcjax.data.suites import Suite, SuiteTask, TokenCounter, as_tokenizer
 from lcjax.data.tokenizer import BOS, EOS, PAD
 
 __all__ = [
@@ -1090,4 +1090,3 @@ def find_values(prompt: bytes, key: str, *, type_name: str = "numbers",
     pattern = re.escape(needle.format(type=type_name, key=key, value="\0")).replace(
         re.escape("\0"), r"(.+?)")
     return [m.encode() for m in re.findall(pattern, prompt.decode("utf-8", "replace"))]
-register_suite("ruler", suite)

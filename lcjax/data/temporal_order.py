@@ -53,7 +53,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from lcjax.data.ruler import Sample, make_batch
-from lcjax.data.suites import Suite, SuiteTask, register_suite
+from lcjax.data.suites import Suite, SuiteTask
 
 __all__ = ["SOURCES", "OrderItem", "TemporalOrderSource", "make_book", "order_item",
            "order_eval_items", "make_order_item", "generate", "suite", "QUESTION"]
@@ -349,6 +349,3 @@ SUITE = (SuiteTask("order_shakespeare", "shakespeare", uses_depth=False),
 def suite() -> Suite:
     """The ``"temporal_order"`` suite over :func:`generate`."""
     return Suite("temporal_order", generate, SUITE)
-
-
-register_suite("temporal_order", suite)

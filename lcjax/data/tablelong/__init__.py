@@ -21,7 +21,7 @@ import collections
 import numpy as np
 
 from lcjax.data.ruler import Sample
-from lcjax.data.suites import Suite, SuiteTask, as_tokenizer, register_suite
+from lcjax.data.suites import Suite, SuiteTask, as_tokenizer
 from lcjax.data.tablelong.formats import FORMATS, parse_context, serialize
 from lcjax.data.tablelong.items import (
     answer_strings,
@@ -81,8 +81,5 @@ def generate(task: str, seed, length: int, *, tokenizer=None, **overrides) -> Sa
 
 
 def suite() -> Suite:
-    """The TableLong suite (registered as ``"tablelong"``): one task per question type."""
+    """The TableLong suite (built-in ``"tablelong"``, :data:`lcjax.data.suites.BUILTIN_SUITES`): one task per question type."""
     return Suite("tablelong", generate, SUITE)
-
-
-register_suite("tablelong", suite)
