@@ -17,7 +17,7 @@ With h_t the residual stream after the first ``layer`` = k blocks of the decoder
     logits = the remaining blocks k .. L−1 and the LM head on h (unchanged)
     L_ctx = mean_{j = 0 .. J_c−2} ℓ(ĉ_j, stopgrad(c_{j+1})),   J_c = ⌊T/C⌋ complete chunks
     ℓ     = mean_d (ĉ − c)²  ("mse")   or   1 − cos(ĉ, c)  ("cosine")
-    loss  = CE + λ · L_ctx                                   (:func:`lcjax.train.losses.context_lm_loss`)
+    loss  = CE + λ · L_ctx                  (lcjax.train.losses.context_lm_loss)
 
 Causality: ĉ_m depends on chunks 0..m, i.e. on tokens ≤ (m+1)C − 1, and token t receives
 ĉ_{m(t)} with (m(t)+1)C − 1 ≤ t: the last token of a chunk sees the prediction made from
@@ -78,7 +78,8 @@ class ContextLMConfig:
     """ContextLM's settings (hashable: part of the static ``DecoderConfig``).
 
     chunk: C, tokens per context chunk (int >= 1).
-    weight: λ >= 0, the weight of the next-context loss in :func:`lcjax.train.losses.context_lm_loss`.
+    weight: λ >= 0, the weight of the next-context loss in
+      :func:`lcjax.train.losses.context_lm_loss`.
     loss: "mse" or "cosine" (module docstring).
     layer: k, the number of decoder blocks before the context branch (1 <= k <= L − 1);
       None = L // 2.
