@@ -65,6 +65,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from lcjax.data.parallel import ParallelCorpus
+from lcjax.data.ruler import Sample
 from lcjax.data.suites import TokenCounter, as_tokenizer
 
 __all__ = [
@@ -709,8 +710,6 @@ def sample(corpus: ParallelCorpus, task: str, seed, length: int, *, depth: float
     multiple choice); ``info["item"]`` is the :class:`MgalItem`. ``length`` budgets the
     context; ``Sample.length`` counts the whole prompt plus answer.
     """
-    from lcjax.data.ruler import Sample
-
     lang, _, gran = task.partition("/")
     if gran not in TASKS or lang not in corpus.langs:
         raise ValueError(f"mgal suite: task must be '<lang>/<granularity>' with lang in "

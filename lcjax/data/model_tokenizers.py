@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from lcjax.data import tokenizer as byte_tok
+from lcjax.data.suites import load_tokenizer_file
 
 __all__ = ["ByteTokenizer", "HFTokenizer", "escape_chat_content", "load_tokenizer",
            "read_json", "render_byte_chat"]
@@ -84,8 +85,6 @@ class HFTokenizer:
     ids and chat template."""
 
     def __init__(self, path: str | os.PathLike):
-        from lcjax.data.suites import load_tokenizer_file
-
         path = os.fspath(path)
         file = os.path.join(path, "tokenizer.json")
         if not os.path.isfile(file):

@@ -10,15 +10,15 @@
 See docs/long_context_eval.md ("Evaluator").
 """
 
-from lcjax.eval.endpoint import EndpointConfig, EndpointError, complete, endpoint_runner
-from lcjax.eval.evaluate import EvalResults, evaluate, make_runner, max_answer_tokens
-from lcjax.eval.items import (
+from lcjax.data.items import (
     DEFAULT_DEPTHS,
     EvalItem,
     build_items,
     parse_depths,
     parse_lengths,
 )
+from lcjax.eval.endpoint import EndpointConfig, EndpointError, complete, endpoint_runner
+from lcjax.eval.evaluate import EvalResults, evaluate, make_runner, max_answer_tokens
 from lcjax.eval.report import format_markdown, plot_heatmap, write_report
 from lcjax.eval.results import read_results, summarize
 from lcjax.eval.runners import (

@@ -56,6 +56,7 @@ import ml_dtypes  # noqa: F401  (registers numpy's "bfloat16" dtype, which safet
 import numpy as np
 from flax import nnx
 
+from lcjax.data import tokenizer as byte_tok
 from lcjax.nn import DecoderConfig, DecoderLM
 from lcjax.nn.pretrained import init_variant_params
 from lcjax.rope import check_rope_scaling
@@ -484,8 +485,6 @@ def byte_tokenizer_files(max_len: int) -> dict[str, dict]:
     (``"lcjax_tokenizer": "bytes"``)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
-    from lcjax.data import tokenizer as byte_tok
-
     vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -531,8 +530,6 @@ def save_hf(model: DecoderLM, path: str | os.PathLike, *, like: str | os.PathLik
       ValueError: ``tokenizer="bytes"`` with ``like`` or a vocabulary without the byte
         tokenizer's ids; an unknown ``tokenizer``.
     """
-    from lcjax.data import tokenizer as byte_tok
-
     if tokenizer not in ("auto", "bytes", None):
         raise ValueError(f"save_hf: `tokenizer` must be 'auto', 'bytes' or None, got "
                          f"{tokenizer!r}")

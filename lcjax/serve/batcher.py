@@ -42,6 +42,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from lcjax.nn import generate
+
 __all__ = ["TOP_LOGPROBS", "BatchStats", "Batcher", "Generation", "ShuttingDown", "group_jobs",
            "next_power_of_two", "prompt_bucket", "seed_key", "shape_bound"]
 
@@ -345,8 +347,6 @@ class Batcher:
         self._compiled.add(shape)
 
     def _generate(self, group: list[_Job]) -> list[Generation]:
-        from lcjax.nn import generate
-
         n = len(group)
         b_pad = min(next_power_of_two(n), max(self.max_batch, n))
         p_pad = prompt_bucket(max(len(j.ids) for j in group), self.min_bucket)

@@ -11,7 +11,7 @@ evaluation suite (one task per question type, for ``lcjax.eval``)::
     item = generate_item(seed=0, index=7, min_len=4096, max_len=8192)
     item["context"], item["question"], item["answer"], item["sql"]
     write_shards("data/tl", 10_000, min_len=4096, max_len=32768, workers=2)
-    build_items("tablelong", lengths=[2048])          # lcjax.eval.items
+    build_items("tablelong", lengths=[2048])          # lcjax.data.items
 """
 
 from __future__ import annotations
@@ -81,5 +81,6 @@ def generate(task: str, seed, length: int, *, tokenizer=None, **overrides) -> Sa
 
 
 def suite() -> Suite:
-    """The TableLong suite (built-in ``"tablelong"``, :data:`lcjax.data.suites.BUILTIN_SUITES`): one task per question type."""
+    """The TableLong suite (built-in ``"tablelong"``, :data:`lcjax.data.suites.BUILTIN_SUITES`):
+    one task per question type."""
     return Suite("tablelong", generate, SUITE)
