@@ -10,6 +10,9 @@ nothing::
 ``from lcjax.nn import DecoderLM`` then imports ``lcjax.nn.decoder`` (and what it imports)
 on first use, and ``import lcjax.nn`` alone imports no submodule. A submodule's name
 (``lcjax.nn.decoder``) also resolves on attribute access, as with an eager ``__init__``.
+A name defined in a submodule of the same name (``lcjax.tools.ast_check.ast_check``) is
+bound when the package is imported: importing the submodule later would otherwise replace
+the name with the module.
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ def lazy_exports(package: str, exports: Mapping[str, str]
     module that defines it; a name is imported on first access and then cached in the
     package's namespace."""
     exports = dict(exports)
+    namespace = vars(sys.modules[package])
+    for name, module in exports.items():
+        if module == f"{package}.{name}":
+            namespace[name] = getattr(importlib.import_module(module), name)
 
     def __getattr__(name: str):
         module = exports.get(name)
