@@ -42,7 +42,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lcjax.nn import generate
+from lcjax import nn
 
 __all__ = ["TOP_LOGPROBS", "BatchStats", "Batcher", "Generation", "ShuttingDown", "group_jobs",
            "next_power_of_two", "prompt_bucket", "seed_key", "shape_bound"]
@@ -361,11 +361,11 @@ class Batcher:
         head = group[0]
         greedy = head.temperature == 0
         seed = head.seed if head.seed is not None else int(self._rng.integers(2**31))
-        out = generate(self.model, rows, n_pad, temperature=head.temperature,
-                       top_p=None if greedy else head.top_p, stop_tokens=self.stop_ids,
-                       rng=None if greedy else seed_key(seed), prompt_lengths=lengths,
-                       pad_id=self.pad_id, return_logprobs=True,
-                       top_logprobs=min(TOP_LOGPROBS, self.model.config.vocab_size))
+        out = nn.generate(self.model, rows, n_pad, temperature=head.temperature,
+                          top_p=None if greedy else head.top_p, stop_tokens=self.stop_ids,
+                          rng=None if greedy else seed_key(seed), prompt_lengths=lengths,
+                          pad_id=self.pad_id, return_logprobs=True,
+                          top_logprobs=min(TOP_LOGPROBS, self.model.config.vocab_size))
         tokens, ends = np.asarray(out.tokens), np.asarray(out.lengths)
         logprobs = np.asarray(out.logprobs, np.float32)
         top_ids, top_lp = (np.asarray(x) for x in out.top_logprobs)
