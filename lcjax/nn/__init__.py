@@ -20,7 +20,7 @@ _EXPORTS = {
     "ContextLM": "lcjax.nn.contextlm",
     "ContextLMConfig": "lcjax.nn.contextlm",
     "ContextLMState": "lcjax.nn.contextlm",
-    "DecoderBlock": "lcjax.nn.decoder",
+    "DecoderBlock": "lcjax.nn.block",
     "DecoderCache": "lcjax.nn.decoder",
     "DecoderConfig": "lcjax.nn.decoder",
     "DecoderLM": "lcjax.nn.decoder",
