@@ -18,6 +18,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
@@ -62,6 +63,16 @@ def test_import_linter_contracts_are_kept():
                          text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
     assert "BROKEN" not in out.stdout and "KEPT" in out.stdout
+
+
+def test_the_layers_contract_places_every_lcjax_package():
+    """A new top-level module or package of lcjax must be given its layer."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = next(c for c in config["contracts"] if c["type"] == "layers")["layers"]
+    placed = {name.strip().strip("()") for layer in layers for name in layer.split("|")}
+    found = {f"lcjax.{p.stem if p.is_file() else p.name}" for p in (ROOT / "lcjax").iterdir()
+             if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()}
+    assert found <= placed, sorted(found - placed)
 
 
 def test_the_graph_holds_imports_inside_functions():
