@@ -8,6 +8,10 @@ A :class:`Suite` is what ``lcjax.eval.evaluate`` consumes::
                                 **({"depth": d} if t.uses_depth else {}), **t.overrides)
         sample.prompt, sample.answer, sample.references   # bytes (UTF-8 text)
 
+The built-in suites are listed once, in :data:`BUILTIN_SUITES` (name -> module, factory,
+options); a suite's module is imported when the suite is first asked for, so neither import
+order nor importing ``lcjax.data`` matters. :func:`register_suite` adds a user's suite.
+
 ``generate(task, seed, length, *, tokenizer=None, **overrides)`` is the generator module's
 own (``lcjax.data.ruler.generate``, ``lcjax.data.nolima.generate``): ``length`` counts
 tokens of ``tokenizer`` (bytes when None) and the result is a ``lcjax.data.ruler.Sample``.
