@@ -56,7 +56,7 @@ from jax.sharding import PartitionSpec as P
 
 from lcjax import aot
 from lcjax.nn.layers import rms_norm
-from lcjax.parallel import CONTEXT, DATA, RING, layer_apply
+from lcjax.parallel import CONTEXT, DATA, RING, layer_apply, parse_mesh
 from lcjax.parallel.validation import check_heads, check_length, check_positive
 
 __all__ = ["COLLECTIVES", "MODELS", "STRATEGIES", "ModelShape", "add_arguments", "check_config",
@@ -457,7 +457,6 @@ def dumps(rep: dict) -> str:
 def _mesh_arg(text: str | None):
     if not text:
         return None
-    from lcjax.parallel import parse_mesh
 
     return list(parse_mesh(text).items())
 

@@ -11,9 +11,9 @@ import pytest
 from flax import nnx
 
 from lcjax import data
-from lcjax.nn import ContextLMConfig, DecoderConfig, DecoderLM, context_lm_loss, generate
+from lcjax.nn import ContextLMConfig, DecoderConfig, DecoderLM, generate
 from lcjax.nn.contextlm import chunk_embeddings, context_pair_loss, feedback_index
-from lcjax.train import TrainConfig, nll_loss, train
+from lcjax.train import TrainConfig, context_lm_loss, nll_loss, train
 
 C = 4
 BASE = DecoderConfig(vocab_size=data.VOCAB_SIZE, d_model=32, num_layers=2, num_heads=2,

@@ -15,6 +15,7 @@ from lcjax.data.corpus import shakespeare_split
 from lcjax.nn import DecoderLM
 from lcjax.nn import diffusion as D
 from lcjax.train import TrainConfig, train
+from lcjax.train import diffusion as TD
 
 B = 4  # block size
 CFG = D.diffusion_config(d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
@@ -29,7 +30,7 @@ def model():
 # jitted once for the module: a full pass with a mask, the training pass, the loss
 forward = nnx.jit(lambda m, x, mask: m(x, mask=mask))
 training_logits = nnx.jit(D.diffusion_logits, static_argnums=3)
-LOSS = D.MaskedDiffusionLoss(B)
+LOSS = TD.MaskedDiffusionLoss(B)
 loss_value = nnx.jit(lambda m, x, rng: LOSS(m, {"inputs": x}, rng))
 
 
@@ -130,8 +131,8 @@ def test_transfer_schedule_and_bad_arguments(model):
 
 def test_loss_trains_through_train_loop_and_resumes(tmp_path):
     docs = shakespeare_split()[0][:2]
-    ds = lambda: D.diffusion_dataset(16, 8, docs=docs)
-    loss_fn = D.MaskedDiffusionLoss(B)
+    ds = lambda: TD.diffusion_dataset(16, 8, docs=docs)
+    loss_fn = TD.MaskedDiffusionLoss(B)
     cfg = TrainConfig(steps=8, warmup_steps=1, lr=1e-2, eval_batches=0, progress=False,
                       log_every=8)
     full = train(CFG, dataclasses.replace(cfg, out_dir=str(tmp_path / "a")), dataset=ds(),

@@ -13,20 +13,17 @@ import pytest
 from flax import nnx
 
 from lcjax.interop import load_hf, save_hf
+from lcjax.interop.peft import PEFT_CONFIG, PEFT_WEIGHTS, load_peft, save_peft
 from lcjax.nn import DecoderConfig, DecoderLM, generate
 from lcjax.nn.lora import (
-    PEFT_CONFIG,
-    PEFT_WEIGHTS,
     LoRAConfig,
     LoRAModel,
     LoRAParam,
     adapter_filter,
     apply_lora,
     load_adapter,
-    load_peft,
     lora_param_count,
     save_adapter,
-    save_peft,
 )
 from lcjax.train import TrainConfig, train
 from lcjax.train.checkpoint import checkpoint_manager, read_meta

@@ -9,9 +9,9 @@ import re
 import pytest
 from mgal_synthetic import LANGS, Synthetic
 
-from lcjax.data import mgal
+from lcjax.data import mgal, mgal_suite
+from lcjax.data import mgal_metrics as mm
 from lcjax.data.suites import as_tokenizer
-from lcjax.eval import mgal_metrics as mm
 
 LENGTHS = (6000, 12000)
 N_PER_CELL = 9  # 9 = every task x format of the three-task granularity
@@ -279,10 +279,10 @@ def test_oracle_scores_perfectly(items, syn):
 
 
 def test_suite_through_the_evaluator_and_heatmaps(corpus, tmp_path):
+    from lcjax.data.items import build_items
     from lcjax.eval.evaluate import evaluate
-    from lcjax.eval.items import build_items
 
-    suite = mgal.make_suite(corpus)
+    suite = mgal_suite.make_suite(corpus)
     tasks = ["en/word", "ja/sentence", "de/paragraph", "ja/document"]
     kw = dict(tasks=tasks)
     items = build_items(suite, (6000,), (0.0, 0.5, 1.0), 1, 0, **kw)
@@ -340,11 +340,11 @@ def test_cli_suite_options_and_mgal_report(corpus, tmp_path, capsys):
     from test_eval_endpoint import ScriptedServer
 
     from lcjax.cli import main
+    from lcjax.data.items import build_items
     from lcjax.data.suites import SuiteOption, register_suite
-    from lcjax.eval.items import build_items
 
     def factory(langs=None):
-        return mgal.make_suite(corpus, langs=langs, name="mgal_syn")
+        return mgal_suite.make_suite(corpus, langs=langs, name="mgal_syn")
 
     register_suite("mgal_syn", factory, options=(
         SuiteOption("--langs", "languages", lambda t: tuple(t.split(","))),))

@@ -11,8 +11,8 @@ import pytest
 from mgal_synthetic import LANGS, Synthetic
 
 from experiments.mgal import experiment as ex
-from lcjax.data import mgal
-from lcjax.eval.items import build_items
+from lcjax.data import mgal, mgal_suite
+from lcjax.data.items import build_items
 
 N_PER_CELL = 4
 LENGTH = 6000  # the synthetic corpus's sections are too short to fill every cell at 2,048
@@ -20,7 +20,7 @@ LENGTH = 6000  # the synthetic corpus's sections are too short to fill every cel
 
 @pytest.fixture(scope="module")
 def suite():
-    return mgal.make_suite(Synthetic(seed=0).corpus())
+    return mgal_suite.make_suite(Synthetic(seed=0).corpus())
 
 
 @pytest.fixture(scope="module")

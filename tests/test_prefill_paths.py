@@ -79,7 +79,7 @@ def test_generate_serve_and_eval_agree_and_differ_from_dense(hf_dir, tmp_path):
     with open(os.path.join(out, "results.jsonl")) as f:
         records = [json.loads(line) for line in f if '"prediction"' in line]
     assert len(records) == 2 and all(r["error"] is None for r in records)
-    from lcjax.eval.items import build_items
+    from lcjax.data.items import build_items
 
     items = build_items("ruler", (512,), (0.5,), 2, 0, tasks=["niah_single_1"],
                         tokenizer=tokenizer.encode)

@@ -188,7 +188,7 @@ def test_bad_options_raise():
 
 
 def test_suite_items_for_the_evaluator():
-    from lcjax.eval.items import build_items
+    from lcjax.data.items import build_items
     from lcjax.eval.results import make_record
 
     items = build_items("tablelong", [2048], n_per_cell=1, seed=0)

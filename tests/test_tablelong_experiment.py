@@ -46,7 +46,7 @@ def test_table_items_fit_the_prompt_width_and_verify():
         assert lo <= it["length"] <= hi
 
 
-class _Item:  # the two fields of lcjax.eval.items.EvalItem that answer_nll reads
+class _Item:  # the two fields of lcjax.data.items.EvalItem that answer_nll reads
     def __init__(self, prompt: bytes, answer: bytes):
         self.prompt, self.answer = prompt, answer
 

@@ -94,7 +94,7 @@ def test_grain_rows_and_eval_items():
 
 
 def test_suite_items():
-    from lcjax.eval.items import build_items
+    from lcjax.data.items import build_items
 
     got = build_items("temporal_order", [500], n_per_cell=3, seed=0)
     assert {e.task for e in got} == {"order_shakespeare", "order_random"}

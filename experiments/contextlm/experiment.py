@@ -7,7 +7,7 @@ Every model is a ``lcjax.nn.DecoderLM`` (RoPE, GQA, 2 layers) trained by
 out) with the same seeds, data order, steps, batch and sequence length, so every model sees
 the same tokens. ContextLM adds ``DecoderConfig(context_lm=ContextLMConfig(chunk=8,
 weight=1.0))`` (the branch after block 1, one predictor block) and trains with
-``lcjax.nn.context_lm_loss`` (CE + λ·L_ctx); the baseline trains with the plain NLL. The
+``lcjax.train.context_lm_loss`` (CE + λ·L_ctx); the baseline trains with the plain NLL. The
 held-out metric is the token-level NLL / ln 2 of both (``lcjax.train.evaluate``, the
 default eval hook): the context term is not in it.
 
@@ -107,8 +107,8 @@ def lower_at_every_size_claim(diffs: dict[str, dict], steps: int) -> Claim:
 
 def run(quick: bool, out_dir: Path) -> Result:
     from lcjax.data import VOCAB_SIZE, shakespeare_split
-    from lcjax.nn import ContextLMConfig, DecoderConfig, context_lm_loss
-    from lcjax.train import TrainConfig, train
+    from lcjax.nn import ContextLMConfig, DecoderConfig
+    from lcjax.train import TrainConfig, context_lm_loss, train
 
     train_docs, heldout_docs = shakespeare_split(heldout_fraction=0.1, seed=0)
     steps = STEPS[quick]

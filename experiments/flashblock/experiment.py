@@ -92,6 +92,7 @@ def train_model(quick: bool):
     """The block-diffusion LM trained on Shakespeare bytes: (model, info)."""
     from lcjax.nn import diffusion as D
     from lcjax.train import TrainConfig, train
+    from lcjax.train import diffusion as TD
 
     steps = TRAIN_STEPS[quick]
     total = PROMPT[quick] + BLOCKS[quick] * BLOCK
@@ -100,8 +101,8 @@ def train_model(quick: bool):
     run = train(cfg, TrainConfig(steps=steps, batch_size=BATCH, seq_len=SEQ_LEN[quick],
                                  lr=3e-3, warmup_steps=max(1, steps // 10), eval_batches=0,
                                  progress=False, log_every=max(1, steps // 20)),
-                dataset=D.diffusion_dataset(SEQ_LEN[quick], BATCH),
-                loss_fn=D.MaskedDiffusionLoss(BLOCK))
+                dataset=TD.diffusion_dataset(SEQ_LEN[quick], BATCH),
+                loss_fn=TD.MaskedDiffusionLoss(BLOCK))
     nll = [r["masked_nll"] for r in run.history]
     return run.model, {"steps": steps, "seq_len": SEQ_LEN[quick], "batch": BATCH,
                        "model": MODEL[quick], "masked_nll_first": float(nll[0]),

@@ -1,6 +1,6 @@
 """MGAL-style grid (the ICML 2026 MGAL paper; issue 13, item 5) for two small lcjax byte
 models and an oracle, through ``lcjax.eval.evaluate`` with the ``mgal`` suite
-(:func:`lcjax.data.mgal.make_suite`) and MGAL's metrics (:mod:`lcjax.eval.mgal_metrics`).
+(:func:`lcjax.data.mgal_suite.make_suite`) and MGAL's metrics (:mod:`lcjax.data.mgal_metrics`).
 
 Targets:
 
@@ -98,7 +98,7 @@ def load_corpus(langs):
 def oracle_for(suite, n_per_cell: int, length: int = LENGTH):
     """A callable replying each prompt's gold answer text (the suite's items at
     ``length``, :data:`DEPTHS`, :data:`SEED`)."""
-    from lcjax.eval.items import build_items
+    from lcjax.data.items import build_items
 
     items = build_items(suite, (length,), DEPTHS, n_per_cell, SEED)
     gold = {it.prompt.decode(): it.answer.decode() for it in items}
@@ -251,7 +251,7 @@ def beats_chance_claim(model: str, overall: dict) -> Claim:
 
 
 def run(quick: bool, out_dir: Path) -> Result:
-    from lcjax.data import mgal
+    from lcjax.data import mgal_suite
 
     s = SETTINGS[quick]
     out_dir = Path(out_dir)
@@ -259,7 +259,7 @@ def run(quick: bool, out_dir: Path) -> Result:
     corpus, langs, label = load_corpus(s["langs"])
     if label == "Debian Reference":
         langs = s["eval_langs"]
-    suite = mgal.make_suite(corpus, langs=langs)
+    suite = mgal_suite.make_suite(corpus, langs=langs)
     base, base_info = shakespeare_base(quick)
     targets = {"oracle": oracle_for(suite, s["n_per_cell"]), "shakespeare": base}
     ruler = train_ruler_model(s) if "ruler" in s["models"] else None
@@ -269,7 +269,7 @@ def run(quick: bool, out_dir: Path) -> Result:
                                      max_new_tokens=None if name == "oracle"
                                      else s["max_new_tokens"])
                for name, t in targets.items()}
-    from lcjax.eval.items import build_items
+    from lcjax.data.items import build_items
 
     lik_items = [it for it in build_items(suite, (LENGTH,), DEPTHS, s["likelihood_per_cell"],
                                           SEED + 1)

@@ -232,8 +232,8 @@ def answer_nll(model, items, *, batch_size: int, width: int) -> np.ndarray:
 
 def evaluate_model(model, s: dict) -> dict[str, dict]:
     """Per suite: ``string_match_all`` per item (fraction), answer NLL per item, tasks."""
+    from lcjax.data.items import build_items
     from lcjax.eval import evaluate
-    from lcjax.eval.items import build_items
 
     out = {}
     for name, spec in eval_specs(s).items():

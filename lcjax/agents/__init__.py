@@ -2,43 +2,30 @@
 endpoints, its generated recall tasks (:mod:`lcjax.agents.envs`) and a scripted server for
 tests (:mod:`lcjax.agents.scripted`). See ``docs/acon.md``."""
 
-from lcjax.agents.acon import (
-    DEFAULT_GUIDELINE,
-    AconAgent,
-    AconConfig,
-    AgentError,
-    AgentState,
-    OptimisationResult,
-    agent_prompt,
-    byte_tokens,
-    distil_compressor,
-    distillation_batches,
-    distillation_rows,
-    endpoint_from_env,
-    optimise_guideline,
-    render_history,
-    run_task,
-)
-from lcjax.agents.envs import RecallTask, make_tasks, parse_answer, reference_policy
+from lcjax.lazy import lazy_exports
 
-__all__ = [
-    "DEFAULT_GUIDELINE",
-    "AconAgent",
-    "AconConfig",
-    "AgentError",
-    "AgentState",
-    "OptimisationResult",
-    "RecallTask",
-    "agent_prompt",
-    "byte_tokens",
-    "distil_compressor",
-    "distillation_batches",
-    "distillation_rows",
-    "endpoint_from_env",
-    "make_tasks",
-    "optimise_guideline",
-    "parse_answer",
-    "reference_policy",
-    "render_history",
-    "run_task",
-]
+# public name -> the module that defines it, imported on first access (lcjax.lazy)
+_EXPORTS = {
+    "DEFAULT_GUIDELINE": "lcjax.agents.acon",
+    "AconAgent": "lcjax.agents.acon",
+    "AconConfig": "lcjax.agents.acon",
+    "AgentError": "lcjax.agents.acon",
+    "AgentState": "lcjax.agents.acon",
+    "OptimisationResult": "lcjax.agents.acon",
+    "agent_prompt": "lcjax.agents.acon",
+    "byte_tokens": "lcjax.agents.acon",
+    "distil_compressor": "lcjax.agents.acon",
+    "distillation_batches": "lcjax.agents.acon",
+    "distillation_rows": "lcjax.agents.acon",
+    "endpoint_from_env": "lcjax.agents.acon",
+    "optimise_guideline": "lcjax.agents.acon",
+    "render_history": "lcjax.agents.acon",
+    "run_task": "lcjax.agents.acon",
+    "RecallTask": "lcjax.agents.envs",
+    "make_tasks": "lcjax.agents.envs",
+    "parse_answer": "lcjax.agents.envs",
+    "reference_policy": "lcjax.agents.envs",
+}
+
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -40,7 +40,11 @@ with require("eval", "lcjax.agents.acon"):
     import requests
 
 from lcjax.agents.envs import RecallTask
+from lcjax.data import tokenizer as tok
+from lcjax.data.ruler import answer_rows
 from lcjax.eval.endpoint import EndpointConfig, EndpointError, TokenCounter, complete
+from lcjax.serve import render_byte_chat
+from lcjax.train import answer_weighted_loss, train
 
 __all__ = [
     "AGENT_PROMPT",
@@ -465,10 +469,6 @@ def distillation_rows(states: Sequence[AgentState], seq_len: int) -> dict:
       one) and bool ``loss_mask`` ``[N, seq_len]``, True exactly on the targets that are
       reply bytes or its EOS.
     """
-    from lcjax.data import tokenizer as tok
-    from lcjax.data.ruler import answer_rows
-    from lcjax.serve import render_byte_chat
-
     if not isinstance(seq_len, int) or seq_len < 2:
         raise ValueError(f"distillation_rows: `seq_len` must be an int >= 2, got {seq_len!r}")
     prompts, replies = [], []
@@ -506,8 +506,6 @@ def distil_compressor(states: Sequence[AgentState], model_cfg, train_cfg, *,
     ``other_weight``). ``train_kw``: train's other arguments. Returns its ``TrainResult``;
     with ``train_cfg.out_dir`` set, ``lcjax serve --checkpoint out_dir`` serves the student
     as the compressor endpoint."""
-    from lcjax.train import answer_weighted_loss, train
-
     batches = distillation_batches(states, steps=train_cfg.steps,
                                    batch_size=train_cfg.batch_size, seq_len=train_cfg.seq_len,
                                    seed=train_cfg.data_seed)

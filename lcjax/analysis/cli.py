@@ -19,6 +19,10 @@ import os
 import sys
 import time
 
+from lcjax.analysis.lps import enhance_model, lps_scores
+from lcjax.interop.hf import load_hf, read_hf_config, read_qk_weights, save_hf
+from lcjax.rope import scaled_inv_freq
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the ``lcjax analyze`` subcommands to ``parser``."""
@@ -56,9 +60,6 @@ def _multiplier(spec: str | None, model_type: str):
 def run(args: argparse.Namespace) -> int:
     if args.analysis != "lps":
         raise ValueError(f"lcjax analyze: unknown analysis {args.analysis!r}")
-    from lcjax.analysis.lps import lps_scores
-    from lcjax.interop.hf import load_hf, read_hf_config, read_qk_weights, save_hf
-    from lcjax.rope import scaled_inv_freq
 
     if args.enhance and not args.out:
         raise ValueError("lcjax analyze lps: --enhance needs --out DIR")
@@ -91,8 +92,6 @@ def run(args: argparse.Namespace) -> int:
                    title=f"LPS ranking score: {os.path.basename(os.path.abspath(args.checkpoint))}")
     print(f"wrote {heatmap}")
     if args.enhance:
-        from lcjax.analysis.lps import enhance_model
-
         model_type = read_hf_config(args.checkpoint).get("model_type", "llama")
         heads = result.top_heads(args.enhance_heads)
         model, _ = load_hf(args.checkpoint)

@@ -29,6 +29,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from lcjax.data.corpus import load_shakespeare
+from lcjax.data.tablelong import generate_item
 from lcjax.optional import require
 
 __all__ = ["PeakCheck", "PowerLawFit", "as_token_arrays", "fit_power_law", "lagged_mi",
@@ -236,7 +238,6 @@ def text_vs_table_mi(path=None, *, text_bytes: int = 1_000_000, table_bytes: int
                      seed: int = 0, ks: Sequence[int] = (1, 2, 3, 4, 5),
                      table_text: str | None = None) -> dict:
     """The comparison of the TableLong argument, on bytes with Miller-Madow correction:
-
     - text: I(d) at :data:`TEXT_LAGS` over the first ``text_bytes`` of the Shakespeare corpus
       and its power-law fit for d >= 16;
     - table: an English aligned-markdown TableLong context of about ``table_bytes`` (item 1
@@ -245,14 +246,10 @@ def text_vs_table_mi(path=None, *, text_bytes: int = 1_000_000, table_bytes: int
 
     Writes the two-panel plot to ``path`` when given. Returns ``{"text": {"lags", "mi",
     "fit"}, "table": {"period", "lags", "mi", "peaks"}}``."""
-    from lcjax.data.corpus import load_shakespeare
-
     text = "".join(d.text for d in load_shakespeare())[:text_bytes]
     t_mi = lagged_mi(text, TEXT_LAGS)
     fit = fit_power_law(TEXT_LAGS, t_mi, min_lag=16)
     if table_text is None:
-        from lcjax.data.tablelong import generate_item
-
         table_text = generate_item(seed, 1, min_len=int(0.9 * table_bytes), max_len=table_bytes,
                                    languages=("en",), formats=("markdown",))["context"]
     m = row_period(table_text)

@@ -31,6 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from lcjax.nn import Attention, capture_attention
+
 __all__ = ["ProbeResult", "ridge_fit", "r2_score", "linear_probe", "hidden_features",
            "attention_layers", "ablate_heads", "attention_mass"]
 
@@ -185,8 +187,6 @@ def _hidden_states(model, tokens):
 
 def attention_layers(model) -> list:
     """The model's :class:`lcjax.nn.Attention` modules in module order (layer 0 first)."""
-    from lcjax.nn import Attention
-
     return [m for _, m in nnx.iter_modules(model) if isinstance(m, Attention)]
 
 
@@ -231,7 +231,5 @@ def attention_mass(model, tokens, query_mask, key_mask) -> np.ndarray:
 @nnx.jit
 def _stacked_weights(model, tokens):
     """[B, L, H, T, S] attention weights of a full pass (compiled once per shape)."""
-    from lcjax.nn import capture_attention
-
     _, weights = capture_attention(model, tokens)
     return jnp.stack(weights, axis=1)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from lcjax.nn import capture_attention
 from lcjax.optional import require
 
 __all__ = ["answer_position", "retrieval_success", "correlate", "spearman", "pearson",
@@ -50,8 +51,6 @@ def retrieval_success(model, prompts: Sequence[Sequence[int]], answer_positions:
     import jax
     import jax.numpy as jnp
     from flax import nnx
-
-    from lcjax.nn import capture_attention
 
     if len(prompts) != len(answer_positions) or not prompts:
         raise ValueError(f"retrieval_success: need as many answer positions as prompts (>= 1), "

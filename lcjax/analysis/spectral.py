@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lcjax.nn import capture_attention
 from lcjax.optional import require
 
 __all__ = ["FLATNESS_RTOL", "METRICS", "anisotropy", "effective_rank", "hidden_state_metrics",
@@ -271,8 +272,6 @@ def _report(model, tokens, segment_ids, key, *, noise, rank, attention):
                                None if lmask is None else lmask[1:])
     out["perturbation_ratio"] = jnp.concatenate([jnp.full_like(ratio[:1], jnp.nan), ratio])
     if attention:
-        from lcjax.nn import capture_attention  # lazy: lcjax.analysis does not need lcjax.nn
-
         _, weights = capture_attention(model, tokens, segment_ids=segment_ids)
         gaps = jnp.stack([spectral_gap(w, triangular=True) for w in weights])
         out["spectral_gap"] = jnp.concatenate([jnp.full_like(gaps[:1], jnp.nan), gaps])

@@ -181,11 +181,12 @@ def sampling_rows(histories, *, block_size, steps, num_blocks, train_steps, repe
     info = {"config": "d=64, 2 layers, 4 heads x 16", "train_steps": train_steps}
     if train_steps:
         from lcjax.train import TrainConfig, train
+        from lcjax.train import diffusion as TD
 
         run = train(cfg, TrainConfig(steps=train_steps, warmup_steps=min(50, train_steps // 10),
                                      lr=3e-3, eval_batches=0, progress=False),
-                    dataset=D.diffusion_dataset(128, 16, seed=seed),
-                    loss_fn=D.MaskedDiffusionLoss(block_size))
+                    dataset=TD.diffusion_dataset(128, 16, seed=seed),
+                    loss_fn=TD.MaskedDiffusionLoss(block_size))
         model = run.model
         info["final_masked_nll"] = run.history[-1].get("masked_nll")
     else:

@@ -9,19 +9,15 @@ size, ``jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes``
 
 from __future__ import annotations
 
-import dataclasses
-import datetime
-import os
-import platform
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from lcjax.reporting import json_default, machine_info  # noqa: F401  (moved; re-exported)
 
 __all__ = [
     "compile_fn",
@@ -132,67 +128,3 @@ def matmul_throughput(n: int = 2048, *, repeats: int = 5, warmup: int = 1, seed:
         "times_s": stats["times_s"],
         "gflops": flops / stats["median_s"] / 1e9,
     }
-
-
-def _git(*args: str) -> str | None:
-    """Output of a read-only git command in this checkout, or None outside one."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        out = subprocess.run(
-            ["git", *args], cwd=here, capture_output=True, text=True, timeout=5
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.rstrip() if out.returncode == 0 else None
-
-
-def _git_state() -> dict:
-    """HEAD commit and the tracked files modified since it (numbers may come from them)."""
-    status = _git("status", "--porcelain", "--untracked-files=no")
-    modified = None if status is None else [line[3:] for line in status.splitlines()]
-    return {"git_commit": _git("rev-parse", "HEAD") or None, "git_modified": modified}
-
-
-def json_default(obj):
-    """``json.dump`` fallback for reports: dataclasses, arrays, numpy/jax scalars, paths."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.asdict(obj)
-    if getattr(obj, "ndim", 0) > 0 and hasattr(obj, "tolist"):
-        return obj.tolist()
-    if hasattr(obj, "item"):  # numpy / jax scalars
-        return obj.item()
-    return str(obj)
-
-
-def machine_info() -> dict:
-    """Where and when the numbers were taken: platform, CPUs, JAX, devices, date."""
-    device = jax.devices()[0]
-    try:
-        usable_cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        usable_cpus = os.cpu_count()
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": platform.processor() or None,
-        "python": sys.version.split()[0],
-        "cpu_count": os.cpu_count(),
-        "usable_cpus": usable_cpus,
-        "jax": jax.__version__,
-        "jaxlib": _jaxlib_version(),
-        "backend": jax.default_backend(),
-        "device_kind": device.device_kind,
-        "device_count": jax.device_count(),
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        **_git_state(),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
-
-
-def _jaxlib_version() -> str | None:
-    try:
-        import jaxlib
-
-        return jaxlib.__version__
-    except (ImportError, AttributeError):
-        return None

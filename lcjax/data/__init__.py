@@ -1,62 +1,40 @@
 """Data: byte tokenizer, embedded corpora, grain pipelines."""
 
-from lcjax.data.corpus import (
-    Document,
-    load_shakespeare,
-    shakespeare_dir,
-    shakespeare_split,
-    shakespeare_works,
-    split_works,
-    work_id,
-)
-from lcjax.data.markov import MarkovSource, sample_chains
-from lcjax.data.parallel import ParallelCorpus, load_debian_reference
-from lcjax.data.pipeline import (
-    gather_windows,
-    make_dataset,
-    make_iterator,
-    num_windows,
-    pack_stream,
-)
-from lcjax.data.synthetic import SyntheticSource
-from lcjax.data.tablelong import TableLongSource  # also registers the "tablelong" suite
-from lcjax.data.temporal_order import (  # also registers the "temporal_order" suite
-    TemporalOrderSource,
-    order_eval_items,
-    order_item,
-)
-from lcjax.data.tfds import FeatureSource, tfds_source
-from lcjax.data.tokenizer import BOS, EOS, PAD, VOCAB_SIZE, decode, decode_bytes, encode
+from lcjax.lazy import lazy_exports
 
-__all__ = [
-    "BOS",
-    "EOS",
-    "PAD",
-    "VOCAB_SIZE",
-    "Document",
-    "FeatureSource",
-    "ParallelCorpus",
-    "MarkovSource",
-    "SyntheticSource",
-    "TableLongSource",
-    "TemporalOrderSource",
-    "decode",
-    "decode_bytes",
-    "encode",
-    "gather_windows",
-    "load_debian_reference",
-    "load_shakespeare",
-    "make_dataset",
-    "make_iterator",
-    "num_windows",
-    "order_eval_items",
-    "order_item",
-    "pack_stream",
-    "sample_chains",
-    "shakespeare_dir",
-    "shakespeare_split",
-    "shakespeare_works",
-    "split_works",
-    "tfds_source",
-    "work_id",
-]
+# public name -> the module that defines it, imported on first access (lcjax.lazy)
+_EXPORTS = {
+    "Document": "lcjax.data.corpus",
+    "load_shakespeare": "lcjax.data.corpus",
+    "shakespeare_dir": "lcjax.data.corpus",
+    "shakespeare_split": "lcjax.data.corpus",
+    "shakespeare_works": "lcjax.data.corpus",
+    "split_works": "lcjax.data.corpus",
+    "work_id": "lcjax.data.corpus",
+    "MarkovSource": "lcjax.data.markov",
+    "sample_chains": "lcjax.data.markov",
+    "ParallelCorpus": "lcjax.data.parallel",
+    "load_debian_reference": "lcjax.data.parallel",
+    "gather_windows": "lcjax.data.pipeline",
+    "make_dataset": "lcjax.data.pipeline",
+    "make_iterator": "lcjax.data.pipeline",
+    "num_windows": "lcjax.data.pipeline",
+    "pack_stream": "lcjax.data.pipeline",
+    "SyntheticSource": "lcjax.data.synthetic",
+    "TableLongSource": "lcjax.data.tablelong",
+    "TemporalOrderSource": "lcjax.data.temporal_order",
+    "order_eval_items": "lcjax.data.temporal_order",
+    "order_item": "lcjax.data.temporal_order",
+    "FeatureSource": "lcjax.data.tfds",
+    "tfds_source": "lcjax.data.tfds",
+    "BOS": "lcjax.data.tokenizer",
+    "EOS": "lcjax.data.tokenizer",
+    "PAD": "lcjax.data.tokenizer",
+    "VOCAB_SIZE": "lcjax.data.tokenizer",
+    "decode": "lcjax.data.tokenizer",
+    "decode_bytes": "lcjax.data.tokenizer",
+    "encode": "lcjax.data.tokenizer",
+}
+
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

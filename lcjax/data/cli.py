@@ -19,6 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from lcjax.data.items import parse_lengths
+from lcjax.data.suites import load_tokenizer_file
+from lcjax.data.tablelong.shards import check_shard_args, write_shards
+from lcjax.data.writes import check_writable
 from lcjax.errors import UsageError
 
 
@@ -44,8 +48,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _one_length(text: str, flag: str) -> int:
-    from lcjax.eval.items import parse_lengths
-
     values = parse_lengths(text)
     if len(values) != 1:
         raise UsageError(f"{flag}: give one length, got {text!r}")
@@ -59,14 +61,9 @@ def _names(text: str | None):
 def run(args: argparse.Namespace) -> int:
     if args.dataset != "tablelong":
         raise UsageError(f"unknown dataset {args.dataset!r}")
-    from lcjax.data.tablelong.shards import check_shard_args, write_shards
-
     kwargs = {k: v for k, v in (("tasks", _names(args.tasks)),
                                 ("languages", _names(args.languages)),
                                 ("formats", _names(args.formats))) if v is not None}
-    from lcjax.data.suites import load_tokenizer_file
-    from lcjax.data.writes import check_writable
-
     min_len, max_len = _one_length(args.min_len, "--min-len"), _one_length(args.max_len,
                                                                           "--max-len")
     check_writable(args.out, overwrite=args.overwrite)  # before loading a tokenizer

@@ -57,7 +57,6 @@ which_section. A multiple-choice ``answer`` is the 0-based index into ``options`
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import re
 import zlib
@@ -65,16 +64,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lcjax.data import parallel
 from lcjax.data.parallel import ParallelCorpus
-from lcjax.data.suites import (
-    Suite,
-    SuiteOption,
-    SuiteTask,
-    TokenCounter,
-    as_tokenizer,
-    register_suite,
-)
+from lcjax.data.ruler import Sample
+from lcjax.data.suites import TokenCounter, as_tokenizer
 
 __all__ = [
     "CJK_LANGS",
@@ -89,11 +81,8 @@ __all__ = [
     "entities",
     "format_prompt",
     "generate",
-    "make_suite",
     "position_of",
-    "report_records",
     "sample",
-    "score_sample",
 ]
 
 GRANULARITIES = ("word", "sentence", "paragraph", "document")
@@ -721,8 +710,6 @@ def sample(corpus: ParallelCorpus, task: str, seed, length: int, *, depth: float
     multiple choice); ``info["item"]`` is the :class:`MgalItem`. ``length`` budgets the
     context; ``Sample.length`` counts the whole prompt plus answer.
     """
-    from lcjax.data.ruler import Sample
-
     lang, _, gran = task.partition("/")
     if gran not in TASKS or lang not in corpus.langs:
         raise ValueError(f"mgal suite: task must be '<lang>/<granularity>' with lang in "
@@ -745,59 +732,3 @@ def sample(corpus: ParallelCorpus, task: str, seed, length: int, *, depth: float
                   needles=(evidence.encode(),), num_targets=1,
                   info={"item": item, "task": kind, "format": fmt},
                   tokenizer=counter.name, question=item.question.encode())
-
-
-def score_sample(sample, prediction: str) -> dict:
-    """The suite's ``score`` hook: :func:`lcjax.eval.mgal_metrics.score_item` of the sample's
-    :class:`MgalItem` (``sample.info["item"]``) and the reply."""
-    from lcjax.eval.mgal_metrics import score_item
-
-    return score_item(sample.info["item"], prediction)
-
-
-def report_records(records, out_dir: str) -> dict:
-    """The suite's ``report`` hook: :func:`lcjax.eval.mgal_metrics.write_report`."""
-    from lcjax.eval.mgal_metrics import write_report
-
-    return write_report(records, out_dir)
-
-
-def make_suite(corpus: ParallelCorpus, *, langs: Sequence[str] | None = None,
-               name: str = "mgal") -> Suite:
-    """An evaluator :class:`~lcjax.data.suites.Suite` over ``corpus``: one task
-    ``"<lang>/<granularity>"`` per language of ``langs`` (default: all of the corpus) and
-    granularity, depth = position; its ``score`` / ``report`` hooks are MGAL's metrics
-    (:func:`score_sample`, :func:`report_records`)."""
-    langs = tuple(corpus.langs if langs is None else langs)
-    bad = [lang for lang in langs if lang not in corpus.langs]
-    if bad or not langs:
-        raise ValueError(f"mgal suite: langs {list(langs)} must be a non-empty subset of the "
-                         f"corpus languages {list(corpus.langs)}")
-    cache: dict = {}
-
-    def generate_sample(task, seed, length, *, depth=0.5, tokenizer=None):
-        return sample(corpus, task, seed, length, depth=depth, tokenizer=tokenizer, cache=cache)
-
-    tasks = tuple(SuiteTask(f"{lang}/{g}", f"{lang}/{g}") for lang in langs
-                  for g in GRANULARITIES)
-    return Suite(name, generate_sample, tasks, score=score_sample, report=report_records)
-
-
-@functools.lru_cache(maxsize=1)
-def _debian_corpus() -> ParallelCorpus:
-    return parallel.load_debian_reference(parallel.DEBIAN_LANGS)
-
-
-def _debian_suite(langs: Sequence[str] | None = None) -> Suite:
-    """Suite ``"mgal"``: Debian Reference, all 11 languages aligned together (so an item does
-    not depend on which languages a run asks for); ``langs`` keeps those languages' tasks."""
-    return make_suite(_debian_corpus(), langs=langs)
-
-
-def _lang_list(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-register_suite("mgal", _debian_suite, options=(
-    SuiteOption("--langs", "mgal: comma list of languages (Debian codes; default all 11)",
-                _lang_list),))

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from lcjax.data import tokenizer as byte_tok
+from lcjax.data.suites import load_tokenizer_file
 from lcjax.optional import require
 
 __all__ = ["ByteTokenizer", "HFTokenizer", "escape_chat_content", "load_tokenizer",
@@ -85,8 +86,6 @@ class HFTokenizer:
     ids and chat template."""
 
     def __init__(self, path: str | os.PathLike):
-        from lcjax.data.suites import load_tokenizer_file
-
         path = os.fspath(path)
         file = os.path.join(path, "tokenizer.json")
         if not os.path.isfile(file):

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from lcjax.data import ruler
-from lcjax.data.suites import Suite, SuiteTask, register_suite
+from lcjax.data.suites import Suite, SuiteTask
 
 __all__ = ["NEEDLES", "CONTROL_NEEDLE", "PREFIX", "QUESTION", "SUITE", "TASKS", "generate",
            "nolima", "suite"]
@@ -171,8 +171,5 @@ def generate(task: str, seed, length: int, *, tokenizer=None, **overrides) -> Sa
 
 
 def suite() -> Suite:
-    """The NoLiMa-style suite (registered as ``"nolima"``)."""
+    """The NoLiMa-style suite (built-in ``"nolima"``, :data:`lcjax.data.suites.BUILTIN_SUITES`)."""
     return Suite("nolima", generate, SUITE)
-
-
-register_suite("nolima", suite)

@@ -65,7 +65,8 @@ from typing import Any
 
 import numpy as np
 
-from lcjax.data.suites import Suite, SuiteTask, TokenCounter, as_tokenizer, register_suite
+from lcjax.data.corpus import load_shakespeare
+from lcjax.data.suites import Suite, SuiteTask, TokenCounter, as_tokenizer
 from lcjax.data.tokenizer import BOS, EOS, PAD
 
 __all__ = [
@@ -307,8 +308,6 @@ def _essay_units() -> tuple[str, ...]:
     (``. ! ? : ; ] )``), a blank line, or the third line of a longer sentence (a verse line
     end); each keeps its newline.
     """
-    from lcjax.data.corpus import load_shakespeare
-
     blob = "\n\n".join(d.text.strip("\n") for d in load_shakespeare())
     units, cur = [], []
     for line in blob.split("\n"):
@@ -694,8 +693,6 @@ def variable_tracking(seed, length: int, *, num_chains: int = 1, num_hops: int =
 @functools.cache
 def _corpus_words() -> tuple[str, ...]:
     """Distinct lowercase alphabetic words (4-10 letters) of the Shakespeare corpus, sorted."""
-    from lcjax.data.corpus import load_shakespeare
-
     words = set()
     for d in load_shakespeare():
         words.update(re.findall(r"\b[a-z]{4,10}\b", d.text))
@@ -834,8 +831,6 @@ def speeches() -> tuple[tuple[str, str, str], ...]:
     (``FIRST LORD``, ``ALL``), are left out, so each name names one work. Speeches keep at
     most their first three lines, joined by spaces.
     """
-    from lcjax.data.corpus import load_shakespeare
-
     found = []
     for d in load_shakespeare():
         if d.folio:
@@ -1090,4 +1085,3 @@ def find_values(prompt: bytes, key: str, *, type_name: str = "numbers",
     pattern = re.escape(needle.format(type=type_name, key=key, value="\0")).replace(
         re.escape("\0"), r"(.+?)")
     return [m.encode() for m in re.findall(pattern, prompt.decode("utf-8", "replace"))]
-register_suite("ruler", suite)

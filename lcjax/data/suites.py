@@ -8,6 +8,10 @@ A :class:`Suite` is what ``lcjax.eval.evaluate`` consumes::
                                 **({"depth": d} if t.uses_depth else {}), **t.overrides)
         sample.prompt, sample.answer, sample.references   # bytes (UTF-8 text)
 
+The built-in suites are listed once, in :data:`BUILTIN_SUITES` (name -> module, factory,
+options); a suite's module is imported when the suite is first asked for, so neither import
+order nor importing ``lcjax.data`` matters. :func:`register_suite` adds a user's suite.
+
 ``generate(task, seed, length, *, tokenizer=None, **overrides)`` is the generator module's
 own (``lcjax.data.ruler.generate``, ``lcjax.data.nolima.generate``): ``length`` counts
 tokens of ``tokenizer`` (bytes when None) and the result is a ``lcjax.data.ruler.Sample``.
@@ -26,6 +30,7 @@ tokens of ``tokenizer`` (bytes when None) and the result is a ``lcjax.data.ruler
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
@@ -33,7 +38,8 @@ from typing import Any
 
 from lcjax.optional import require
 
-__all__ = ["BYTES", "Suite", "SuiteOption", "SuiteTask", "TokenCounter", "as_tokenizer",
+__all__ = ["BUILTIN_SUITES", "BYTES", "Suite", "SuiteOption", "SuiteTask", "TokenCounter",
+           "as_tokenizer",
            "get_suite", "register_suite", "suite_options", "suites"]
 
 
@@ -90,33 +96,41 @@ class SuiteOption:
         return self.flag[2:].replace("-", "_")
 
 
+def _lang_list(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+# The built-in suites, the one place they are listed: name -> (module, factory, options).
+# A factory's module is imported only when its suite is asked for (by name, so order never
+# matters and importing this module loads no generator).
+BUILTIN_SUITES: Mapping[str, tuple[str, str, tuple[SuiteOption, ...]]] = MappingProxyType({
+    "ruler": ("lcjax.data.ruler", "suite", ()),
+    "nolima": ("lcjax.data.nolima", "suite", ()),
+    "mgal": ("lcjax.data.mgal_suite", "debian_suite", (
+        SuiteOption("--langs", "mgal: comma list of languages (Debian codes; default all 11)",
+                    _lang_list),)),
+    "tablelong": ("lcjax.data.tablelong", "suite", ()),
+    "temporal_order": ("lcjax.data.temporal_order", "suite", ()),
+})
+
 _SUITES: dict[str, tuple[Callable[..., Suite], tuple[SuiteOption, ...]]] = {}
 
 
 def register_suite(name: str, factory: Callable[..., Suite],
                    options: Sequence[SuiteOption] = ()) -> None:
     """Register a suite factory (called lazily by :func:`get_suite`) and the keyword
-    ``options`` it accepts."""
+    ``options`` it accepts (a user's suite; it takes precedence over a built-in of that
+    name)."""
     _SUITES[name] = (factory, tuple(options))
 
 
-def _import_builtin(name: str | None) -> None:
-    if name is not None and name in _SUITES:
-        return
-    import lcjax.data.ruler  # noqa: F401  (modules register their suites at import)
-    try:
-        import lcjax.data.nolima  # noqa: F401
-    except ImportError:
-        pass
-    import lcjax.data.mgal  # noqa: F401  (suite "mgal": Debian Reference, loaded lazily)
-
-
 def _entry(name: str):
-    _import_builtin(name)
-    try:
+    if name in _SUITES:
         return _SUITES[name]
-    except KeyError:
-        raise ValueError(f"unknown suite {name!r}; registered: {sorted(_SUITES)}") from None
+    if name in BUILTIN_SUITES:
+        module, factory, options = BUILTIN_SUITES[name]
+        return getattr(importlib.import_module(module), factory), options
+    raise ValueError(f"unknown suite {name!r}; registered: {suites()}")
 
 
 def get_suite(name: str, **options: Any) -> Suite:
@@ -132,12 +146,14 @@ def get_suite(name: str, **options: Any) -> Suite:
 
 
 def suite_options(name: str | None = None) -> tuple[SuiteOption, ...]:
-    """The options suite ``name`` declares; with None, every registered suite's (after
-    importing the built-in suites), each flag once."""
+    """The options suite ``name`` declares; with None, every suite's (built-in and
+    registered), each flag once."""
     if name is not None:
         return _entry(name)[1]
-    _import_builtin(None)
     seen: dict[str, SuiteOption] = {}
+    for _, _, opts in BUILTIN_SUITES.values():
+        for o in opts:
+            seen.setdefault(o.flag, o)
     for _, opts in _SUITES.values():
         for o in opts:
             seen.setdefault(o.flag, o)
@@ -145,8 +161,8 @@ def suite_options(name: str | None = None) -> tuple[SuiteOption, ...]:
 
 
 def suites() -> list[str]:
-    """Names of the registered suites."""
-    return sorted(_SUITES)
+    """Names of the suites: the built-in ones and those registered."""
+    return sorted(set(BUILTIN_SUITES) | set(_SUITES))
 
 
 # --- tokenizers: what ``length`` counts ---------------------------------------------------

@@ -52,8 +52,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from lcjax.data.corpus import load_shakespeare
+from lcjax.data.items import EvalItem
 from lcjax.data.ruler import Sample, make_batch
-from lcjax.data.suites import Suite, SuiteTask, register_suite
+from lcjax.data.suites import Suite, SuiteTask
 
 __all__ = ["SOURCES", "OrderItem", "TemporalOrderSource", "make_book", "order_item",
            "order_eval_items", "make_order_item", "generate", "suite", "QUESTION"]
@@ -125,8 +127,6 @@ class OrderItem:
 @functools.cache
 def _shakespeare_texts() -> tuple[bytes, ...]:
     """Every Shakespeare document, whitespace collapsed, as ASCII bytes."""
-    from lcjax.data.corpus import load_shakespeare
-
     return tuple(re.sub(r"\s+", " ", d.text).encode("ascii", "ignore")
                  for d in load_shakespeare())
 
@@ -262,10 +262,8 @@ def order_item(index: int, *, seed: int = 0, source: str = "shakespeare", num_pa
 
 
 def order_eval_items(n: int, *, seed: int = 0, source: str = "shakespeare", **kwargs) -> list:
-    """Items ``0 .. n-1`` of :func:`order_item` as :class:`lcjax.eval.items.EvalItem`
+    """Items ``0 .. n-1`` of :func:`order_item` as :class:`lcjax.data.items.EvalItem`
     (task ``"order_<source>"``, depth None, ``sample`` the :class:`Sample`)."""
-    from lcjax.eval.items import EvalItem
-
     if not isinstance(n, int | np.integer) or n < 1:
         raise ValueError(f"order_eval_items: `n` must be an int >= 1, got {n!r}")
     out = []
@@ -349,6 +347,3 @@ SUITE = (SuiteTask("order_shakespeare", "shakespeare", uses_depth=False),
 def suite() -> Suite:
     """The ``"temporal_order"`` suite over :func:`generate`."""
     return Suite("temporal_order", generate, SUITE)
-
-
-register_suite("temporal_order", suite)

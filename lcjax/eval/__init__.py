@@ -10,49 +10,35 @@
 See docs/long_context_eval.md ("Evaluator").
 """
 
-from lcjax.eval.endpoint import EndpointConfig, EndpointError, complete, endpoint_runner
-from lcjax.eval.evaluate import EvalResults, evaluate, make_runner, max_answer_tokens
-from lcjax.eval.items import (
-    DEFAULT_DEPTHS,
-    EvalItem,
-    build_items,
-    parse_depths,
-    parse_lengths,
-)
-from lcjax.eval.report import format_markdown, plot_heatmap, write_report
-from lcjax.eval.results import read_results, summarize
-from lcjax.eval.runners import (
-    bucket_length,
-    callable_runner,
-    length_buckets,
-    model_runner,
-    with_attention,
-)
-from lcjax.train.checkpoint import load_model
+from lcjax.lazy import lazy_exports
 
-__all__ = [
-    "DEFAULT_DEPTHS",
-    "EndpointConfig",
-    "EndpointError",
-    "EvalItem",
-    "EvalResults",
-    "build_items",
-    "bucket_length",
-    "callable_runner",
-    "complete",
-    "endpoint_runner",
-    "evaluate",
-    "format_markdown",
-    "length_buckets",
-    "load_model",
-    "make_runner",
-    "max_answer_tokens",
-    "model_runner",
-    "parse_depths",
-    "parse_lengths",
-    "plot_heatmap",
-    "read_results",
-    "summarize",
-    "with_attention",
-    "write_report",
-]
+# public name -> the module that defines it, imported on first access (lcjax.lazy)
+_EXPORTS = {
+    "DEFAULT_DEPTHS": "lcjax.data.items",
+    "EvalItem": "lcjax.data.items",
+    "build_items": "lcjax.data.items",
+    "parse_depths": "lcjax.data.items",
+    "parse_lengths": "lcjax.data.items",
+    "EndpointConfig": "lcjax.eval.endpoint",
+    "EndpointError": "lcjax.eval.endpoint",
+    "complete": "lcjax.eval.endpoint",
+    "endpoint_runner": "lcjax.eval.endpoint",
+    "EvalResults": "lcjax.eval.evaluate",
+    "evaluate": "lcjax.eval.evaluate",
+    "make_runner": "lcjax.eval.evaluate",
+    "max_answer_tokens": "lcjax.eval.evaluate",
+    "format_markdown": "lcjax.eval.report",
+    "plot_heatmap": "lcjax.eval.report",
+    "write_report": "lcjax.eval.report",
+    "read_results": "lcjax.eval.results",
+    "summarize": "lcjax.eval.results",
+    "bucket_length": "lcjax.eval.runners",
+    "callable_runner": "lcjax.eval.runners",
+    "length_buckets": "lcjax.eval.runners",
+    "model_runner": "lcjax.eval.runners",
+    "with_attention": "lcjax.eval.runners",
+    "load_model": "lcjax.train.checkpoint",
+}
+
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -25,7 +25,13 @@ import os
 import sys
 
 from lcjax.attention.options import attention_options_arg
-from lcjax.eval.items import DEFAULT_DEPTHS, parse_depths, parse_lengths
+from lcjax.data.items import DEFAULT_DEPTHS, parse_depths, parse_lengths
+from lcjax.data.model_tokenizers import HFTokenizer
+from lcjax.data.suites import get_suite, suite_options
+from lcjax.eval.endpoint import EndpointConfig
+from lcjax.eval.evaluate import evaluate
+from lcjax.eval.report import write_report
+from lcjax.reporting import command_line, machine_info
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -48,7 +54,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-per-cell", type=int, default=4, help="items per task, length, depth")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tasks", type=_names, default=None, help="comma list (default: all)")
-    from lcjax.data.suites import suite_options
 
     extra = parser.add_argument_group("suite options (passed to the suite's factory)")
     for opt in suite_options():
@@ -90,12 +95,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``lcjax eval``; returns the exit status."""
-    from lcjax.bench.report import command_line
-    from lcjax.bench.timing import machine_info
-    from lcjax.eval.endpoint import EndpointConfig
-    from lcjax.eval.evaluate import evaluate
-    from lcjax.eval.report import write_report
-
     if args.endpoint:
         try:
             target = EndpointConfig(args.endpoint, model=args.api_model, chat=args.chat,
@@ -110,8 +109,6 @@ def run(args: argparse.Namespace) -> int:
     suite, options = suite_from_args(args)
     tokenizer = None
     if args.endpoint and args.tokenizer:
-        from lcjax.data.model_tokenizers import HFTokenizer
-
         tokenizer = HFTokenizer(args.tokenizer).encode
     results = evaluate(
         target, suite, args.lengths, args.depths, args.n_per_cell, args.seed,
@@ -150,8 +147,6 @@ def run(args: argparse.Namespace) -> int:
 def suite_from_args(args: argparse.Namespace):
     """``(suite, [(flag, value)])``: the suite ``args.suite`` built with the suite flags
     given; a flag another suite declares is an error."""
-    from lcjax.data.suites import get_suite, suite_options
-
     own = {o.dest: o for o in suite_options(args.suite)}
     given = {o.dest: o for o in suite_options() if getattr(args, o.dest, None) is not None}
     foreign = sorted(o.flag for d, o in given.items() if d not in own)

@@ -23,9 +23,10 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from lcjax.data.items import DEFAULT_DEPTHS, EvalItem, build_items, resolve_suite
+from lcjax.data.model_tokenizers import ByteTokenizer
 from lcjax.data.suites import Suite
 from lcjax.eval.endpoint import EndpointConfig, endpoint_runner
-from lcjax.eval.items import DEFAULT_DEPTHS, EvalItem, build_items, resolve_suite
 from lcjax.eval.results import ResultsFile, make_record, read_results, summarize
 from lcjax.eval.runners import (  # noqa: F401  (with_attention re-exported)
     Runner,
@@ -34,6 +35,7 @@ from lcjax.eval.runners import (  # noqa: F401  (with_attention re-exported)
     model_runner,
     with_attention,
 )
+from lcjax.train.checkpoint import with_attention as switch
 
 __all__ = ["EvalResults", "evaluate", "max_answer_tokens", "make_runner"]
 
@@ -80,7 +82,6 @@ def make_runner(target: Any, *, max_new_tokens: int, batch_size: int = 8,
                              "callable)")
         model, tok = load_target(target, attention=attention,
                                  attention_options=attention_options)
-        from lcjax.data.model_tokenizers import ByteTokenizer
 
         runner_tok = None if isinstance(tok, ByteTokenizer) else tok
         return (model_runner(model, max_new_tokens=max_new_tokens, batch_size=batch_size,
@@ -89,8 +90,6 @@ def make_runner(target: Any, *, max_new_tokens: int, batch_size: int = 8,
     if _is_model(target):
         model = target
         if attention is not None or attention_options is not None:
-            from lcjax.train.checkpoint import with_attention as switch
-
             model = switch(target, attention, attention_options)
         tok = tokenizer if hasattr(tokenizer, "decode") else None
         return (model_runner(model, max_new_tokens=max_new_tokens, batch_size=batch_size,
@@ -150,8 +149,6 @@ def _load_folder(target: str | os.PathLike, attention: str | None, attention_opt
                  tokenizer: Any) -> tuple[Any, Any]:
     """A run folder's model, and the tokenizer that sizes the items: ``tokenizer`` if
     given, else the folder's own (None for the byte tokenizer)."""
-    from lcjax.data.model_tokenizers import ByteTokenizer
-
     target, own = load_target(target, attention=attention, attention_options=attention_options)
     tokenizer = tokenizer if tokenizer is not None or isinstance(own, ByteTokenizer) \
         else own
@@ -214,7 +211,7 @@ def evaluate(
     min_bucket: int = 64,
     attention_options: Any = None,
 ) -> EvalResults:
-    """Evaluate ``target`` on every item of ``suite`` (:func:`lcjax.eval.items.build_items`).
+    """Evaluate ``target`` on every item of ``suite`` (:func:`lcjax.data.items.build_items`).
 
     Args:
       target: an ``lcjax.nn.DecoderLM`` (greedy decoding of ``[BOS] + prompt`` over the byte

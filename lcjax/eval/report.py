@@ -1,17 +1,17 @@
 """Reports of an evaluation: ``results.json``, ``results.md`` and one depth x length heat
 map of ``string_match_all`` per task (``<task>_heatmap.png``), written with
-:func:`lcjax.bench.report.write_report`.
+:func:`lcjax.reporting.write_report`.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
-from lcjax.bench import report as bench_report
+from lcjax import reporting
 from lcjax.eval.results import METRICS
-from lcjax.optional import require
+from lcjax.reporting import heatmap
 
 __all__ = ["format_markdown", "heatmap", "plot_heatmap", "write_report"]
 
@@ -63,7 +63,7 @@ def format_markdown(result: Mapping) -> str:
     if result.get("command"):
         lines += [f"Command: `{result['command']}`", ""]
     if result.get("machine"):
-        lines += [bench_report.machine_line(result["machine"]), ""]
+        lines += [reporting.machine_line(result["machine"]), ""]
     lines += [f"Overall: string_match_all {_pct(o['string_match_all'])}, string_match_part "
               f"{_pct(o['string_match_part'])} over {o['n']} items, {o['errors']} errors "
               "(an error scores 0).", "",
@@ -79,40 +79,6 @@ def format_markdown(result: Mapping) -> str:
         lines += _task_table(t)
     return "\n".join(lines) + "\n"
 
-
-def heatmap(grid, rows: Sequence[str], cols: Sequence[str], path: str, *, title: str = "",
-            label: str = "string_match_all (%)", xlabel: str | None = None,
-            ylabel: str | None = None) -> None:
-    """Writes a PNG heat map of ``grid`` [len(rows), len(cols)] (percent, 0-100; NaN cells
-    left blank) with each value printed in its cell."""
-    with require("eval", "lcjax.eval.report (plots)"):
-        import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    grid = np.asarray(grid, float)
-    if grid.shape != (len(rows), len(cols)):
-        raise ValueError(f"heatmap: grid shape {grid.shape} != ({len(rows)}, {len(cols)}) "
-                         "rows x cols")
-    fig, ax = plt.subplots(figsize=(1.6 + 1.0 * len(cols), 1.2 + 0.5 * len(rows)))
-    im = ax.imshow(grid, vmin=0, vmax=100, cmap="RdYlGn", aspect="auto")
-    for i in range(len(rows)):
-        for j in range(len(cols)):
-            if not np.isnan(grid[i, j]):
-                ax.text(j, i, f"{grid[i, j]:.0f}", ha="center", va="center", fontsize=8)
-    ax.set_xticks(range(len(cols)), [str(c) for c in cols])
-    ax.set_yticks(range(len(rows)), [str(r) for r in rows])
-    if xlabel:
-        ax.set_xlabel(xlabel)
-    if ylabel:
-        ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=9)
-    fig.colorbar(im, ax=ax, label=label)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def plot_heatmap(task: Mapping, path: str, *, title: str = "") -> None:
@@ -143,4 +109,4 @@ def write_report(results, out_dir: str, *, command: str | None = None,
         title = f"{result['config'].get('suite')}/{name}: {result['config'].get('backend')}"
         plots[f"{_file_stem(name)}_heatmap"] = (
             lambda res, path, task=task, title=title: plot_heatmap(task, path, title=title))
-    return bench_report.write_report(result, out_dir, "results", format_markdown(result), plots)
+    return reporting.write_report(result, out_dir, "results", format_markdown(result), plots)

@@ -25,8 +25,8 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from lcjax.data.items import EvalItem, item_key
 from lcjax.data.ruler import string_match_all, string_match_part
-from lcjax.eval.items import EvalItem, item_key
 
 __all__ = [
     "METRICS",

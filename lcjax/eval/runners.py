@@ -26,6 +26,10 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from lcjax.data import tokenizer as tok
+from lcjax.data.model_tokenizers import ByteTokenizer, HFTokenizer, read_json
+from lcjax.interop.hf import load_hf
+from lcjax.nn import DecoderLM, generate
+from lcjax.train.checkpoint import load_model
 
 __all__ = [
     "Runner",
@@ -107,8 +111,6 @@ def with_attention(model, attention: str):
     sharing its parameters (e.g. ``"blockwise"`` for a long prefill)."""
     from flax import nnx
 
-    from lcjax.nn import DecoderLM
-
     cfg = dataclasses.replace(model.config, attention=attention)
     shell = nnx.eval_shape(lambda: DecoderLM(cfg, rngs=nnx.Rngs(0)))
     graphdef, want = nnx.split(shell)
@@ -142,19 +144,14 @@ def load_target(path, *, attention: str | None = None, attention_options=None):
     the byte tokenizer) or a Hugging Face checkpoint folder (``load_hf``, its
     ``tokenizer.json``), with ``attention`` / ``attention_options`` switched on (the
     variant's own parameters initialised, see :mod:`lcjax.nn.pretrained`)."""
-    from lcjax.data.model_tokenizers import ByteTokenizer, HFTokenizer, read_json
-
     path = os.fspath(path)
     cfg = read_json(os.path.join(path, "config.json"))
     if not cfg:
         raise ValueError(f"evaluate: {path!r} has no config.json (expected an `lcjax train` "
                          "run folder or a Hugging Face checkpoint folder)")
     if "model" in cfg:
-        from lcjax.train.checkpoint import load_model
-
         return (load_model(path, attention=attention, attention_options=attention_options),
                 ByteTokenizer())
-    from lcjax.interop.hf import load_hf
 
     model, _ = load_hf(path, attention=attention, attention_options=attention_options)
     return model, HFTokenizer(path)
@@ -182,8 +179,6 @@ def model_runner(model, *, max_new_tokens: int, batch_size: int = 8, bos: bool =
     ``logprobs`` each answer also yields ``{"logprobs": [...]}``: ``generate``'s log-probs of
     the generated tokens (``return_logprobs``), a final stop token included.
     """
-    from lcjax.nn import generate
-
     if tokenizer is not None:
         return _tokenizer_runner(model, tokenizer, max_new_tokens=max_new_tokens,
                                  batch_size=batch_size, min_bucket=min_bucket,
@@ -224,8 +219,6 @@ def _tokenizer_runner(model, tokenizer, *, max_new_tokens: int, batch_size: int,
     """:func:`model_runner` with a model's own tokenizer: prompts encoded by
     ``tokenizer.encode``, padded with ``tokenizer.pad_id``, stopped by its ``eos_ids``,
     answers decoded by ``tokenizer.decode`` (the stop token dropped)."""
-    from lcjax.nn import generate
-
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"model_runner: `max_new_tokens` must be an int >= 1, got "
                          f"{max_new_tokens!r}")

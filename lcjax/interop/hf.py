@@ -56,6 +56,7 @@ import ml_dtypes  # noqa: F401  (registers numpy's "bfloat16" dtype, which safet
 import numpy as np
 from flax import nnx
 
+from lcjax.data import tokenizer as byte_tok
 from lcjax.nn import DecoderConfig, DecoderLM
 from lcjax.nn.pretrained import init_variant_params
 from lcjax.optional import require
@@ -488,8 +489,6 @@ def byte_tokenizer_files(max_len: int) -> dict[str, dict]:
     with require("hf", "lcjax.interop.hf"):
         from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
-    from lcjax.data import tokenizer as byte_tok
-
     vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -574,8 +573,6 @@ def save_hf(model: DecoderLM, path: str | os.PathLike, *, like: str | os.PathLik
 
 def _byte_token_ids() -> dict[str, int]:
     """``config.json``'s bos/eos/pad token ids of lcjax's byte tokenizer."""
-    from lcjax.data import tokenizer as byte_tok
-
     return {"bos_token_id": byte_tok.BOS, "eos_token_id": byte_tok.EOS,
             "pad_token_id": byte_tok.PAD}
 

@@ -5,85 +5,55 @@
     out = generate(model, prompts, 16, temperature=0.7, rng=jax.random.key(0))
 """
 
-from lcjax.nn.attention import (
-    Attention,
-    AttentionConfig,
-    AttentionTap,
-    KVCache,
-    attend,
-    cache_mask,
-    capture_attention,
-    init_kv_cache,
-    update_kv_cache,
-)
-from lcjax.nn.contextlm import ContextLM, ContextLMConfig, ContextLMState, context_lm_loss
-from lcjax.nn.decoder import DecoderBlock, DecoderCache, DecoderConfig, DecoderLM
-from lcjax.nn.diffusion import (
-    BlockGeneration,
-    MaskedDiffusionLoss,
-    diffusion_config,
-    generate_blocks,
-)
-from lcjax.nn.disentangled import DisentangledConfig, DisentangledTransformer
-from lcjax.nn.layers import RMSNorm, SwiGLU, rms_norm
-from lcjax.nn.lora import LoRAConfig, LoRAModel, LoRAParam, apply_lora
-from lcjax.nn.plash import PlashAttention, plash_prototypes
-from lcjax.nn.sampling import (
-    DecodeResult,
-    GenerateResult,
-    decode_from_caches,
-    generate,
-    sample_logits,
-    sampling_candidates,
-)
-from lcjax.nn.trsp import TRSPCache, TRSPGate, TRSPState, init_trsp_state, trsp_side_path
-from lcjax.nn.variant_params import LearnableAlpha, VariantConfig, learnable_alpha
+from lcjax.lazy import lazy_exports
 
-__all__ = [
-    "ContextLM",
-    "ContextLMConfig",
-    "ContextLMState",
-    "context_lm_loss",
-    "Attention",
-    "AttentionConfig",
-    "AttentionTap",
-    "LearnableAlpha",
-    "LoRAConfig",
-    "LoRAModel",
-    "LoRAParam",
-    "apply_lora",
-    "PlashAttention",
-    "plash_prototypes",
-    "VariantConfig",
-    "capture_attention",
-    "learnable_alpha",
-    "DecodeResult",
-    "DecoderBlock",
-    "DecoderCache",
-    "DecoderConfig",
-    "DecoderLM",
-    "DisentangledConfig",
-    "DisentangledTransformer",
-    "BlockGeneration",
-    "MaskedDiffusionLoss",
-    "diffusion_config",
-    "generate_blocks",
-    "GenerateResult",
-    "KVCache",
-    "RMSNorm",
-    "SwiGLU",
-    "TRSPCache",
-    "TRSPGate",
-    "TRSPState",
-    "attend",
-    "cache_mask",
-    "decode_from_caches",
-    "generate",
-    "init_kv_cache",
-    "init_trsp_state",
-    "rms_norm",
-    "sample_logits",
-    "sampling_candidates",
-    "trsp_side_path",
-    "update_kv_cache",
-]
+# public name -> the module that defines it, imported on first access (lcjax.lazy)
+_EXPORTS = {
+    "Attention": "lcjax.nn.attention",
+    "AttentionConfig": "lcjax.nn.attention",
+    "AttentionTap": "lcjax.nn.attention",
+    "KVCache": "lcjax.nn.attention",
+    "attend": "lcjax.nn.attention",
+    "cache_mask": "lcjax.nn.attention",
+    "capture_attention": "lcjax.nn.attention",
+    "init_kv_cache": "lcjax.nn.attention",
+    "update_kv_cache": "lcjax.nn.attention",
+    "ContextLM": "lcjax.nn.contextlm",
+    "ContextLMConfig": "lcjax.nn.contextlm",
+    "ContextLMState": "lcjax.nn.contextlm",
+    "DecoderBlock": "lcjax.nn.block",
+    "DecoderCache": "lcjax.nn.decoder",
+    "DecoderConfig": "lcjax.nn.decoder",
+    "DecoderLM": "lcjax.nn.decoder",
+    "BlockGeneration": "lcjax.nn.diffusion",
+    "diffusion_config": "lcjax.nn.diffusion",
+    "generate_blocks": "lcjax.nn.diffusion",
+    "DisentangledConfig": "lcjax.nn.disentangled",
+    "DisentangledTransformer": "lcjax.nn.disentangled",
+    "RMSNorm": "lcjax.nn.layers",
+    "SwiGLU": "lcjax.nn.layers",
+    "rms_norm": "lcjax.nn.layers",
+    "LoRAConfig": "lcjax.nn.lora",
+    "LoRAModel": "lcjax.nn.lora",
+    "LoRAParam": "lcjax.nn.lora",
+    "apply_lora": "lcjax.nn.lora",
+    "PlashAttention": "lcjax.nn.plash",
+    "plash_prototypes": "lcjax.nn.plash",
+    "DecodeResult": "lcjax.nn.sampling",
+    "GenerateResult": "lcjax.nn.sampling",
+    "decode_from_caches": "lcjax.nn.sampling",
+    "generate": "lcjax.nn.sampling",
+    "sample_logits": "lcjax.nn.sampling",
+    "sampling_candidates": "lcjax.nn.sampling",
+    "TRSPCache": "lcjax.nn.trsp",
+    "TRSPGate": "lcjax.nn.trsp",
+    "TRSPState": "lcjax.nn.trsp",
+    "init_trsp_state": "lcjax.nn.trsp",
+    "trsp_side_path": "lcjax.nn.trsp",
+    "LearnableAlpha": "lcjax.nn.variant_params",
+    "VariantConfig": "lcjax.nn.variant_params",
+    "learnable_alpha": "lcjax.nn.variant_params",
+}
+
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -63,6 +63,7 @@ from lcjax.attention.spec import keyword_names
 from lcjax.attention.weights import variant_weights
 from lcjax.nn.layers import RMSNorm, dense_init
 from lcjax.nn.variant_params import VariantConfig, build_variant_params
+from lcjax.parallel.layer import layer_apply
 from lcjax.rope import apply_rope, check_rope_scaling, scaled_inv_freq
 
 __all__ = ["Attention", "AttentionConfig", "AttentionTap", "KVCache", "init_kv_cache",
@@ -636,12 +637,9 @@ class Attention(nnx.Module):
                 kv_segment_ids=kv_segment_ids,
                 **{key: val for key, val in options.items() if key != "local_window_size"}))
 
-
     def _context_parallel(self, x, positions, segment_ids, mask):
         """The layer by ``lcjax.parallel.layer_apply(self.context_parallel, ...)`` over the
         mesh set with ``jax.set_mesh`` (decoding with a cache runs on one device)."""
-        from lcjax.parallel import layer_apply  # lazy: lcjax.parallel uses lcjax.nn.layers
-
         cp = self.context_parallel
         unsupported = [what for what, used in (
             ("segment_ids", segment_ids is not None), ("mask", mask is not None),

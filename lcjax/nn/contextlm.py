@@ -17,7 +17,7 @@ With h_t the residual stream after the first ``layer`` = k blocks of the decoder
     logits = the remaining blocks k .. L−1 and the LM head on h (unchanged)
     L_ctx = mean_{j = 0 .. J_c−2} ℓ(ĉ_j, stopgrad(c_{j+1})),   J_c = ⌊T/C⌋ complete chunks
     ℓ     = mean_d (ĉ − c)²  ("mse")   or   1 − cos(ĉ, c)  ("cosine")
-    loss  = CE + λ · L_ctx                                   (:func:`context_lm_loss`)
+    loss  = CE + λ · L_ctx                  (lcjax.train.losses.context_lm_loss)
 
 Causality: ĉ_m depends on chunks 0..m, i.e. on tokens ≤ (m+1)C − 1, and token t receives
 ĉ_{m(t)} with (m(t)+1)C − 1 ≤ t: the last token of a chunk sees the prediction made from
@@ -63,10 +63,11 @@ from flax import nnx
 from jax import lax
 
 from lcjax.nn.attention import KVCache
+from lcjax.nn.block import DecoderBlock
 from lcjax.nn.layers import RMSNorm, dense_init, rms_norm
 
 __all__ = ["CONTEXT_LOSSES", "ContextLM", "ContextLMConfig", "ContextLMState",
-           "context_lm_loss", "context_pair_loss", "check_context_lm", "chunk_embeddings",
+           "context_pair_loss", "check_context_lm", "chunk_embeddings",
            "feedback_index"]
 
 CONTEXT_LOSSES = ("mse", "cosine")
@@ -77,7 +78,8 @@ class ContextLMConfig:
     """ContextLM's settings (hashable: part of the static ``DecoderConfig``).
 
     chunk: C, tokens per context chunk (int >= 1).
-    weight: λ >= 0, the weight of the next-context loss in :func:`context_lm_loss`.
+    weight: λ >= 0, the weight of the next-context loss in
+      :func:`lcjax.train.losses.context_lm_loss`.
     loss: "mse" or "cosine" (module docstring).
     layer: k, the number of decoder blocks before the context branch (1 <= k <= L − 1);
       None = L // 2.
@@ -193,8 +195,6 @@ class ContextLM(nnx.Module):
     """
 
     def __init__(self, config, *, rngs: nnx.Rngs):
-        from lcjax.nn.decoder import DecoderBlock  # lazy: decoder imports this module
-
         cl = check_context_lm(config.context_lm, config.num_layers)
         self.chunk, self.kind, self.layer = cl.chunk, cl.loss, cl.branch_layer(config.num_layers)
         self.eps, self.dtype = config.norm_eps, config.dtype
@@ -299,31 +299,3 @@ class ContextLM(nnx.Module):
                  state.index)
         carry, fb = lax.scan(one, carry, (jnp.swapaxes(u, 0, 1), jnp.swapaxes(valid, 0, 1)))
         return self.feed(h, jnp.swapaxes(fb, 0, 1)), ContextLMState(*carry), {}
-
-
-def context_lm_loss(model: Any, batch, rng: jax.Array | None = None):
-    """The loss hook of ContextLM: ``CE + λ · L_ctx`` (module docstring), for
-    ``lcjax.train.train(..., loss_fn=context_lm_loss)``.
-
-    CE is the weighted mean next-token NLL of :func:`lcjax.train.metrics.nll_loss` (PAD
-    targets, ``loss_mask``, ``weights``); λ and the kind of ℓ come from
-    ``model.config.context_lm``. A model without ContextLM (``context_lm=None``, or not a
-    ``DecoderLM``) gets CE alone, exactly ``nll_loss``; so does λ = 0.
-
-    Returns:
-      ``(loss, {"loss_weight": Σ w, "nll": (CE, Σ w), "context_loss": (L_ctx, pairs)})``.
-    """
-    from lcjax.train.metrics import LOSS_WEIGHT, model_logits, target_weights, weighted_nll
-
-    del rng
-    cl = getattr(getattr(model, "config", None), "context_lm", None)
-    weights = target_weights(batch)
-    if cl is None:
-        nll, total = weighted_nll(model_logits(model, batch), batch["targets"], weights)
-        return nll, {LOSS_WEIGHT: total}
-    kw = {k: batch[k] for k in ("positions", "segment_ids") if k in batch}
-    logits, aux = model(batch["inputs"], return_aux=True, **kw)
-    nll, total = weighted_nll(logits, batch["targets"], weights)
-    ctx, pairs = aux["context_loss"]
-    loss = nll if float(cl.weight) == 0 else nll + float(cl.weight) * ctx
-    return loss, {LOSS_WEIGHT: total, "nll": (nll, total), "context_loss": (ctx, pairs)}

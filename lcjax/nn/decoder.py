@@ -29,11 +29,12 @@ from flax import nnx
 from flax.core import FrozenDict
 
 from lcjax.attention import get
-from lcjax.nn.attention import POSITIONS, Attention, AttentionConfig, KVCache
+from lcjax.nn.attention import POSITIONS, AttentionConfig, KVCache
+from lcjax.nn.block import DecoderBlock
 from lcjax.nn.contextlm import ContextLM, ContextLMConfig, check_context_lm
-from lcjax.nn.layers import RMSNorm, SwiGLU, dense_init
+from lcjax.nn.layers import RMSNorm, dense_init
 from lcjax.nn.trsp import CONTEXTS as TRSP_CONTEXTS
-from lcjax.nn.trsp import TRSPCache, TRSPGate, init_trsp_state, trsp_side_path
+from lcjax.nn.trsp import TRSPCache, TRSPGate, init_trsp_state
 from lcjax.rope import check_rope_scaling, sinusoidal_embedding
 
 # DecoderConfig.position: the Attention module's positions, and absolute sinusoidal
@@ -81,7 +82,7 @@ class DecoderConfig:
     next-context prediction (ContextLM, ``lcjax.nn.contextlm``, ``docs/contextlm.md``):
     chunk embeddings of the stream after block k, a causal predictor over them, its
     prediction fed back to the next chunk's tokens; the loss hook is
-    ``lcjax.nn.context_lm_loss``.
+    ``lcjax.train.context_lm_loss``.
     ``dtype`` is the compute dtype, ``param_dtype`` the storage dtype; logits are float32.
     Hugging Face architectures (``lcjax.interop.hf``; all off by default):
     ``attention_bias`` (q, k, v biases: Qwen2, Llama's ``attention_bias``),
@@ -224,46 +225,6 @@ class DecoderConfig:
             local_window_size=self.layer_window(i),
             dtype=self.dtype, param_dtype=self.param_dtype,
         )
-
-
-class DecoderBlock(nnx.Module):
-    """Pre-norm block: x + Attn(norm(x)), then + SwiGLU(norm(.)); ``layer`` selects the
-    layer's attention when the config has one per layer."""
-
-    def __init__(self, config: DecoderConfig, *, rngs: nnx.Rngs, layer: int = 0):
-        c = config
-        attention, attention_options = c.layer_attention(layer)
-        self.attn_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype)
-        self.attn = Attention(c.layer_attention_config(layer), rngs=rngs)
-        self.mlp_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype)
-        self.mlp = SwiGLU(c.d_model, c.mlp_hidden, dtype=c.dtype, param_dtype=c.param_dtype,
-                          rngs=rngs)
-        # TRSP side path (level ℓ = layer); its gate is the model's, passed on each call
-        self.trsp_level, self.trsp_context = (layer if c.trsp else None), c.trsp_context
-
-    def __call__(self, x, positions, *, segment_ids=None, cache: KVCache | None = None,
-                 trsp_gate: TRSPGate | None = None, mask=None):
-        """x [B, T, D] -> ([B, T, D], updated cache or None); with TRSP, ``trsp_gate`` is
-        the shared gate and the cache a :class:`~lcjax.nn.trsp.TRSPCache`. ``mask``: bool
-        broadcastable to [B, H, T, S] (S = T, or the cache length), passed to the
-        attention (ANDed with its causal and segment masks)."""
-        trsp_state = None
-        if self.trsp_level is not None and cache is not None:
-            if not isinstance(cache, TRSPCache):
-                raise ValueError("DecoderBlock: a TRSP layer needs a TRSPCache (from "
-                                 f"DecoderLM.init_cache), got {type(cache).__name__}")
-            cache, trsp_state = cache.kv, cache.trsp
-        h, cache = self.attn(self.attn_norm(x), positions, segment_ids=segment_ids, cache=cache,
-                             mask=mask)
-        if self.trsp_level is not None:  # X_mid = X_in + Attn(LN(X_in)) + γ_ℓ·Tri_ℓ(X_in)
-            side, trsp_state = trsp_side_path(x, self.trsp_level, trsp_gate,
-                                              segment_ids=segment_ids,
-                                              context=self.trsp_context, state=trsp_state)
-            h = h + side
-            if trsp_state is not None:
-                cache = TRSPCache.of(cache, trsp_state)
-        x = x + h
-        return x + self.mlp(self.mlp_norm(x)), cache
 
 
 class DecoderLM(nnx.Module):

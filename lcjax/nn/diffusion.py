@@ -9,7 +9,8 @@ earlier block and the whole of its own block (bidirectional), never a later bloc
 :class:`~lcjax.nn.DecoderLM` with ``DecoderConfig(causal=False)`` and one extra token,
 ``MASK_ID`` (:func:`diffusion_config`); nothing else changes in the layers.
 
-Training (:class:`MaskedDiffusionLoss`, a ``loss_fn`` of :func:`lcjax.train.train`): for
+Training (:class:`lcjax.train.diffusion.MaskedDiffusionLoss`, a ``loss_fn`` of
+:func:`lcjax.train.train`): for
 clean bytes x⁰ [B, L], every block draws a mask ratio ``t ~ U(t_min, 1)`` (stratified over
 the batch's blocks), masks each of its tokens with probability ``t`` (x^t), and the loss
 is the masked-diffusion bound
@@ -36,7 +37,6 @@ FlashBlock's reuse of the block-external attention (:mod:`lcjax.attention.flashb
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -56,9 +56,8 @@ from lcjax.attention.flashblock import (
     should_refresh,
     sparse_flashblock_attention,
 )
-from lcjax.data import pipeline, tokenizer
+from lcjax.data import tokenizer
 from lcjax.nn.decoder import DecoderConfig, DecoderLM
-from lcjax.train.metrics import LOSS_WEIGHT
 
 __all__ = [
     "MASK_ID",
@@ -67,8 +66,6 @@ __all__ = [
     "training_mask",
     "mask_blocks",
     "diffusion_logits",
-    "MaskedDiffusionLoss",
-    "diffusion_dataset",
     "transfer_schedule",
     "threshold_reveal",
     "BlockGeneration",
@@ -161,57 +158,6 @@ def diffusion_logits(model: DecoderLM, x_t: jax.Array, x0: jax.Array,
     positions = jnp.broadcast_to(jnp.concatenate([pos, pos]), (b, 2 * length))
     logits = model(jnp.concatenate([x_t, x0], axis=1), positions=positions, mask=mask)
     return logits[:, :length]
-
-
-@dataclasses.dataclass(frozen=True)
-class MaskedDiffusionLoss:
-    """The masked-diffusion loss as a ``loss_fn(model, batch, rng) -> (loss, metrics)``
-    hook of :func:`lcjax.train.train` (module docstring); hashable, so the loop compiles
-    its step once per (model, hook).
-
-    Reads ``batch["inputs"]`` (clean tokens [B, L], L a multiple of ``block_size``).
-    Metrics: ``loss_weight`` = B·L (the loss's normaliser), ``masked_nll`` = mean NLL of
-    the masked tokens (weighted by their count), ``mask_fraction``.
-    """
-
-    block_size: int
-    t_min: float = 1e-3
-    mask_id: int = MASK_ID
-
-    def __post_init__(self):
-        if not isinstance(self.block_size, int) or self.block_size < 1:
-            raise ValueError(f"MaskedDiffusionLoss: `block_size` must be a positive int, "
-                             f"got {self.block_size!r}")
-        if not 0 < self.t_min < 1:
-            raise ValueError(f"MaskedDiffusionLoss: `t_min` must be in (0, 1), got {self.t_min}")
-
-    def __call__(self, model, batch, rng):
-        x0 = batch["inputs"]
-        x_t, masked, t = mask_blocks(x0, rng, self.block_size, t_min=self.t_min,
-                                     mask_id=self.mask_id)
-        logits = diffusion_logits(model, x_t, x0, self.block_size)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        nll = -jnp.take_along_axis(logp, x0[..., None], axis=-1)[..., 0]
-        m = masked.astype(jnp.float32)
-        total = jnp.float32(x0.size)
-        loss = jnp.sum(m * nll / t) / total
-        count = jnp.sum(m)
-        return loss, {LOSS_WEIGHT: total,
-                      "masked_nll": (jnp.sum(m * nll) / jnp.maximum(count, 1.0), count),
-                      "mask_fraction": count / total}
-
-
-def diffusion_dataset(seq_len: int, batch_size: int, *, docs=None, seed: int = 0,
-                      num_epochs: int | None = None):
-    """Batches ``{"inputs", "targets"}`` int32 [batch_size, seq_len] of packed bytes (the
-    Shakespeare training works by default, ``lcjax.data.corpus``) as a ``grain.MapDataset``
-    for ``train(dataset=...)``; :class:`MaskedDiffusionLoss` reads ``inputs``."""
-    if docs is None:
-        from lcjax.data.corpus import shakespeare_split
-
-        docs = shakespeare_split()[0]
-    return pipeline.make_dataset(docs, seq_len=seq_len, batch_size=batch_size, seed=seed,
-                                 num_epochs=num_epochs)
 
 
 def transfer_schedule(block_size: int, steps: int) -> tuple[int, ...]:
@@ -401,7 +347,7 @@ def generate_blocks(
 
     Args:
       model: a :class:`DecoderLM` built from :func:`diffusion_config` (trained with
-        :class:`MaskedDiffusionLoss`).
+        :class:`lcjax.train.diffusion.MaskedDiffusionLoss`).
       prompt: int [B, P], P a multiple of ``block_size`` (0 allowed).
       num_blocks: blocks to generate; steps_per_block: s in [1, block_size].
       block_size: b, as in training.

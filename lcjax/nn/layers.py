@@ -12,14 +12,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from lcjax.parallel.common import dense_init
+
 __all__ = ["RMSNorm", "SwiGLU", "rms_norm", "dense_init"]
-
-
-def dense_init(in_axis=-2, out_axis=-1) -> nnx.Initializer:
-    """Fan-in scaled normal (LeCun) for an einsum kernel with the given axes."""
-    return nnx.initializers.variance_scaling(
-        1.0, "fan_in", "normal", in_axis=in_axis, out_axis=out_axis
-    )
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, *, eps: float = 1e-6) -> jax.Array:

@@ -24,6 +24,7 @@ train only them: ``lcjax train --init DIR --attention plash``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import jax
@@ -32,6 +33,7 @@ import numpy as np
 from flax import nnx
 
 from lcjax.nn.attention import capture_attention, nape_slopes
+from lcjax.nn.decoder import DecoderLM
 from lcjax.nn.plash import PlashAttention
 from lcjax.nn.variant_params import (
     LearnableAlpha,
@@ -81,10 +83,6 @@ def _variant_config(model, i: int) -> VariantConfig:
 def _calibration_keys(model, calibration) -> list[jax.Array]:
     """Per layer, the keys [N, Hkv, D] of the calibration batch when every layer runs the
     checkpoint's softmax attention (the model's parameters without the variants')."""
-    import dataclasses
-
-    from lcjax.nn.decoder import DecoderLM
-
     cfg = dataclasses.replace(model.config, attention="softmax", attention_options={},
                               attention_learn=())
     graphdef, state = nnx.split(nnx.eval_shape(lambda: DecoderLM(cfg, rngs=nnx.Rngs(0))))

@@ -25,37 +25,45 @@ Activations [B, T, d] are sharded :data:`ACTIVATION_SPEC` = ``P("data", "context
 None)``, token arrays :data:`TOKEN_SPEC` = ``P("data", "context")``.
 """
 
-from lcjax.parallel.common import attention_layer_reference, resolve_mesh, resolve_variant
-from lcjax.parallel.layer import STRATEGIES, init_layer_params, layer, layer_apply
-from lcjax.parallel.mesh import (
-    ACTIVATION_SPEC,
-    CONTEXT,
-    DATA,
-    RING,
-    TOKEN_SPEC,
-    activation_sharding,
-    make_mesh,
-    mesh_size,
-    parse_mesh,
-    sequence_axes,
-    token_sharding,
-)
-from lcjax.parallel.ring import from_zigzag, ring_attention, ring_local, ring_shift, to_zigzag
-from lcjax.parallel.ulysses import (
-    heads_to_seq,
-    replicate_kv,
-    seq_to_heads,
-    ulysses_attention,
-    ulysses_local,
-)
-from lcjax.parallel.upipe import accumulate_matmul, stage_heads, upipe_layer, upipe_local
-from lcjax.parallel.usp import usp_attention, usp_local
+from lcjax.lazy import lazy_exports
 
-__all__ = ["ACTIVATION_SPEC", "CONTEXT", "DATA", "RING", "STRATEGIES", "TOKEN_SPEC",
-           "accumulate_matmul", "activation_sharding", "attention_layer_reference",
-           "from_zigzag", "heads_to_seq",
-           "init_layer_params", "layer", "layer_apply", "make_mesh", "mesh_size",
-           "parse_mesh", "replicate_kv", "resolve_mesh", "resolve_variant", "ring_attention",
-           "ring_local", "ring_shift", "seq_to_heads", "sequence_axes", "stage_heads", "to_zigzag",
-           "token_sharding", "ulysses_attention", "ulysses_local", "upipe_layer", "upipe_local",
-           "usp_attention", "usp_local"]
+# public name -> the module that defines it, imported on first access (lcjax.lazy)
+_EXPORTS = {
+    "attention_layer_reference": "lcjax.parallel.common",
+    "resolve_mesh": "lcjax.parallel.common",
+    "resolve_variant": "lcjax.parallel.common",
+    "STRATEGIES": "lcjax.parallel.layer",
+    "init_layer_params": "lcjax.parallel.layer",
+    "layer": "lcjax.parallel.layer",
+    "layer_apply": "lcjax.parallel.layer",
+    "ACTIVATION_SPEC": "lcjax.parallel.mesh",
+    "CONTEXT": "lcjax.parallel.mesh",
+    "DATA": "lcjax.parallel.mesh",
+    "RING": "lcjax.parallel.mesh",
+    "TOKEN_SPEC": "lcjax.parallel.mesh",
+    "activation_sharding": "lcjax.parallel.mesh",
+    "make_mesh": "lcjax.parallel.mesh",
+    "mesh_size": "lcjax.parallel.mesh",
+    "parse_mesh": "lcjax.parallel.mesh",
+    "sequence_axes": "lcjax.parallel.mesh",
+    "token_sharding": "lcjax.parallel.mesh",
+    "from_zigzag": "lcjax.parallel.ring",
+    "ring_attention": "lcjax.parallel.ring",
+    "ring_local": "lcjax.parallel.ring",
+    "ring_shift": "lcjax.parallel.ring",
+    "to_zigzag": "lcjax.parallel.ring",
+    "heads_to_seq": "lcjax.parallel.ulysses",
+    "replicate_kv": "lcjax.parallel.ulysses",
+    "seq_to_heads": "lcjax.parallel.ulysses",
+    "ulysses_attention": "lcjax.parallel.ulysses",
+    "ulysses_local": "lcjax.parallel.ulysses",
+    "accumulate_matmul": "lcjax.parallel.upipe",
+    "stage_heads": "lcjax.parallel.upipe",
+    "upipe_layer": "lcjax.parallel.upipe",
+    "upipe_local": "lcjax.parallel.upipe",
+    "usp_attention": "lcjax.parallel.usp",
+    "usp_local": "lcjax.parallel.usp",
+}
+
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -23,8 +23,17 @@ from lcjax.attention import AttentionSpec, get
 from lcjax.parallel.validation import check_axes
 from lcjax.rope import apply_rope
 
-__all__ = ["attention_layer_reference", "layer_attention", "local_positions", "project_kv",
+__all__ = ["attention_layer_reference", "dense_init", "layer_attention", "local_positions",
+           "project_kv",
            "project_q", "resolve_mesh", "resolve_variant"]
+
+
+def dense_init(in_axis=-2, out_axis=-1):
+    """Fan-in scaled normal (LeCun) for an einsum kernel with the given axes (the projections'
+    initializer here and in :mod:`lcjax.nn`)."""
+    return jax.nn.initializers.variance_scaling(
+        1.0, "fan_in", "normal", in_axis=in_axis, out_axis=out_axis
+    )
 
 
 def resolve_mesh(name: str, mesh, *axes: str):

@@ -27,9 +27,9 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from lcjax.attention import AttentionSpec
-from lcjax.nn.layers import dense_init
 from lcjax.parallel.common import (
     attention_layer_reference,
+    dense_init,
     layer_attention,
     local_positions,
     resolve_mesh,

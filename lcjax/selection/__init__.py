@@ -3,35 +3,31 @@
 baselines and hidden-rule ICL task (:mod:`lcjax.selection.autoselect`). See docs/autoselect.md.
 """
 
-from lcjax.selection.autoselect import (
-    Episode,
-    SelectionPolicy,
-    answer_log_likelihood,
-    best_of_k_selection,
-    check_beta,
-    demonstration_reward,
-    kl_target_weights,
-    make_lookup_episode,
-    make_offset_episode,
-    nearest_neighbour_selection,
-    policy_cross_entropy,
-    policy_log_prob,
-    policy_select,
-    random_selection,
-)
-from lcjax.selection.plackett_luce import (
-    MAX_ENUMERATION,
-    check_selection,
-    gumbel_top_k,
-    ordered_subsets,
-    pl_expectation,
-    pl_log_prob,
-)
+from lcjax.lazy import lazy_exports
 
-__all__ = [
-    "Episode", "SelectionPolicy", "answer_log_likelihood", "best_of_k_selection", "check_beta",
-    "demonstration_reward", "kl_target_weights", "make_lookup_episode", "make_offset_episode",
-    "nearest_neighbour_selection", "policy_cross_entropy", "policy_log_prob", "policy_select",
-    "random_selection", "MAX_ENUMERATION", "check_selection", "gumbel_top_k", "ordered_subsets",
-    "pl_expectation", "pl_log_prob",
-]
+# public name -> the module that defines it, imported on first access (lcjax.lazy)
+_EXPORTS = {
+    "Episode": "lcjax.selection.autoselect",
+    "SelectionPolicy": "lcjax.selection.autoselect",
+    "answer_log_likelihood": "lcjax.selection.autoselect",
+    "best_of_k_selection": "lcjax.selection.autoselect",
+    "check_beta": "lcjax.selection.autoselect",
+    "demonstration_reward": "lcjax.selection.autoselect",
+    "kl_target_weights": "lcjax.selection.autoselect",
+    "make_lookup_episode": "lcjax.selection.autoselect",
+    "make_offset_episode": "lcjax.selection.autoselect",
+    "nearest_neighbour_selection": "lcjax.selection.autoselect",
+    "policy_cross_entropy": "lcjax.selection.autoselect",
+    "policy_log_prob": "lcjax.selection.autoselect",
+    "policy_select": "lcjax.selection.autoselect",
+    "random_selection": "lcjax.selection.autoselect",
+    "MAX_ENUMERATION": "lcjax.selection.plackett_luce",
+    "check_selection": "lcjax.selection.plackett_luce",
+    "gumbel_top_k": "lcjax.selection.plackett_luce",
+    "ordered_subsets": "lcjax.selection.plackett_luce",
+    "pl_expectation": "lcjax.selection.plackett_luce",
+    "pl_log_prob": "lcjax.selection.plackett_luce",
+}
+
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

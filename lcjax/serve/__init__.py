@@ -9,38 +9,27 @@ runs concurrent requests as one jitted :func:`lcjax.nn.generate` call. See
 ``docs/serve.md``.
 """
 
-from lcjax.serve.app import (
-    APIError,
-    ChatRequest,
-    CompletionRequest,
-    ServeLimits,
-    create_app,
-    cut_at_stop,
-)
-from lcjax.serve.batcher import Batcher, BatchStats, Generation, group_jobs, next_power_of_two
-from lcjax.serve.model import (
-    ByteTokenizer,
-    HFTokenizer,
-    ServedModel,
-    load_served,
-    render_byte_chat,
-)
+from lcjax.lazy import lazy_exports
 
-__all__ = [
-    "APIError",
-    "BatchStats",
-    "Batcher",
-    "ByteTokenizer",
-    "ChatRequest",
-    "CompletionRequest",
-    "Generation",
-    "HFTokenizer",
-    "ServeLimits",
-    "ServedModel",
-    "create_app",
-    "cut_at_stop",
-    "group_jobs",
-    "load_served",
-    "next_power_of_two",
-    "render_byte_chat",
-]
+# public name -> the module that defines it, imported on first access (lcjax.lazy)
+_EXPORTS = {
+    "APIError": "lcjax.serve.app",
+    "ChatRequest": "lcjax.serve.app",
+    "CompletionRequest": "lcjax.serve.app",
+    "ServeLimits": "lcjax.serve.app",
+    "create_app": "lcjax.serve.app",
+    "cut_at_stop": "lcjax.serve.app",
+    "Batcher": "lcjax.serve.batcher",
+    "BatchStats": "lcjax.serve.batcher",
+    "Generation": "lcjax.serve.batcher",
+    "group_jobs": "lcjax.serve.batcher",
+    "next_power_of_two": "lcjax.serve.batcher",
+    "ByteTokenizer": "lcjax.serve.model",
+    "HFTokenizer": "lcjax.serve.model",
+    "ServedModel": "lcjax.serve.model",
+    "load_served": "lcjax.serve.model",
+    "render_byte_chat": "lcjax.serve.model",
+}
+
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

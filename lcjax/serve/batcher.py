@@ -42,6 +42,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from lcjax import nn
+
 __all__ = ["TOP_LOGPROBS", "BatchStats", "Batcher", "Generation", "ShuttingDown", "group_jobs",
            "next_power_of_two", "prompt_bucket", "seed_key", "shape_bound"]
 
@@ -345,8 +347,6 @@ class Batcher:
         self._compiled.add(shape)
 
     def _generate(self, group: list[_Job]) -> list[Generation]:
-        from lcjax.nn import generate
-
         n = len(group)
         b_pad = min(next_power_of_two(n), max(self.max_batch, n))
         p_pad = prompt_bucket(max(len(j.ids) for j in group), self.min_bucket)
@@ -361,11 +361,11 @@ class Batcher:
         head = group[0]
         greedy = head.temperature == 0
         seed = head.seed if head.seed is not None else int(self._rng.integers(2**31))
-        out = generate(self.model, rows, n_pad, temperature=head.temperature,
-                       top_p=None if greedy else head.top_p, stop_tokens=self.stop_ids,
-                       rng=None if greedy else seed_key(seed), prompt_lengths=lengths,
-                       pad_id=self.pad_id, return_logprobs=True,
-                       top_logprobs=min(TOP_LOGPROBS, self.model.config.vocab_size))
+        out = nn.generate(self.model, rows, n_pad, temperature=head.temperature,
+                          top_p=None if greedy else head.top_p, stop_tokens=self.stop_ids,
+                          rng=None if greedy else seed_key(seed), prompt_lengths=lengths,
+                          pad_id=self.pad_id, return_logprobs=True,
+                          top_logprobs=min(TOP_LOGPROBS, self.model.config.vocab_size))
         tokens, ends = np.asarray(out.tokens), np.asarray(out.lengths)
         logprobs = np.asarray(out.logprobs, np.float32)
         top_ids, top_lp = (np.asarray(x) for x in out.top_logprobs)

@@ -20,6 +20,7 @@ import threading
 
 from lcjax.attention.options import attention_options_arg
 from lcjax.optional import require
+from lcjax.serve.model import load_served
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,7 +102,6 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
 
     from lcjax.serve.app import ServeLimits, create_app
-    from lcjax.serve.model import load_served
 
     try:
         limits = ServeLimits(max_rows=args.max_rows, max_body_bytes=args.max_body_bytes,

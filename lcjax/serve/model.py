@@ -37,6 +37,8 @@ from lcjax.data.model_tokenizers import (  # noqa: F401  (re-exported)
     render_byte_chat,
 )
 from lcjax.data.model_tokenizers import read_json as _read_json
+from lcjax.interop.hf import load_hf
+from lcjax.train.checkpoint import load_model
 
 __all__ = ["ByteTokenizer", "HFTokenizer", "ServedModel", "escape_chat_content",
            "load_served", "render_byte_chat"]
@@ -97,8 +99,6 @@ def load_served(path: str | os.PathLike, *, name: str | None = None,
         raise ValueError(f"load_served: {path!r} is not a folder")
     name = name or os.path.basename(os.path.normpath(os.path.abspath(path)))
     if _is_run_dir(path):
-        from lcjax.train.checkpoint import load_model
-
         model = load_model(path, attention=attention, attention_options=attention_options)
         return ServedModel(model, ByteTokenizer(), name, max_len or model.config.max_len)
     hf = _read_json(os.path.join(path, "config.json"))
@@ -108,7 +108,6 @@ def load_served(path: str | os.PathLike, *, name: str | None = None,
     if not hf:
         raise ValueError(f"load_served: {path!r} has no config.json (expected an `lcjax train` "
                          "run folder or a Hugging Face checkpoint folder)")
-    from lcjax.interop.hf import load_hf
 
     context = max_len or int(hf.get("max_position_embeddings", 2048))
     model, _ = load_hf(path, dtype=dtype, max_len=context, attention=attention,

@@ -37,6 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from lcjax.data import tokenizer as tok
+from lcjax.eval.runners import bucket_length, model_runner
 from lcjax.nn.lora import LoRAModel, LoRAParam, with_deltas
 from lcjax.train import TrainConfig, TrainResult, train
 from lcjax.train.losses import answer_weights
@@ -331,9 +333,6 @@ def generate_calls(model: ParaToolModel, prompts: Sequence[str], max_new_tokens:
     base is causal and the mask keeps the pads out of the mean, so each row's gate is its
     own prompt's), and every row decodes at that padded length, so the decoder compiles
     once rather than once per prompt length."""
-    from lcjax.data import tokenizer as tok
-    from lcjax.eval.runners import bucket_length, model_runner
-
     if not prompts:
         raise ValueError("generate_calls: no prompts")
     ids = [tok.encode(p.encode(), bos=True) for p in prompts]

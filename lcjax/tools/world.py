@@ -33,6 +33,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from lcjax.data.ruler import make_batch
 from lcjax.optional import require
 
 __all__ = ["ArgSpec", "Tool", "ToolExample", "make_tools", "make_examples", "openai_tools",
@@ -418,8 +419,6 @@ def make_tool_batch(examples: Sequence[ToolExample], seq_len: int | None = None,
     (and EOS) — :func:`lcjax.data.ruler.make_batch`'s layout (``inputs``, ``targets``,
     ``loss_mask``, ``answer_start``, ``answer_len``), plus ``context_tokens`` [B]: the
     prompt's byte tokens (BOS included), the context cost a method pays per query."""
-    from lcjax.data.ruler import make_batch
-
     samples = [PromptAnswer(prompt_text(e, tools).encode(), call_text(e.call).encode())
                for e in examples]
     batch = make_batch(samples, seq_len, bos=True, eos=eos)

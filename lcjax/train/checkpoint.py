@@ -49,6 +49,8 @@ import orbax.checkpoint as ocp
 
 from lcjax.data.writes import check_removable
 from lcjax.errors import UsageError
+from lcjax.nn import DecoderConfig, DecoderLM
+from lcjax.nn.pretrained import init_variant_params
 
 
 def checkpoint_manager(
@@ -408,8 +410,6 @@ def model_config_from_dict(fields: dict) -> Any:
     :func:`lcjax.train.config_dict` wrote: dtypes by name, tuples as lists)."""
     import jax.numpy as jnp
 
-    from lcjax.nn import DecoderConfig
-
     fields = dict(fields)
     for key in ("dtype", "param_dtype"):
         if isinstance(fields.get(key), str):
@@ -441,8 +441,6 @@ def load_model(run_dir: str | os.PathLike, *, step: int | None = None,
     import json
 
     from flax import nnx
-
-    from lcjax.nn import DecoderLM
 
     run_dir = os.fspath(run_dir)
     path = os.path.join(run_dir, "config.json")
@@ -478,9 +476,6 @@ def with_attention(model, attention=None, attention_options=None, *, calibration
     import logging
 
     from flax import nnx
-
-    from lcjax.nn import DecoderLM
-    from lcjax.nn.pretrained import init_variant_params
 
     changes = {}
     if attention is not None:

@@ -58,9 +58,14 @@ import dataclasses
 import json
 import os
 
+from lcjax.attention import AttentionSpec, available, get
+from lcjax.data.text_files import read_documents
 from lcjax.data.tokenizer import VOCAB_SIZE
 from lcjax.errors import UsageError
-from lcjax.train.checkpoint import check_out_dir
+from lcjax.interop.hf import load_hf
+from lcjax.nn import DecoderLM
+from lcjax.parallel import distributed
+from lcjax.train.checkpoint import check_out_dir, load_model, model_config_from_dict
 from lcjax.train.loop import RESUME_FIELDS, TrainConfig, config_dict, train
 
 # flag -> TrainConfig field
@@ -155,8 +160,6 @@ INIT_MODEL_FIELDS = ("attention", "attention_options", "max_len")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the ``lcjax train`` flags to ``parser``."""
-    from lcjax.attention import available
-
     add_run_arguments(parser, "JSON file: {'model': {...}, 'train': {...}, 'data': {'path': "
                       "...}, 'init': {'path': ...}} (sections optional)")
     parser.add_argument("--data", metavar="FILE|DIR",
@@ -270,8 +273,6 @@ def run_spec(args: argparse.Namespace) -> dict:
 
 def _check_attention(fields: dict) -> None:
     """Unknown variant names or option names, before anything is built."""
-    from lcjax.attention import AttentionSpec, available, get
-
     names = fields.get("attention", "softmax")
     options = fields.get("attention_options") or {}
     for name, opts in zip(*((names, options) if isinstance(names, list | tuple)
@@ -290,8 +291,6 @@ def _check_attention(fields: dict) -> None:
 
 
 def _model_config(fields: dict):
-    from lcjax.train.checkpoint import model_config_from_dict
-
     try:
         return model_config_from_dict(fields)
     except (TypeError, ValueError) as e:
@@ -357,15 +356,11 @@ def init_model(path: str, overrides: dict):
     if "model_type" in found:
         import jax.numpy as jnp
 
-        from lcjax.interop.hf import load_hf
-
         _check_byte_tokenizer(path)
         return load_hf(path, dtype=jnp.float32, **overrides)[0]
     if "model" not in found:
         raise UsageError(f"--init: {path}/config.json has neither 'model_type' (Hugging Face) "
                          "nor 'model' (lcjax train run)")
-    from lcjax.nn import DecoderLM
-    from lcjax.train.checkpoint import load_model
 
     try:
         model = load_model(path, attention=overrides.get("attention"))
@@ -394,8 +389,6 @@ def _resume_conflicts(stored: dict, model: dict, cfg: TrainConfig) -> list[str]:
 def initialize_distributed(args: argparse.Namespace) -> bool:
     """Starts the multi-process runtime from the flags (or the environment); True if the
     run has several processes (see :func:`lcjax.parallel.distributed.initialize`)."""
-    from lcjax.parallel import distributed
-
     return distributed.initialize(
         getattr(args, "coordinator", None), getattr(args, "num_processes", None),
         getattr(args, "process_id", None), auto=bool(getattr(args, "distributed", False)))
@@ -434,8 +427,6 @@ def run(args: argparse.Namespace) -> int:
                              + "; ".join(conflicts) + "); drop the flags or use a fresh --out")
     docs = {}
     if data_path is not None:
-        from lcjax.data.text_files import read_documents
-
         try:
             documents = read_documents(data_path)
         except (OSError, ValueError) as e:

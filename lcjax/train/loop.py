@@ -57,6 +57,7 @@ from tqdm.auto import tqdm
 
 from lcjax.data import pipeline, tokenizer
 from lcjax.data.corpus import shakespeare_split
+from lcjax.nn import DecoderLM  # imported here: lcjax.nn is optional for the loop
 from lcjax.parallel import distributed
 from lcjax.parallel.mesh import CONTEXT, DATA, make_mesh, mesh_size, parse_mesh
 from lcjax.train import checkpoint, metrics
@@ -575,8 +576,6 @@ def config_dict(cfg: Any) -> Any:
 
 
 def _default_model_fn(model_cfg: Any, rngs: nnx.Rngs) -> nnx.Module:
-    from lcjax.nn import DecoderLM  # imported here: lcjax.nn is optional for the loop
-
     return DecoderLM(model_cfg, rngs=rngs)
 
 

@@ -31,9 +31,9 @@ import jax
 import jax.numpy as jnp
 
 from lcjax.data.tokenizer import PAD
-from lcjax.train.metrics import LOSS_WEIGHT, model_logits, weighted_nll
+from lcjax.train.metrics import LOSS_WEIGHT, model_logits, target_weights, weighted_nll
 
-__all__ = ["DEFAULT_OTHER_WEIGHT", "answer_weighted_loss", "answer_weighted_nll",
+__all__ = ["DEFAULT_OTHER_WEIGHT", "answer_weighted_loss", "answer_weighted_nll", "context_lm_loss",
            "answer_weights"]
 
 DEFAULT_OTHER_WEIGHT = 0.1
@@ -95,3 +95,29 @@ def answer_weighted_loss(other_weight: float = DEFAULT_OTHER_WEIGHT):
     ``lcjax.train.train`` (the value is checked now, not at the first step)."""
     _check_other_weight(other_weight)
     return functools.partial(answer_weighted_nll, other_weight=other_weight)
+
+
+def context_lm_loss(model: Any, batch, rng: jax.Array | None = None):
+    """The loss hook of ContextLM: ``CE + λ · L_ctx`` (module docstring), for
+    ``lcjax.train.train(..., loss_fn=context_lm_loss)``.
+
+    CE is the weighted mean next-token NLL of :func:`lcjax.train.metrics.nll_loss` (PAD
+    targets, ``loss_mask``, ``weights``); λ and the kind of ℓ come from
+    ``model.config.context_lm``. A model without ContextLM (``context_lm=None``, or not a
+    ``DecoderLM``) gets CE alone, exactly ``nll_loss``; so does λ = 0.
+
+    Returns:
+      ``(loss, {"loss_weight": Σ w, "nll": (CE, Σ w), "context_loss": (L_ctx, pairs)})``.
+    """
+    del rng
+    cl = getattr(getattr(model, "config", None), "context_lm", None)
+    weights = target_weights(batch)
+    if cl is None:
+        nll, total = weighted_nll(model_logits(model, batch), batch["targets"], weights)
+        return nll, {LOSS_WEIGHT: total}
+    kw = {k: batch[k] for k in ("positions", "segment_ids") if k in batch}
+    logits, aux = model(batch["inputs"], return_aux=True, **kw)
+    nll, total = weighted_nll(logits, batch["targets"], weights)
+    ctx, pairs = aux["context_loss"]
+    loss = nll if float(cl.weight) == 0 else nll + float(cl.weight) * ctx
+    return loss, {LOSS_WEIGHT: total, "nll": (nll, total), "context_loss": (ctx, pairs)}

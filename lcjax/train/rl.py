@@ -80,6 +80,8 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from lcjax.data import tokenizer
+from lcjax.data.tablelong import item_prompt
+from lcjax.nn import generate  # here: lcjax.nn imports lcjax.train pieces
 from lcjax.train import checkpoint, metrics
 from lcjax.train.loop import (
     OPT_FIELDS,
@@ -404,8 +406,6 @@ def default_prompt(item: Mapping) -> str | Sequence[int]:
     if "prompt" in item:
         return item["prompt"]
     if all(k in item for k in ("tables", "context", "question", "language")):
-        from lcjax.data.tablelong import item_prompt
-
         return item_prompt(dict(item))
     if "context" in item and "question" in item:
         return f"{item['context']}\n\nQuestion: {item['question']}\nAnswer: "
@@ -489,8 +489,6 @@ def sample_group_batch(model: nnx.Module, cfg: GRPOConfig, prompts: np.ndarray,
       ``advantages`` ``[B]`` and the sampler's ``old_logprobs`` ``[B, L - 1]``;
       ``generated`` counts each row's new tokens (a stop token included).
     """
-    from lcjax.nn import generate  # here: lcjax.nn imports lcjax.train pieces
-
     out = generate(model, prompts, cfg.max_new_tokens, temperature=cfg.temperature,
                    top_k=cfg.top_k, top_p=cfg.top_p, stop_tokens=cfg.stop_tokens, rng=rng,
                    prompt_lengths=prompt_lengths, return_logprobs=True, pad_id=cfg.pad_id)

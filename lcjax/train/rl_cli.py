@@ -24,8 +24,10 @@ import os
 import typing
 
 from lcjax.data.tokenizer import VOCAB_SIZE
+from lcjax.train.checkpoint import load_model
 from lcjax.train.cli import add_field_flags, add_run_arguments, merge_flags, read_config
 from lcjax.train.metrics import read_jsonl
+from lcjax.train.rewards import make_verifier
 from lcjax.train.rl import GRPOConfig, train_grpo
 
 
@@ -82,9 +84,6 @@ def config_from_args(args: argparse.Namespace) -> GRPOConfig:
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``lcjax rl``; returns the exit status."""
-    from lcjax.train.checkpoint import load_model
-    from lcjax.train.rewards import make_verifier
-
     cfg = config_from_args(args)
     items = read_items(args.items, args.limit)
     model = load_model(args.init)

@@ -11,7 +11,7 @@ evaluation suite (one task per question type, for ``lcjax.eval``)::
     item = generate_item(seed=0, index=7, min_len=4096, max_len=8192)
     item["context"], item["question"], item["answer"], item["sql"]
     write_shards("data/tl", 10_000, min_len=4096, max_len=32768, workers=2)
-    build_items("tablelong", lengths=[2048])          # lcjax.eval.items
+    build_items("tablelong", lengths=[2048])          # lcjax.data.items
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import collections
 import numpy as np
 
 from lcjax.data.ruler import Sample
-from lcjax.data.suites import Suite, SuiteTask, as_tokenizer, register_suite
+from lcjax.data.suites import Suite, SuiteTask, as_tokenizer
 from lcjax.data.tablelong.formats import FORMATS, parse_context, serialize
 from lcjax.data.tablelong.items import (
     answer_strings,
@@ -81,8 +81,6 @@ def generate(task: str, seed, length: int, *, tokenizer=None, **overrides) -> Sa
 
 
 def suite() -> Suite:
-    """The TableLong suite (registered as ``"tablelong"``): one task per question type."""
+    """The TableLong suite (built-in ``"tablelong"``, :data:`lcjax.data.suites.BUILTIN_SUITES`):
+    one task per question type."""
     return Suite("tablelong", generate, SUITE)
-
-
-register_suite("tablelong", suite)

@@ -34,7 +34,8 @@ import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
-from lcjax.data.mgal import CJK_LANGS, MgalItem
+from lcjax.data.mgal import CJK_LANGS, GRANULARITIES, POSITIONS, MgalItem, depth_position
+from lcjax.reporting import heatmap
 
 __all__ = ["DRIFT_THRESHOLD", "GRID_BY", "exact_match", "normalize", "parse_choice",
            "score_item", "eval_grids", "grid_markdown", "metric_grids", "plot_grid", "score_items",
@@ -196,8 +197,6 @@ def eval_grids(records: Sequence[Mapping], metric: str = "string_match_all"
     """Mean ``metric`` of evaluator records (tasks ``"<lang>/<granularity>"``, depth =
     position) on two grids: ``"language_x_granularity"`` and ``"position_x_granularity"``,
     each ``(row labels, column labels, values)`` with None for an empty cell."""
-    from lcjax.data.mgal import GRANULARITIES, POSITIONS, depth_position
-
     rows = []
     for r in records:
         lang, _, gran = str(r["task"]).partition("/")
@@ -219,9 +218,7 @@ def eval_grids(records: Sequence[Mapping], metric: str = "string_match_all"
 def plot_grid(rows: Sequence[str], cols: Sequence[str], values, path: str, *,
               title: str = "", label: str = "string_match_all (%)") -> None:
     """A rows x cols heat map (0-100; ``values[i][j]`` None is a blank cell) with the values
-    printed in the cells, drawn by :func:`lcjax.eval.report.heatmap`."""
-    from lcjax.eval.report import heatmap
-
+    printed in the cells, drawn by :func:`lcjax.reporting.heatmap`."""
     grid = [[float("nan") if v is None else v for v in row] for row in values]
     heatmap(grid, rows, cols, path, title=title, label=label)
 
@@ -258,8 +255,6 @@ def metric_grids(scores: Sequence[Mapping], metric: str = "accuracy"
     """``metric`` of :func:`summarize` in percent on the grids ``"language_x_granularity"``
     and ``"position_x_granularity"`` of :func:`score_item` records, each ``(row labels,
     column labels, values)``; None for an empty cell or a cell without such items."""
-    from lcjax.data.mgal import GRANULARITIES, POSITIONS
-
     grans = [g for g in GRANULARITIES if any(r["granularity"] == g for r in scores)]
     langs = list(dict.fromkeys(r["language"] for r in scores))
     poss = [p for p in POSITIONS if any(r["position_doc"] == p for r in scores)]
@@ -305,8 +300,6 @@ def write_report(records: Sequence[Mapping], out_dir: str, *, title: str = "mgal
 
     def rows(by):
         return [{**dict(zip(by, key)), **stats} for key, stats in summarize(scores, by).items()]
-
-    from lcjax.data.mgal import GRANULARITIES, POSITIONS
 
     order = {**{g: i for i, g in enumerate(GRANULARITIES)},
              **{p: i for i, p in enumerate(POSITIONS)}}
