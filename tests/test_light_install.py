@@ -81,9 +81,6 @@ def test_attention_imports_without_extras(probed):
     assert probed["lcjax.attention"] is None
 
 
-@pytest.mark.xfail(strict=False, reason="today lcjax.nn imports lcjax.data (nn/diffusion -> "
-                   "lcjax.data -> parallel -> sentencex); the layering work of issue 38 "
-                   "(lazy package __init__s) removes that import")
 def test_nn_imports_without_extras(probed):
     assert probed["lcjax.nn"] is None
 

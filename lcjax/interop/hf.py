@@ -580,8 +580,6 @@ def _byte_token_ids() -> dict[str, int]:
 def _writes_byte_tokenizer(model: DecoderLM, like: Any, tokenizer: str | None) -> bool:
     """Whether :func:`save_hf` writes the byte tokenizer (its ``tokenizer`` argument);
     warns when ``"auto"`` writes none for a vocabulary too small for it."""
-    from lcjax.data import tokenizer as byte_tok
-
     if tokenizer not in ("auto", "bytes", None):
         raise ValueError(f"save_hf: `tokenizer` must be 'auto', 'bytes' or None, got "
                          f"{tokenizer!r}")
