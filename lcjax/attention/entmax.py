@@ -52,6 +52,14 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Bool, Float, Int
 
+from lcjax.attention.base import (
+    AttentionSpec,
+    Features,
+    Implementation,
+    LearnedParams,
+    pallas_skip_on_cpu,
+    resolve_kernel,
+)
 from lcjax.attention.blocks import (
     BlockPlan,
     Masking,
@@ -72,14 +80,6 @@ from lcjax.attention.core import (
     stat_dtype,
     validate_qkv,
     window_size,
-)
-from lcjax.attention.registry import register
-from lcjax.attention.spec import (
-    AttentionSpec,
-    Features,
-    Implementation,
-    pallas_skip_on_cpu,
-    resolve_kernel,
 )
 from lcjax.entmax import (
     ALPHA_ARRAY_FLOOR,
@@ -729,13 +729,13 @@ def _spec(name, alpha, description):
                             config=EntmaxConfig, skip_unless_named=pallas_skip_on_cpu),
              Implementation("xla", fix(_xla), config=EntmaxConfig))
     ref = fix(entmax_attention_reference)
-    # with a free alpha, a learnable per-head α (Attention(learn=("alpha",))), see
-    # lcjax.nn.variant_params.learnable_alpha; named lazily: lcjax.nn imports this package
-    params = None if alpha else "lcjax.nn.variant_params:learnable_alpha"
+    # with a free alpha, a learnable per-head α (Attention(learn=("alpha",))), built by
+    # lcjax.nn (variant_params.learnable_alpha)
+    params = None if alpha else LearnedParams("learnable_alpha")
     return AttentionSpec(name, reference=ref, implementations=impls, features=_FEATURES,
                          aux=AUX, params=params, test_options=_TEST_OPTIONS,
                          description=description)
 
 
-ENTMAX = register(_spec("entmax", None, "alpha-entmax sparse attention (AdaSplash-2)"))
-SPARSEMAX = register(_spec("sparsemax", 2.0, "alpha = 2 entmax (sparsemax) attention"))
+ENTMAX = _spec("entmax", None, "alpha-entmax sparse attention (AdaSplash-2)")
+SPARSEMAX = _spec("sparsemax", 2.0, "alpha = 2 entmax (sparsemax) attention")

@@ -82,11 +82,7 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Bool, Float, Int
 
-from lcjax.attention.blocks import group_queries, match_varying, pad_axis
-from lcjax.attention.core import default_scale, stat_dtype, validate_qkv
-from lcjax.attention.registry import get, register
-from lcjax.attention.registry import spec as spec_of
-from lcjax.attention.spec import (
+from lcjax.attention.base import (
     AttentionSpec,
     Features,
     Implementation,
@@ -94,6 +90,10 @@ from lcjax.attention.spec import (
     resolve_kernel,
     validate_segment_ids,
 )
+from lcjax.attention.blocks import group_queries, match_varying, pad_axis
+from lcjax.attention.core import default_scale, stat_dtype, validate_qkv
+from lcjax.attention.registry import get
+from lcjax.attention.registry import spec as spec_of
 
 __all__ = [
     "AUX",
@@ -1013,7 +1013,7 @@ _PALLAS_FEATURES = Features(lse=False, mask=False, segment_ids=False,
 _TEST_OPTIONS = {"coverage": 0.9, "min_tokens": 6, "window": 4, "pool": 3, "capacity": 10,
                  "block_kv": 8}
 
-TOKEN_SPARSE = register(AttentionSpec(
+TOKEN_SPARSE = AttentionSpec(
     "token_sparse", reference=token_sparse_reference,
     implementations=(
         Implementation("pallas", _pallas, features=_PALLAS_FEATURES, config=TokenScoresConfig,
@@ -1023,4 +1023,4 @@ TOKEN_SPARSE = register(AttentionSpec(
     features=_FEATURES, aux=AUX, test_options=_TEST_OPTIONS,
     benchmark_options={"coverage": 0.05, "min_tokens": 1024, "window": 128, "capacity": 2048,
                        "inner": "blockwise"},
-    description="Token Sparse Attention: per-head token compression around any inner variant"))
+    description="Token Sparse Attention: per-head token compression around any inner variant")

@@ -57,8 +57,8 @@ from flax.core import FrozenDict
 from jax import lax
 
 from lcjax.attention import AttentionSpec, build_mask, causal_mask, get
+from lcjax.attention.base import keyword_names
 from lcjax.attention.core import default_scale, window_size
-from lcjax.attention.spec import keyword_names
 from lcjax.attention.weights import variant_weights
 from lcjax.nn.layers import RMSNorm, dense_init
 from lcjax.nn.variant_params import VariantConfig, build_variant_params

@@ -12,8 +12,8 @@ import pytest
 
 from lcjax import attention
 from lcjax.attention import AttentionSpec, Features, Implementation
+from lcjax.attention.base import validate_segment_ids, with_empty_aux
 from lcjax.attention.core import dot_product_attention
-from lcjax.attention.spec import validate_segment_ids, with_empty_aux
 
 
 def _qkv(t=6, s=6, h=2, hk=2, d=4, seed=0):
