@@ -18,7 +18,8 @@ blocks inside each phase; key blocks above the causal diagonal or beyond the val
 
 1. row max of z, and on the way the count n' and mean m' of a top set A' (the scores
    above the running max - 1): by Jensen, f(τ) ≥ n'(m' - τ)^{1/(α-1)} - 1 for any subset,
-   so t₀ = max(max z - 1, m' - n'^{1-α}) ≤ τ* — the origin of ``lcjax.entmax`` (AdaSplash-2
+   so t₀ = max(max z - 1, m' - n'^{1-α}) ≤ τ* — the origin of
+   ``lcjax.attention.entmax.mapping`` (AdaSplash-2
    uses max z - 1; the tighter origin keeps the bins informative on flat rows), here with
    no extra pass;
 2. histogram (α ∈ {1.5, 2}): per bin b of y = z - t₀ ∈ [0, -t₀], ``bins`` bins of width
@@ -44,7 +45,7 @@ blocks inside each phase; key blocks above the causal diagonal or beyond the val
    (τ_final, τ_build] would otherwise be dropped);
 5. output: p·V and Σp accumulated over live tiles only (dead ones skipped with
    ``lax.cond``), out = (Σ p v) / Σp — exact renormalisation at the final τ, as
-   ``lcjax.entmax`` does.
+   ``lcjax.attention.entmax.mapping`` does.
 
 Saved per row: the row max (z units), τ (shifted units; 1e30 on a row with nothing to
 attend to) and Σp; per (query block, key block): the live flag.
@@ -317,8 +318,10 @@ def _inv(l):
 
 
 def _resolve(solver: str, alpha: float | None) -> tuple[str, str]:
-    """(step kind, initialisation) of ``solver`` at a static α, or None for a per-head α
-    (the rule of ``lcjax.entmax.SolverConfig.resolve``: Newton from the power-mean origin,
+    """(step kind, initialisation) of ``solver`` at a static α, or None for a per-head
+    α
+    (the rule of ``lcjax.attention.entmax.mapping.SolverConfig.resolve``: Newton from the
+    power-mean origin,
     and bisection on the heads with α > 2)."""
     if solver == "bisect" or (alpha is not None and alpha > 2.0):
         return "bisect", "bracket"
@@ -1041,7 +1044,8 @@ def entmax_attention_pallas(
     in an array α).
 
     The solver settings have no defaults here: ``lcjax.attention.entmax`` passes every value
-    of its one configuration (``lcjax.entmax.SolverConfig``), so the kernel and the XLA
+    of its one configuration (``lcjax.attention.entmax.mapping.SolverConfig``), so the kernel
+    and the XLA
     path cannot drift apart; ``docs/entmax.md`` has the algorithm.
 
     Args:
@@ -1049,7 +1053,8 @@ def entmax_attention_pallas(
       alpha: a Python number > 1 (the kernels are specialised on it: closed forms for 1.5
         and 2), or a float array [H] or [] — per query head, traced, differentiable (the
         backward returns dα; the caller keeps it > 1, e.g. ``lcjax.attention.entmax``
-        clamps it to ``lcjax.entmax.ALPHA_ARRAY_FLOOR``). An array α runs Newton from
+        clamps it to ``lcjax.attention.entmax.mapping.ALPHA_ARRAY_FLOOR``). An array α runs
+        Newton from
         the power-mean origin (bisection on heads with α > 2), as the XLA path does.
       causal: query t attends to keys s ≤ t (top-left alignment).
       scale: score scale (default 1/sqrt(D)).

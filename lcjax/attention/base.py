@@ -374,9 +374,10 @@ class Implementation:
     traced argument it needs static). ``features`` default to the spec's.
 
     ``config``: the frozen dataclass of this implementation's settings (block sizes,
-    ...), whose ``__post_init__`` validates them; its fields are keyword options of
-    ``fn``. A call may pass them one by one or as ``config=Config(...)``; they are
-    validated by building the config before ``fn`` runs.
+    ...), whose ``__post_init__`` validates them. A call may pass its fields one by one or
+    as ``config=Config(...)``; they are validated by building the config before ``fn``
+    runs. ``fn`` takes either the fields as keywords, or (when it has a ``config`` keyword
+    and none of the fields) the one config object, whole: ``fn(..., config=Config(...))``.
 
     ``check_vma``: whether ``fn`` type-checks under ``jax.shard_map`` with the default
     ``check_vma=True``. None means "unless the implementation is named ``"pallas"``":
@@ -413,7 +414,8 @@ class Implementation:
                             f"type, got {self.config!r}")
         names = keyword_names(self.fn)
         if names is not None:
-            missing = [a for a in CONTRACT_ARGS + self.config_fields if a not in names]
+            wanted = ("config",) if self.config_whole else self.config_fields
+            missing = [a for a in CONTRACT_ARGS + wanted if a not in names]
             if missing:
                 raise TypeError(f"Implementation {self.name!r}: `fn` must take the keywords "
                                 f"{missing} (the contract and its config fields)")
@@ -426,12 +428,23 @@ class Implementation:
         return tuple(f.name for f in dataclasses.fields(self.config))
 
     @property
+    def config_whole(self) -> bool:
+        """Whether ``fn`` takes the config object as ``config=`` (not its fields)."""
+        names = keyword_names(self.fn)
+        return (self.config is not None and names is not None and "config" in names
+                and not any(f in names for f in self.config_fields))
+
+    @property
     def options(self) -> frozenset[str] | None:
-        """Keyword options ``fn`` takes beyond the contract (None: any)."""
+        """Keyword options ``fn`` takes beyond the contract (None: any); for ``fn`` taking
+        the config whole, the config's fields (not ``config``, which every config takes)."""
         names = keyword_names(self.fn)
         if names is None:
             return None
-        return names - frozenset(CONTRACT_ARGS) - {"q", "k", "v"}
+        names = names - frozenset(CONTRACT_ARGS) - {"q", "k", "v"}
+        if self.config_whole:
+            names = (names - {"config"}) | frozenset(self.config_fields)
+        return names
 
     @property
     def target_dependent(self) -> bool:
@@ -469,7 +482,11 @@ class Implementation:
         if foreign:
             raise NotImplementedError(f"does not take option(s) {foreign}")
         if self.config is not None:
-            self.config(**{f: options[f] for f in self.config_fields if f in options})
+            config = self.config(**{f: options[f] for f in self.config_fields if f in options})
+            if self.config_whole:
+                options = {key: val for key, val in options.items()
+                           if key not in self.config_fields}
+                options["config"] = config
         return options
 
 

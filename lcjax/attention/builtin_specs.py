@@ -11,8 +11,8 @@ from entmax, uses the other's object, not the registry).
 from __future__ import annotations
 
 from lcjax.attention.base import AttentionSpec
-from lcjax.attention.entmax import ENTMAX, SPARSEMAX
-from lcjax.attention.length_scaling import ASENTMAX, SSMAX
+from lcjax.attention.entmax.length_scaling import ASENTMAX, SSMAX
+from lcjax.attention.entmax.method import ENTMAX, SPARSEMAX
 from lcjax.attention.linear import LINEAR
 from lcjax.attention.nystrom import NYSTROM
 from lcjax.attention.performer import PERFORMER

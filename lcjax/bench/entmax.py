@@ -10,7 +10,8 @@ Five parts (``parts``; the first four by default), each reported in ``entmax.jso
 ``iterations`` (a)
     Solver steps until |Σp - 1| < tol (1e-5) of the α = 1.5 threshold, per row, for the
     histogram-initialised solver, bisection and the exact sort, counted by
-    ``lcjax.entmax.entmax_threshold`` (its ``iterations``: steps after the initialisation for
+    ``lcjax.attention.entmax.mapping.entmax_threshold`` (its ``iterations``: steps after the
+    initialisation for
     ``"histogram"``, halvings for ``"bisect"`` — the ``entmax`` package always runs 50 —, and
     0 for ``"sort"``, which is exact and is reported by its time instead). Rows are random
     scores ``σ·N(0, 1)`` of length ``row_len`` at several scales σ (σ is an inverse
@@ -46,8 +47,10 @@ Five parts (``parts``; the first four by default), each reported in ``entmax.jso
 ``peer`` (d)
     The PyPI ``entmax`` package (PyTorch, CPU; imported lazily — absent, the part is
     skipped with the install command) on the same ``peer_n``×``peer_n`` float32 input:
-    ``entmax15`` and ``sparsemax`` (sort-based) and ``entmax_bisect(α=1.5)`` against ours
-    (``lcjax.entmax``: histogram solver by default, bisection with an early stop), with the
+    ``entmax15`` and ``sparsemax`` (sort-based) and ``entmax_bisect(α=1.5)`` against
+    ours
+    (``lcjax.attention.entmax.mapping``: histogram solver by default, bisection with an early
+    stop), with the
     max abs difference of the outputs and time ratios; ``jax.nn.softmax`` and
     ``torch.softmax`` are timed in the same interleaved rounds. Targets: our entmax15 ≥ 5×
     faster than the package's; our histogram α = 1.5 mapping within 4× of
@@ -86,6 +89,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from lcjax import attention as attn
+from lcjax.attention.entmax.mapping import (
+    entmax,
+    entmax15,
+    entmax_bisect,
+    entmax_threshold,
+    sparsemax,
+)
 from lcjax.bench import trained
 from lcjax.bench.attention import AttentionBenchConfig, cases, row_command
 from lcjax.bench.harness import Case, format_records, make_inputs, plot_records, run_cases
@@ -102,7 +112,6 @@ from lcjax.bench.report import (
     write_report,
 )
 from lcjax.bench.timing import compile_fn, machine_info, time_compiled, time_interleaved
-from lcjax.entmax import entmax, entmax15, entmax_bisect, entmax_threshold, sparsemax
 
 __all__ = [
     "EntmaxBenchConfig",

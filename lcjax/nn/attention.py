@@ -284,7 +284,8 @@ class Attention(nnx.Module):
         entmax, sparsemax, asentmax, ssmax).
       learn: names of variant quantities to learn, built by the spec's ``params``
         factory (``lcjax.nn.variant_params``); e.g. ``("alpha",)`` for "entmax": a raw
-        ``nnx.Param`` [num_heads] with ``alpha = lcjax.entmax.alpha_from_param(raw)``
+        ``nnx.Param`` [num_heads] with ``alpha =
+        lcjax.attention.entmax.mapping.alpha_from_param(raw)``
         (α ∈ [1.01, 2] per head) passed on every call, ``attention_options["alpha"]`` (a
         number in [1.01, 2), default 1.5) being the initial α. A spec whose variant
         always has parameters (a toy temperature, prototypes, gates) builds them with

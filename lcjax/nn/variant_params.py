@@ -50,7 +50,7 @@ from flax import nnx
 from flax.core import FrozenDict
 
 from lcjax.attention import AttentionSpec, LearnedParams
-from lcjax.entmax import alpha_from_param
+from lcjax.attention.entmax.mapping import alpha_from_param
 from lcjax.nn.plash import plash_prototypes
 
 __all__ = ["FACTORIES", "LearnableAlpha", "LengthScaling", "SSMaxScale", "VariantConfig",
@@ -151,7 +151,8 @@ def _alpha_param_inverse(alpha: float) -> float:
 
 
 class LearnableAlpha(nnx.Module):
-    """Per-head α of entmax attention: ``alpha = lcjax.entmax.alpha_from_param(alpha_raw)``.
+    """Per-head α of entmax attention: ``alpha =
+    lcjax.attention.entmax.mapping.alpha_from_param(alpha_raw)``.
 
     alpha_raw: ``nnx.Param`` [num_heads], initialised so that every head starts at
     ``alpha0`` ∈ [1.01, 2) (raw = logit(alpha0 - 1); raw = 0 is α = 1.5).
@@ -183,7 +184,7 @@ def learnable_alpha(config: VariantConfig, *, rngs: nnx.Rngs) -> LearnableAlpha 
 
 
 # ----------------------------------------------------------------------------
-# ASEntmax / SSMax: length scaling of the queries (lcjax.attention.length_scaling)
+# ASEntmax / SSMax: length scaling of the queries (lcjax.attention.entmax.length_scaling)
 # ----------------------------------------------------------------------------
 def _scaled_heads(options, num_heads: int) -> tuple[bool, ...] | None:
     """Heads whose queries are length-scaled: ``options["length_heads"]`` if given, else,
@@ -202,7 +203,7 @@ def _scaled_heads(options, num_heads: int) -> tuple[bool, ...] | None:
 
 
 class LengthScaling(nnx.Module):
-    """ASEntmax's β, γ: q_i ← q_i · (δ + β (log n_i)^γ) (``lcjax.attention.length_scaling``).
+    """ASEntmax's β, γ: q_i ← q_i · (δ + β (log n_i)^γ) (``lcjax.attention.entmax.length_scaling``).
 
     ``mode="head"``: ``beta``, ``gamma`` are ``nnx.Param`` [num_heads], initialised to
     ``beta0``/``gamma0`` when given, else as in the paper's code, β ~ U(0.1, 1), γ ~ N(0, 0.1).

@@ -55,7 +55,8 @@ from lcjax.attention.core import (
     validate_qkv,
     window_size,
 )
-from lcjax.attention.entmax import ENTMAX, entmax_attention_reference
+from lcjax.attention.entmax.method import ENTMAX
+from lcjax.attention.entmax.reference import entmax_attention_reference
 from lcjax.attention.softmax import BLOCKWISE
 
 __all__ = ["ASENTMAX", "ASENTMAX_DEFAULTS", "SSMAX", "SSMAX_DEFAULTS", "asentmax_factor",
@@ -228,7 +229,7 @@ def asentmax_reference(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
                        alibi_slopes=None, alibi_offset=0,
                        local_window_size=None) -> Float[Array, "B T H Dv"]:
     """Dense ASEntmax: q_i · (δ + β (log n_i)^γ), n_i from the dense mask, then
-    :func:`lcjax.attention.entmax.entmax_attention_reference`."""
+    :func:`lcjax.attention.entmax.reference.entmax_attention_reference`."""
     validate_qkv(q, k, v, mask=mask, name="asentmax_reference")
     window = window_size(local_window_size, name="asentmax_reference")
     counts = _dense_counts(q, k, causal, mask, q_segment_ids, kv_segment_ids, window)

@@ -1,69 +1,35 @@
-r"""α-entmax attention (AdaSplash-2), blockwise: one spec, an XLA path and a Pallas kernel.
-
-Sparse attention with the α-entmax mapping (Peters, Niculae & Martins 2019; Correia,
-Niculae & Martins 2019) in place of softmax, computed the way AdaSplash does it
-(Gonçalves, Treviso & Martins, "AdaSplash: Adaptive Sparse Flash Attention", 2025, and its
-v2, AdaSplash-2, with the histogram-initialised threshold). Per query row i of head h
-(q [B, T, H, D], k, v [B, S, Hkv, D], key head h // (H/Hkv)):
-
-    x_ij = scale · q_i·k_j  (masked keys excluded),   z_ij = (α_h - 1)(x_ij - max_j x_ij),
-    p_ij = [z_ij - τ_i]₊^{1/(α_h-1)},  τ_i such that Σ_j p_ij = 1,   out_i = Σ_j p_ij v_j.
+r"""α-entmax attention in XLA, blockwise (AdaSplash-2): the ``"xla"`` implementation of the
+``"entmax"`` spec (declared in ``lcjax.attention.entmax.method``, whose docstring has the
+equations, the options and the ``aux``).
 
 The [T, S] scores are never built: per query block, one pass over key blocks gives the row
 max and the power-mean origin together (and keeps each row's max per key block), one the
-histogram (α ∈ {1.5, 2}), one each solver step (:func:`lcjax.entmax.solver_step`; a
-converged row takes :func:`lcjax.entmax.polish_step` from the same sums), and the output
-pass visits only the tiles the τ_build/τ_final rule keeps live. The histogram and solver
-passes skip the key blocks in which, for every row of the query block, the largest z is at
-or below the row's lower bound of τ (the histogram origin; the bracket's lo): their terms
-[z - e]₊ and [z - τ]₊ vanish there, and such a block holds no weight at the final τ.
-``docs/entmax.md`` has the derivation (edges, per-edge sums, Hermite root, steps, the tile
-rule, the backward and dα); the step and histogram rules are those of
-:mod:`lcjax.entmax`, the tiling that of :mod:`lcjax.attention.blocks`.
-
-Registered specs: ``"entmax"`` and ``"sparsemax"`` (α = 2), implementations ``"pallas"``
-(``pallas_kernels.entmax_attention``; it raises ``NotImplementedError`` with the reason
-where it cannot serve a call: no GPU/TPU unless ``interpret=True``, a mask or
-segment ids, ALiBi slopes, float64) and ``"xla"`` (everything, including the ALiBi bias
-``alibi_slopes`` [H] / ``alibi_offset`` of the shared tile-score function). Both take the
-one :class:`EntmaxConfig` (solver settings shared through :class:`lcjax.entmax.SolverConfig`,
-block sizes) and return
-the same ``aux``: ``tau`` [B, T, H] float32 (entmax convention p = [(α-1)x - τ]₊^{1/(α-1)},
-+inf for an empty row, no gradient), ``iterations`` [B, T, H] int32 (solver steps after the
-initialisation) and ``block_sparsity`` (float32: the fraction of (batch, head, query block,
-key block) tiles at or below the causal diagonal — all tiles if not causal — in which no
-visible pair has weight).
-
-α is a Python number > 1 or a float array [H] (per head, differentiable: see
-``lcjax.entmax.alpha_from_param``). A row with no visible key gives zeros.
+histogram (α ∈ {1.5, 2}), one each solver step (:func:`~lcjax.attention.entmax.mapping.
+solver_step`; a converged row takes :func:`~lcjax.attention.entmax.mapping.polish_step` from
+the same sums), and the output pass visits only the tiles the τ_build/τ_final rule keeps
+live. The histogram and solver passes skip the key blocks in which, for every row of the
+query block, the largest z is at or below the row's lower bound of τ (the histogram origin;
+the bracket's lo): their terms [z - e]₊ and [z - τ]₊ vanish there, and such a block holds
+no weight at the final τ. ``docs/entmax.md`` has the derivation (edges, per-edge sums,
+Hermite root, steps, the tile rule, the backward and dα); the step and histogram rules are
+those of :mod:`lcjax.attention.entmax.mapping`, the tiling that of
+:mod:`lcjax.attention.blocks`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import inspect
-import numbers
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Bool, Float
 
-from lcjax.attention.base import (
-    AttentionSpec,
-    Features,
-    Implementation,
-    LearnedParams,
-    pallas_skip_on_cpu,
-    resolve_kernel,
-)
 from lcjax.attention.blocks import (
     BlockPlan,
     Masking,
-    alibi_slopes_array,
     block_plan,
     block_scores,
     fold_kv_blocks,
@@ -74,18 +40,11 @@ from lcjax.attention.blocks import (
     rows_to_heads,
     ungroup,
 )
-from lcjax.attention.core import (
-    alibi_bias,
-    build_mask,
-    stat_dtype,
-    validate_qkv,
-    window_size,
-)
-from lcjax.entmax import (
+from lcjax.attention.core import stat_dtype, window_size
+from lcjax.attention.entmax.config import DEFAULT_CONFIG, NAME, EntmaxConfig, prepare_call
+from lcjax.attention.entmax.mapping import (
     ALPHA_ARRAY_FLOOR,
     ResolvedSolver,
-    SolverConfig,
-    entmax,
     entmax_power,
     histogram_edges,
     histogram_init,
@@ -99,54 +58,10 @@ from lcjax.entmax import (
     shifted_scores,
     solver_step,
     solver_sums,
-    split_alpha,
 )
 from pallas_kernels.entmax_rules import alpha_cotangent
 
-__all__ = ["AUX", "EntmaxConfig", "entmax_attention", "entmax_attention_reference",
-           "sparsemax_attention"]
-
-_KERNEL_MODULE = "pallas_kernels.entmax_attention"
-_NAME = "entmax_attention"
-AUX = {"tau": "[B, T, H] float32", "iterations": "[B, T, H] int32",
-       "block_sparsity": "[] float32"}
-
-
-# ----------------------------------------------------------------------------
-# The one configuration
-# ----------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class EntmaxConfig:
-    """Settings of α-entmax attention, the same for the XLA path and the Pallas kernel.
-
-    solver, bins, n_iter, tol: the threshold solver (:class:`lcjax.entmax.SolverConfig`,
-      which holds the defaults and the rules that resolve them).
-    block_q, block_kv: tiles of the forward (and of the kernel's backward unless its
-      ``block_sizes`` say otherwise). The XLA path clips them to T and S; the kernel needs
-      powers of two ≥ 16 (≥ 8 in interpret mode) and raises ``NotImplementedError`` else.
-    """
-
-    solver: str = SolverConfig.solver
-    bins: int = SolverConfig.bins
-    n_iter: int | None = None
-    tol: float | None = None
-    block_q: int = 128
-    block_kv: int = 128
-
-    def __post_init__(self):
-        self.solver_config  # noqa: B018 — validates the solver fields
-        for name in ("block_q", "block_kv"):
-            val = getattr(self, name)
-            if not isinstance(val, numbers.Integral) or val <= 0:
-                raise ValueError(f"{_NAME}: block sizes must be positive, got "
-                                 f"block_q={self.block_q}, block_kv={self.block_kv}")
-
-    @property
-    def solver_config(self) -> SolverConfig:
-        try:
-            return SolverConfig(self.solver, self.bins, self.n_iter, self.tol)
-        except ValueError as e:
-            raise ValueError(f"{_NAME}: {str(e).removeprefix('SolverConfig: ')}") from None
+__all__ = ["block_sparsity", "entmax_attention_xla"]
 
 
 class _Cfg(NamedTuple):
@@ -173,7 +88,8 @@ def _add(a, b):
 
 def _histogram_pass(cfg: _Cfg, fold, zfun, origin):
     """Per-edge sums G_j, D_j over key blocks (D: Σ(z-e)₊ for α = 1.5, #{z > e} for α = 2),
-    then the bracket and Hermite iterate of :func:`lcjax.entmax.histogram_init`."""
+    then the bracket and Hermite iterate of
+    :func:`lcjax.attention.entmax.mapping.histogram_init`."""
     a_s = cfg.alpha
     edges, w = histogram_edges(origin, cfg.solver.bins)  # [..., bq, bins]
 
@@ -466,29 +382,8 @@ _entmax_core.defvjp(_entmax_core_fwd, _entmax_core_bwd)
 
 
 # ----------------------------------------------------------------------------
-# Implementations
+# The implementation
 # ----------------------------------------------------------------------------
-def _parse_alpha(alpha, heads: int):
-    """(static α or None, array α [H] or None); ValueError for α ≤ 1 or a bad shape."""
-    a_static, arr = split_alpha(alpha, _NAME)
-    if arr is None:
-        return a_static, None
-    if arr.shape not in ((), (heads,)):
-        raise ValueError(
-            f"{_NAME}: `alpha` must be a number or an array of shape [heads] = ({heads},), "
-            f"got shape {arr.shape}"
-        )
-    return None, jnp.broadcast_to(arr, (heads,))
-
-
-def _prepare(q, k, v, alpha):
-    """Validated (shapes, static α, array α [H]) of a call."""
-    shapes = validate_qkv(q, k, v, name=_NAME)
-    if shapes.q_len == 0 or shapes.kv_len == 0:
-        raise ValueError(f"{_NAME}: empty sequence: q {q.shape}, k {k.shape}")
-    return (shapes, *_parse_alpha(alpha, shapes.heads))
-
-
 def block_sparsity(live: Bool[Array, "B H nq nk"], block_q: int, block_kv: int,
                    causal: bool, window: tuple[int, int] | None = None) -> Float[Array, ""]:
     """Fraction of the tiles at or below the causal diagonal (all if not causal) and
@@ -508,27 +403,26 @@ def block_sparsity(live: Bool[Array, "B H nq nk"], block_q: int, block_kv: int,
     return ((counted - jnp.sum(live & in_range)) / counted).astype(jnp.float32)
 
 
-def _xla(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
+def entmax_attention_xla(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
          v: Float[Array, "B S Hkv Dv"], *, causal=False, mask=None, scale=None,
          q_segment_ids=None, kv_segment_ids=None, return_aux=False, alpha=1.5,
-         solver=EntmaxConfig.solver, bins=EntmaxConfig.bins, n_iter=EntmaxConfig.n_iter,
-         tol=EntmaxConfig.tol, block_q=EntmaxConfig.block_q, block_kv=EntmaxConfig.block_kv,
+         config: EntmaxConfig = DEFAULT_CONFIG,
          alibi_slopes=None, alibi_offset=0, local_window_size=None):
-    """The XLA implementation (every feature; see the module docstring). ``alibi_slopes``
+    """The XLA implementation (every feature; see ``lcjax.attention.entmax.method``), with
+    the one :class:`EntmaxConfig` ``config``. ``alibi_slopes``
     [H] / ``alibi_offset``: the ALiBi bias of ``lcjax.attention.core.alibi_bias``, added in
     the shared tile-score function (``blocks.block_scores``). ``local_window_size``: the
     sliding window of ``lcjax.attention.core.window_mask``; key blocks outside it are
     never visited (solver, output and backward passes)."""
-    config = EntmaxConfig(solver, bins, n_iter, tol, block_q, block_kv)
-    shapes, a_static, a_arr = _prepare(q, k, v, alpha)
+    shapes, a_static, a_arr = prepare_call(q, k, v, alpha)
     acc = stat_dtype(q, k, v)
     plan = block_plan(q_len=shapes.q_len, kv_len=shapes.kv_len, head_dim=shapes.head_dim,
                       scale=scale, causal=causal, block_q=config.block_q,
                       block_kv=config.block_kv, acc_dtype=acc,
-                      window=window_size(local_window_size, name=_NAME), name=_NAME)
+                      window=window_size(local_window_size, name=NAME), name=NAME)
     cfg = _Cfg(plan, a_static, config.solver_config.resolve(a_static, acc))
     masking = pad_masking(plan, mask, q_segment_ids, kv_segment_ids, alibi_slopes=alibi_slopes,
-                          alibi_offset=alibi_offset, heads=shapes.heads, name=_NAME)
+                          alibi_offset=alibi_offset, heads=shapes.heads, name=NAME)
     hk, g = shapes.kv_heads, shapes.groups
     if a_arr is None:
         alpha_hg = jnp.zeros((hk, g), acc)  # unused placeholder
@@ -548,194 +442,3 @@ def _xla(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
                  "iterations": rows_to_heads(iters, shapes.q_len),
                  "block_sparsity": block_sparsity(live, plan.block_q, plan.block_kv, causal,
                                                     plan.window)}
-
-
-def _pallas(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
-            v: Float[Array, "B S Hkv Dv"], *, causal=False, mask=None, scale=None,
-            q_segment_ids=None, kv_segment_ids=None, return_aux=False, alpha=1.5,
-            solver=EntmaxConfig.solver, bins=EntmaxConfig.bins, n_iter=EntmaxConfig.n_iter,
-            tol=EntmaxConfig.tol, block_q=EntmaxConfig.block_q,
-            block_kv=EntmaxConfig.block_kv, block_sizes=None, interpret=None,
-            alibi_slopes=None, alibi_offset=0):
-    """The Pallas kernel (``pallas_kernels.entmax_attention``), given every solver setting
-    of the one :class:`EntmaxConfig`; ``NotImplementedError`` (before any computation)
-    where it cannot serve the call. ``block_sizes``: the kernel's ``BlockSizes`` (backward
-    tiles too), instead of ``block_q``/``block_kv``; ``interpret``: None = on CPU."""
-    config = EntmaxConfig(solver, bins, n_iter, tol, block_q, block_kv)
-    shapes, a_static, a_arr = _prepare(q, k, v, alpha)
-    kernel, interpret = resolve_kernel(_KERNEL_MODULE, interpret)
-    gaps = [what for what, bad in (
-        ("mask", mask is not None),
-        ("q_segment_ids/kv_segment_ids", q_segment_ids is not None),
-        ("alibi_slopes (the XLA path adds ALiBi)", alibi_slopes is not None),
-        ("float64 (the kernel computes in float32)", stat_dtype(q, k, v) == jnp.float64),
-    ) if bad]
-    if gaps:
-        raise NotImplementedError("does not support " + ", ".join(gaps))
-    sizes = block_sizes or kernel.BlockSizes(block_q=config.block_q, block_k=config.block_kv)
-    reason = kernel.unsupported_block_sizes(sizes, interpret=interpret)
-    if reason:
-        if block_sizes is None:  # name the options the user gave, not the kernel's fields
-            reason = (reason.replace("block_sizes.block_q ", "block_q ")
-                      .replace("block_sizes.block_k ", "block_kv "))
-        raise NotImplementedError(reason)
-    sol = config.solver_config.resolve(a_static, jnp.float32)
-    # an array α [H]: traced, differentiable through the kernel (its backward returns dα),
-    # clamped as in the XLA path
-    kernel_alpha = a_static if a_arr is None else jnp.maximum(a_arr.astype(jnp.float32),
-                                                              ALPHA_ARRAY_FLOOR)
-    res = kernel.entmax_attention_pallas(
-        q, k, v, alpha=kernel_alpha, causal=causal, scale=scale, solver=config.solver,
-        n_iter=sol.n_iter, bins=sol.bins, tol=sol.tol, block_sizes=sizes,
-        interpret=interpret, return_aux=return_aux)
-    if not return_aux:
-        return res
-    out, aux = res
-    return out, {key: aux[key] for key in AUX}
-
-
-# ----------------------------------------------------------------------------
-# Reference, public functions, specs
-# ----------------------------------------------------------------------------
-def entmax_attention_reference(
-    q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"], v: Float[Array, "B S Hkv Dv"],
-    *, alpha=1.5, causal: bool = False, mask: Bool[Array, "..."] | None = None,
-    scale: float | None = None, q_segment_ids: Int[Array, "B T"] | None = None,
-    kv_segment_ids: Int[Array, "B S"] | None = None, alibi_slopes=None, alibi_offset=0,
-    local_window_size=None,
-) -> Float[Array, "B T H Dv"]:
-    """Dense exact α-entmax attention under the full contract (mask, segment ids, GQA,
-    array α, ALiBi ``alibi_slopes`` [H] / ``alibi_offset``, the sliding window
-    ``local_window_size`` of ``lcjax.attention.core.window_mask``): the [B, H, T, S]
-    scores (plus
-    ``lcjax.attention.core.alibi_bias``), ``lcjax.entmax.entmax`` over keys (the exact sort
-    for α ∈ {1.5, 2}, bisection to rounding otherwise) and p·V."""
-    shapes = validate_qkv(q, k, v, mask=mask, name="entmax_attention_reference")
-    a_static, a_arr = _parse_alpha(alpha, shapes.heads)
-    acc = stat_dtype(q, k, v)
-    g = shapes.groups
-    scale = 1.0 / np.sqrt(shapes.head_dim) if scale is None else scale
-    kk = jnp.repeat(k, g, axis=2).astype(acc)
-    x = scale * jnp.einsum("bthd,bshd->bhts", q.astype(acc), kk)
-    if alibi_slopes is not None:
-        slopes = alibi_slopes_array(alibi_slopes, shapes.heads, dtype=acc, name=_NAME)
-        x = x + alibi_bias(shapes.q_len, shapes.kv_len, slopes, q_offset=alibi_offset,
-                           dtype=acc)[None]
-    full = build_mask(shapes.q_len, shapes.kv_len, causal=causal, mask=mask,
-                      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-                      window=window_size(local_window_size, name=_NAME))
-    if full is not None:
-        x = jnp.where(full, x, -jnp.inf)
-    if a_static in (1.5, 2.0):
-        p = entmax(x, a_static, axis=-1, method="sort")
-    else:
-        a = a_static if a_arr is None else a_arr.astype(acc)[None, :, None, None]
-        p = entmax(x, a, axis=-1, method="bisect", n_iter=200, tol=1e-30)
-    vv = jnp.repeat(v, g, axis=2).astype(acc)
-    return jnp.einsum("bhts,bshd->bthd", p, vv).astype(q.dtype)
-
-
-def entmax_attention(
-    q: Float[Array, "B T H D"],
-    k: Float[Array, "B S Hkv D"],
-    v: Float[Array, "B S Hkv Dv"],
-    *,
-    alpha=1.5,
-    causal: bool = False,
-    mask: Bool[Array, "..."] | None = None,
-    scale: float | None = None,
-    q_segment_ids: Int[Array, "B T"] | None = None,
-    kv_segment_ids: Int[Array, "B S"] | None = None,
-    solver: str = EntmaxConfig.solver,
-    n_iter: int | None = EntmaxConfig.n_iter,
-    bins: int = EntmaxConfig.bins,
-    tol: float | None = EntmaxConfig.tol,
-    block_q: int = EntmaxConfig.block_q,
-    block_kv: int = EntmaxConfig.block_kv,
-    implementation: str | None = None,
-    return_aux: bool = False,
-    local_window_size: int | tuple[int, int] | None = None,
-    **implementation_options,
-):
-    """α-entmax attention, blockwise: out_i = Σ_j p_ij v_j, p_i = entmax_α(scale·q_i·K^T).
-
-    Args:
-      q: [B, T, H, D]; k: [B, S, Hkv, D]; v: [B, S, Hkv, Dv]; H % Hkv == 0.
-      alpha: a Python number > 1 (1.5: entmax-1.5; 2: sparsemax), or a float array of
-        shape [H] or [] (per head, differentiable, clamped to ≥ 1.001 where its gradient
-        is zero; e.g. ``lcjax.entmax.alpha_from_param(raw)``).
-      causal: query i sees keys j <= i; key blocks above the diagonal are skipped.
-      mask: bool broadcastable to [B, H, T, S], True = may attend.
-      scale: score scale, default 1/sqrt(D).
-      q_segment_ids, kv_segment_ids: int [B, T], [B, S]; attend within a segment,
-        negative ids are padding.
-      solver, n_iter, bins, tol, block_q, block_kv: the one :class:`EntmaxConfig` of both
-        implementations (defaults and rules: :class:`lcjax.entmax.SolverConfig`).
-      implementation: None (the Pallas kernel where it can serve the call — a GPU/TPU, no
-        mask or segment ids, not float64; a number α or an array α, whose dα the kernel's
-        backward returns — else XLA), ``"xla"`` or
-        ``"pallas"`` (on CPU it runs in the Pallas interpreter; ``NotImplementedError``
-        with the reason where it cannot serve the call).
-      return_aux: also return ``aux`` (module docstring: tau, iterations, block_sparsity).
-      local_window_size: int w or (left, right): query i sees keys j with
-        i - left <= j <= i + right (``jax.nn.dot_product_attention``'s sliding window; key
-        blocks outside it are skipped; the XLA path serves it).
-      implementation_options: options of one implementation (the kernel's
-        ``block_sizes``, ``interpret``); another implementation raises on them.
-
-    Returns: [B, T, H, Dv] in q's dtype, and the aux dict when ``return_aux``.
-    """
-    return ENTMAX(q, k, v, causal=causal, mask=mask, scale=scale,
-                  q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-                  implementation=implementation, return_aux=return_aux, alpha=alpha,
-                  local_window_size=local_window_size,
-                  solver=solver, n_iter=n_iter, bins=bins, tol=tol, block_q=block_q,
-                  block_kv=block_kv, **implementation_options)
-
-
-def sparsemax_attention(q, k, v, *, causal=False, mask=None, scale=None, q_segment_ids=None,
-                        kv_segment_ids=None, **options):
-    """Sparsemax attention: :func:`entmax_attention` with α = 2 (same options)."""
-    return entmax_attention(q, k, v, alpha=2.0, causal=causal, mask=mask, scale=scale,
-                            q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-                            **options)
-
-
-def _with_alpha(fn, alpha: float):
-    """``fn`` with α fixed (the "sparsemax" spec): its signature without ``alpha``, so the
-    dispatcher rejects an ``alpha`` option."""
-
-    @functools.wraps(fn)
-    def fixed(q, k, v, **kw):
-        return fn(q, k, v, alpha=alpha, **kw)
-
-    sig = inspect.signature(fn)
-    fixed.__signature__ = sig.replace(
-        parameters=[p for p in sig.parameters.values() if p.name != "alpha"])
-    del fixed.__wrapped__
-    return fixed
-
-
-_FEATURES = Features(window=True, dtypes=("float32", "bfloat16", "float16", "float64"))
-# the kernel takes no mask, segment ids or sliding window (window=False): such calls go to XLA
-_PALLAS_FEATURES = Features(mask=False, segment_ids=False, window=False,
-                            dtypes=("float32", "bfloat16", "float16"))
-_TEST_OPTIONS = {"block_q": 16, "block_kv": 16}  # tiny conformance shapes span several blocks
-
-
-def _spec(name, alpha, description):
-    fix = functools.partial(_with_alpha, alpha=alpha) if alpha else (lambda fn: fn)
-    impls = (Implementation("pallas", fix(_pallas), features=_PALLAS_FEATURES,
-                            config=EntmaxConfig, skip_unless_named=pallas_skip_on_cpu),
-             Implementation("xla", fix(_xla), config=EntmaxConfig))
-    ref = fix(entmax_attention_reference)
-    # with a free alpha, a learnable per-head α (Attention(learn=("alpha",))), built by
-    # lcjax.nn (variant_params.learnable_alpha)
-    params = None if alpha else LearnedParams("learnable_alpha")
-    return AttentionSpec(name, reference=ref, implementations=impls, features=_FEATURES,
-                         aux=AUX, params=params, test_options=_TEST_OPTIONS,
-                         description=description)
-
-
-ENTMAX = _spec("entmax", None, "alpha-entmax sparse attention (AdaSplash-2)")
-SPARSEMAX = _spec("sparsemax", 2.0, "alpha = 2 entmax (sparsemax) attention")
