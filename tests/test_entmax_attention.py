@@ -274,7 +274,7 @@ def test_solve_passes_skipping_blocks_stay_exact(alpha, solver, causal):
     (origin, bracket lo). τ and the output still equal the dense reference's (float64: the
     scores reach ~30 here, where float32 rounding alone moves τ by ~1e-5). Skipping above
     origin·0.3, lo + 0.2 or even the bracket's hi instead breaks it (checked by mutation)."""
-    from lcjax.bench.entmax import locality_inputs
+    from experiments.entmax.bench import locality_inputs
 
     with jax.enable_x64(True):
         q, k, v, _ = (x.astype(jnp.float64) for x in locality_inputs(64, 2, 16, 2.0, seed=3))

@@ -47,7 +47,7 @@ neither when dense accuracy is below :data:`MIN_DENSE` (an under-trained model).
 
 At L = 128 the attention step is tiny, so the method's fixed costs (the scoring pass, a
 sort, gathers and a scatter) are not amortised: the speed-up column says what they cost
-at the experiment's lengths; ``lcjax bench token_sparse`` measures T = 4K–32K.
+at the experiment's lengths; ``python -m experiments.token_sparse.bench`` measures T = 4K–32K.
 
 Quick mode (a 140 s budget on 2 CPUs, everything included): 320 steps × 32 rows at
 L = 128 on ``niah_single_1``, evaluation at 5 depths × 8 items, coverages 0.05, 0.2, 0.5.
@@ -105,8 +105,8 @@ __all__ = [
 
 PAPER_SPEEDUP = 3.23  # the paper: "up to 3.23x attention speedup at 128K"
 TOLERANCE = 1.0  # points of string_match_all below dense ("< 1% accuracy loss")
-# `lcjax bench token_sparse` at T = 16K (random inputs, 8 heads, D = 64): the ≥ 2x rows
-# are the coverage-0.5 ones, which keep about half of the (token, head) pairs.
+# `python -m experiments.token_sparse.bench` at T = 16K (random inputs, 8 heads, D = 64):
+# the ≥ 2x rows are the coverage-0.5 ones, which keep about half of the (token, head) pairs.
 BENCH_KEPT_AT_2X = 0.5
 # below this dense accuracy the model has not learned the task: "no accuracy lost" would
 # compare failures with failures, so the claims are reported as not holding
@@ -462,7 +462,8 @@ def claims_from(dense_acc: float, points: Sequence[Mapping], *,
         if seq_len is not None:
             ours += (f" — at T = {seq_len} the attention step is too short for the method's "
                      "fixed costs (scoring pass, sort, gathers, scatter) to pay off; the "
-                     "speed claim is `lcjax bench token_sparse`'s at T = 16K, and this "
+                     "speed claim is `python -m experiments.token_sparse.bench`'s at T = 16K, "
+                     "and this "
                      "experiment checks the accuracy at the kept fraction (next claim)")
     else:
         ours = "no timed token-sparse row"
