@@ -113,6 +113,26 @@ class _RowState(NamedTuple):
     live: jax.Array  # bool [B, Hkv, G, nk]: tile may hold a z > τ (a superset)
 
 
+def _solver_update(cfg: _Cfg, am1, i, tau, f, stats, lo, hi, iters, done, tau_fin):
+    """One solver step of every row from f = Σp - 1 and the pass's sums at τ: the next τ
+    and bracket (:func:`~lcjax.attention.entmax.mapping.solver_step`; bisection for heads
+    with α > 2), and, for a row that stops now (converged |f| < tol, out of steps, or a
+    fixed point), its final τ (polished when converged). Returns (τ, lo, hi, iters, done,
+    τ_final), all [B, Hkv, G, bq, 1]."""
+    sol = cfg.solver
+    new_tau, lo, hi = solver_step(sol.kind, tau, f, stats, lo, hi)
+    polished = jnp.clip(polish_step(sol.kind, tau, f, stats), lo, hi)
+    if cfg.alpha is None:  # heads with α > 2 (f concave, f' unbounded): bisection
+        concave = jnp.asarray(am1) > 1.0
+        new_tau = jnp.where(concave, 0.5 * (lo + hi), new_tau)
+        polished = jnp.where(concave, tau, polished)
+    converged = jnp.abs(f) < sol.tol
+    stop = done | converged | (i >= sol.n_iter) | (new_tau == tau)
+    tau_fin = jnp.where(stop & ~done, jnp.where(converged, polished, tau), tau_fin)
+    iters = jnp.where(stop, iters, iters + 1)
+    return jnp.where(stop, tau, new_tau), lo, hi, iters, stop, tau_fin
+
+
 def _solve_block(cfg: _Cfg, qi, qb, k, masking: Masking, alpha, refs) -> _RowState:
     """τ of the ``block_q`` rows of query block ``qi`` (head-major qb [B, Hkv, G, bq, D])."""
     plan, sol = cfg.plan, cfg.solver
@@ -182,18 +202,8 @@ def _solve_block(cfg: _Cfg, qi, qb, k, masking: Masking, alpha, refs) -> _RowSta
         p, stats, gap = fold(acc_stats, (zero, (zero, zero, zero),
                                          jnp.full((b, hk, g, nk), -jnp.inf, dt)),
                              live=above(lo))
-        f = p - 1.0
-        new_tau, lo, hi = solver_step(sol.kind, tau, f, stats, lo, hi)
-        polished = jnp.clip(polish_step(sol.kind, tau, f, stats), lo, hi)
-        if cfg.alpha is None:  # heads with α > 2 (f concave, f' unbounded): bisection
-            concave = jnp.asarray(am1) > 1.0
-            new_tau = jnp.where(concave, 0.5 * (lo + hi), new_tau)
-            polished = jnp.where(concave, tau, polished)
-        converged = jnp.abs(f) < sol.tol
-        stop = done | converged | (i >= sol.n_iter) | (new_tau == tau)
-        tau_fin = jnp.where(stop & ~done, jnp.where(converged, polished, tau), tau_fin)
-        iters = jnp.where(stop, iters, iters + 1)
-        return i + 1, jnp.where(stop, tau, new_tau), lo, hi, iters, stop, tau_fin, gap
+        return (i + 1, *_solver_update(cfg, am1, i, tau, p - 1.0, stats, lo, hi, iters, done,
+                                       tau_fin), gap)
 
     state = (jnp.int32(0), t0, lo, hi, jnp.zeros(row, jnp.int32), dead, t0,
              jnp.full((b, hk, g, nk), -jnp.inf, dt))
@@ -270,6 +280,26 @@ def _forward(cfg: _Cfg, q, k, v, masking: Masking, alpha):
 # ----------------------------------------------------------------------------
 # Backward
 # ----------------------------------------------------------------------------
+def _backward_terms(p, sg, dp, learn: bool) -> list:
+    """The per-tile terms the backward's first pass sums per row: ŝ and ŝ·dp, and for an
+    array α also p·dp, p log p and p log p·dp (p [.., bq, bk], ŝ = p^{2-α} on the support,
+    dp = dO·v)."""
+    terms = [sg, sg * dp]
+    if learn:
+        pos = p > 0
+        plogp = jnp.where(pos, p * jnp.log(jnp.where(pos, p, 1.0)), 0.0)
+        terms += [p * dp, plogp, plogp * dp]
+    return terms
+
+
+def _alpha_grad(alpha, sums, r):
+    """dα [Hkv, G] from the per-row sums of :func:`_backward_terms` (rows [B, Hkv, G, T, 1])
+    and r = Σ ŝ dp / Σ ŝ (``pallas_kernels.entmax_rules.alpha_cotangent``)."""
+    p_dp, ent, plogp_dp = sums[2:]
+    d_alpha = alpha_cotangent(p_dp, r, ent, plogp_dp, (alpha - 1.0)[None, :, :, None])
+    return jnp.sum(d_alpha, axis=(0, 3))
+
+
 def _backward(cfg: _Cfg, q, k, v, masking: Masking, alpha, rows, live, d_out):
     """dq, dk, dv (layouts of q, k, v) and dα [Hkv, G]; all inputs in the acc dtype.
 
@@ -306,12 +336,7 @@ def _backward(cfg: _Cfg, q, k, v, masking: Masking, alpha, rows, live, d_out):
 
         def body(kj, s, acc):
             _, p, sg, dp = tile(qi, kj, s)
-            new = [sg, sg * dp]
-            if learn:
-                pos = p > 0
-                plogp = jnp.where(pos, p * jnp.log(jnp.where(pos, p, 1.0)), 0.0)
-                new += [p * dp, plogp, plogp * dp]
-            return _add(acc, row_sums(*new))
+            return _add(acc, row_sums(*_backward_terms(p, sg, dp, learn)))
 
         acc = tuple(jnp.zeros((b, hk, g, plan.block_q, 1), plan.acc)
                     for _ in range(5 if learn else 2))
@@ -351,11 +376,7 @@ def _backward(cfg: _Cfg, q, k, v, masking: Masking, alpha, rows, live, d_out):
     dq = (dq * plan.scale).transpose(0, 3, 1, 2, 4)
     dk = jnp.moveaxis(dk, 0, 1).reshape(b, sp, hk, d)
     dv = jnp.moveaxis(dv, 0, 1).reshape(b, sp, hk, v.shape[-1])
-    if not learn:
-        return dq, dk, dv, jnp.zeros_like(alpha)
-    p_dp, ent, plogp_dp = sums[2:]
-    d_alpha = alpha_cotangent(p_dp, r, ent, plogp_dp, (alpha - 1.0)[None, :, :, None])
-    return dq, dk, dv, jnp.sum(d_alpha, axis=(0, 3))
+    return dq, dk, dv, _alpha_grad(alpha, sums, r) if learn else jnp.zeros_like(alpha)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
