@@ -9,7 +9,7 @@ algorithm, not copied. For each query row, with scores x = scale·q·kᵀ,
 
 and out = p·V. The [T, S] score matrix is never stored: every phase below is a pass over
 key blocks that recomputes the tile q·kᵀ. Notation and the solver follow
-``lcjax/entmax.py`` (its docstring has the maths); z is shifted by the row max, so
+``lcjax/attention/entmax/mapping.py`` (its docstring has the maths); z is shifted by the row max, so
 max z = 0, τ ∈ [-1, 0], and z is floored at -2 (masked scores land there and never count).
 
 Forward (``_fwd_kernel``; grid (batch, head, query block), a ``lax.fori_loop`` over key

@@ -401,7 +401,7 @@ def _entmax_available() -> str | None:
     if "entmax" in attn.available():
         return None
     return ("the 'entmax' attention variant is not registered in lcjax.attention "
-            "(lcjax/attention/entmax.py has not landed)")
+            "(lcjax/attention/entmax/ has not landed)")
 
 
 def _aux_fn(causal: bool, tile: int, scale: float | None = None):
