@@ -11,8 +11,13 @@ import shlex
 import numpy as np
 import pytest
 
-from experiments.entmax import bench as bench
-from lcjax.bench import EntmaxBenchConfig, iteration_summary, row_iterations, run_entmax_benchmark
+from experiments.entmax import bench
+from experiments.entmax.bench import (
+    EntmaxBenchConfig,
+    iteration_summary,
+    row_iterations,
+    run_entmax_benchmark,
+)
 
 TOL = 1e-5
 
