@@ -75,7 +75,7 @@ bench: $(STAMP)
 # extra flags in ARGS, e.g. `make bench-entmax ARGS=--quick`
 bench-entmax: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[peer]"
-	$(VENV)/bin/lcjax bench entmax $(ARGS)
+	$(PY) -m experiments.entmax.bench $(ARGS)
 
 clean:
 	rm -rf $(VENV) runs/reports

@@ -22,7 +22,7 @@ from lcjax.errors import UsageError
 SUBCOMMANDS = {
     "train": ("lcjax.train.cli", "train a language model (config file or flags)"),
     "rl": ("lcjax.train.rl_cli", "GRPO with verifiable rewards: `lcjax rl --init RUN --items F`"),
-    "bench": ("lcjax.bench.cli", "benchmarks: `lcjax bench attention`, `lcjax bench entmax`"),
+    "bench": ("lcjax.bench.cli", "benchmarks: `lcjax bench attention`, ..."),
     "eval": ("lcjax.eval.cli", "long-context evaluation of a model folder or an endpoint"),
     "analyze": ("lcjax.analysis.cli", "static head analysis: `lcjax analyze lps --checkpoint DIR`"),
     "data": ("lcjax.data.cli", "dataset generation: `lcjax data tablelong --n N --out DIR`"),

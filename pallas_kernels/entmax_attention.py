@@ -9,7 +9,7 @@ algorithm, not copied. For each query row, with scores x = scale·q·kᵀ,
 
 and out = p·V. The [T, S] score matrix is never stored: every phase below is a pass over
 key blocks that recomputes the tile q·kᵀ. Notation and the solver follow
-``lcjax/entmax.py`` (its docstring has the maths); z is shifted by the row max, so
+``lcjax/attention/entmax/mapping.py`` (its docstring has the maths); z is shifted by the row max, so
 max z = 0, τ ∈ [-1, 0], and z is floored at -2 (masked scores land there and never count).
 
 Forward (``_fwd_kernel``; grid (batch, head, query block), a ``lax.fori_loop`` over key
@@ -18,7 +18,8 @@ blocks inside each phase; key blocks above the causal diagonal or beyond the val
 
 1. row max of z, and on the way the count n' and mean m' of a top set A' (the scores
    above the running max - 1): by Jensen, f(τ) ≥ n'(m' - τ)^{1/(α-1)} - 1 for any subset,
-   so t₀ = max(max z - 1, m' - n'^{1-α}) ≤ τ* — the origin of ``lcjax.entmax`` (AdaSplash-2
+   so t₀ = max(max z - 1, m' - n'^{1-α}) ≤ τ* — the origin of
+   ``lcjax.attention.entmax.mapping`` (AdaSplash-2
    uses max z - 1; the tighter origin keeps the bins informative on flat rows), here with
    no extra pass;
 2. histogram (α ∈ {1.5, 2}): per bin b of y = z - t₀ ∈ [0, -t₀], ``bins`` bins of width
@@ -44,7 +45,7 @@ blocks inside each phase; key blocks above the causal diagonal or beyond the val
    (τ_final, τ_build] would otherwise be dropped);
 5. output: p·V and Σp accumulated over live tiles only (dead ones skipped with
    ``lax.cond``), out = (Σ p v) / Σp — exact renormalisation at the final τ, as
-   ``lcjax.entmax`` does.
+   ``lcjax.attention.entmax.mapping`` does.
 
 Saved per row: the row max (z units), τ (shifted units; 1e30 on a row with nothing to
 attend to) and Σp; per (query block, key block): the live flag.
@@ -109,8 +110,19 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from pallas_kernels.common import (
+    F32,
+    TpuCall,
+    iota,
+    min_block,
+    nn,
+    nt,
+    pad_to,
+    pallas_call_per_platform,
+    rowsum,
+    tn,
+)
 from pallas_kernels.entmax_rules import alpha_cotangent, hermite_root, polish_step, solver_step
-from pallas_kernels.platform import TpuCall, dot_precision, pallas_call_per_platform
 
 __all__ = ["BlockSizes", "entmax_attention_pallas", "entmax_attention_reference",
            "unsupported_block_sizes"]
@@ -119,7 +131,6 @@ _NAME = "entmax_attention_pallas"
 NEG = -1e30  # a masked score (finite, so no inf - inf inside the kernels)
 BIG = 1e30  # τ of a row with nothing to attend to: every z - τ is -1e30, p = 0
 _TINY = 1e-30
-_F32 = jnp.float32
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -169,37 +180,14 @@ class _Config(NamedTuple):
 # ----------------------------------------------------------------------------
 # Small in-kernel helpers (2-D only: they lower through Mosaic and Triton alike)
 # ----------------------------------------------------------------------------
-def _nt(a, b):  # a [m, d] · b [n, d]ᵀ
-    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=dot_precision(a, b),
-                           preferred_element_type=_F32)
-
-
-def _nn(a, b):  # a [m, d] · b [d, n]
-    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=dot_precision(a, b),
-                           preferred_element_type=_F32)
-
-
-def _tn(a, b):  # a [d, m]ᵀ · b [d, n]
-    return lax.dot_general(a, b, (((0,), (0,)), ((), ())), precision=dot_precision(a, b),
-                           preferred_element_type=_F32)
-
-
-def _rowsum(x):
-    return jnp.sum(x, axis=1, keepdims=True)
-
-
 def _rowmax(x):
     return jnp.max(x, axis=1, keepdims=True)
-
-
-def _iota(shape, dim):
-    return lax.broadcasted_iota(jnp.int32, shape, dim)
 
 
 def _pick(vec, idx):
     """vec[0, idx] of an int32 [1, n] vector as a scalar (a masked reduction: no dynamic
     lane indexing, which TPU vector registers do not have)."""
-    return jnp.max(jnp.where(_iota(vec.shape, 1) == idx, vec, 0))
+    return jnp.max(jnp.where(iota(vec.shape, 1) == idx, vec, 0))
 
 
 def _cdiv(a, b: int):
@@ -261,11 +249,11 @@ class _Seq(NamedTuple):
 
 def _scores(q, k, c: float, qpos0, kpos0, L, causal: bool):
     """c·q·kᵀ with masked entries at NEG ([bq, bk], float32)."""
-    x = _nt(q, k) * c
-    kpos = kpos0 + _iota((1, x.shape[1]), 1)
+    x = nt(q, k) * c
+    kpos = kpos0 + iota((1, x.shape[1]), 1)
     valid = kpos < L
     if causal:
-        valid = valid & (kpos <= qpos0 + _iota((x.shape[0], 1), 0))
+        valid = valid & (kpos <= qpos0 + iota((x.shape[0], 1), 0))
     return jnp.where(valid, x, NEG)
 
 
@@ -295,7 +283,7 @@ def _sens(u, alpha: float):
     if _is(alpha, 1.5):
         return u
     if _is(alpha, 2.0):
-        return (u > 0).astype(_F32)
+        return (u > 0).astype(F32)
     pos = u > 0
     e = (2.0 - alpha) / (alpha - 1.0)
     return jnp.where(pos, jnp.exp(e * jnp.log(jnp.maximum(u, _TINY))), 0.0)
@@ -317,8 +305,10 @@ def _inv(l):
 
 
 def _resolve(solver: str, alpha: float | None) -> tuple[str, str]:
-    """(step kind, initialisation) of ``solver`` at a static α, or None for a per-head α
-    (the rule of ``lcjax.entmax.SolverConfig.resolve``: Newton from the power-mean origin,
+    """(step kind, initialisation) of ``solver`` at a static α, or None for a per-head
+    α
+    (the rule of ``lcjax.attention.entmax.mapping.SolverConfig.resolve``: Newton from the
+    power-mean origin,
     and bisection on the heads with α > 2)."""
     if solver == "bisect" or (alpha is not None and alpha > 2.0):
         return "bisect", "bracket"
@@ -348,7 +338,7 @@ def _histogram_init(stats, alpha: float, bins: int, t0, w):
         K[j], S[j], Q[j] = kj, sj, qj
     G = Q if alpha == 1.5 else S  # f(e_j) + 1
     f = [g - 1.0 for g in G]  # f[bins] = -1: nothing above max z
-    n_pos = sum((f[j] >= 0).astype(_F32) for j in range(bins))
+    n_pos = sum((f[j] >= 0).astype(F32) for j in range(bins))
     jstar = jnp.clip(n_pos - 1.0, 0.0, bins - 1.0)
 
     def select(vals, shift):
@@ -441,8 +431,8 @@ def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref,
     qpos0 = qi * bq
     q = q_ref[...]
     live_shape = live_ref.shape  # (1, NKP)
-    kiota = _iota(live_shape, 1)
-    zeros = jnp.zeros((bq, 1), _F32)
+    kiota = iota(live_shape, 1)
+    zeros = jnp.zeros((bq, 1), F32)
 
     def x_tile(j, k=None):  # scores of key tile j (k: the tile, if already read)
         k = K.tile(j, bk) if k is None else k
@@ -456,12 +446,12 @@ def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref,
         x = x_tile(j, *k)
         m_new = jnp.maximum(m, _rowmax(x))
         sel = (x > m_new - 1.0) & (x > 0.5 * NEG)
-        s = s + cnt * (m - m_new) + _rowsum(jnp.where(sel, x - m_new, 0.0))
-        return m_new, cnt + _rowsum(sel.astype(_F32)), s
+        s = s + cnt * (m - m_new) + rowsum(jnp.where(sel, x - m_new, 0.0))
+        return m_new, cnt + rowsum(sel.astype(F32)), s
 
     xmax, cnt, ssum = _stream([K], 0, nkb, bk, max_body,
-                              (jnp.full((bq, 1), NEG, _F32), zeros, zeros))
-    rows = qpos0 + _iota((bq, 1), 0)
+                              (jnp.full((bq, 1), NEG, F32), zeros, zeros))
+    rows = qpos0 + iota((bq, 1), 0)
     dead = (xmax < 0.5 * NEG) | (rows >= cfg.q_len)
     mz = jnp.where(dead, 0.0, xmax)
     n_a = jnp.maximum(cnt, 1.0)
@@ -470,8 +460,8 @@ def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref,
         t0 = jnp.where(am1 <= 1.0, jnp.maximum(t0, -1.0), -1.0)
         hi = zeros - jnp.exp(-am1 * float(np.log(cfg.kv_len)))
     else:
-        t0 = jnp.maximum(t0, -1.0) if alpha <= 2.0 else jnp.full((bq, 1), -1.0, _F32)
-        hi = jnp.full((bq, 1), -float(cfg.kv_len) ** (-am1), _F32)  # τ ≤ max z - S^{1-α}
+        t0 = jnp.maximum(t0, -1.0) if alpha <= 2.0 else jnp.full((bq, 1), -1.0, F32)
+        hi = jnp.full((bq, 1), -float(cfg.kv_len) ** (-am1), F32)  # τ ≤ max z - S^{1-α}
 
     def z_tile(j, k=None):
         return _shifted(x_tile(j, k), mz)
@@ -487,10 +477,10 @@ def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref,
             d = y - idx * w
             out = []
             for b in range(bins):
-                sel = (idx == b).astype(_F32)
+                sel = (idx == b).astype(F32)
                 sd = sel * d
-                out += [acc[3 * b] + _rowsum(sel), acc[3 * b + 1] + _rowsum(sd),
-                        acc[3 * b + 2] + (_rowsum(sd * d) if alpha == 1.5 else 0.0)]
+                out += [acc[3 * b] + rowsum(sel), acc[3 * b + 1] + rowsum(sd),
+                        acc[3 * b + 2] + (rowsum(sd * d) if alpha == 1.5 else 0.0)]
             return tuple(out)
 
         acc = _stream([K], 0, nkb, bk, hist_body, (zeros,) * (3 * bins))
@@ -499,7 +489,7 @@ def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref,
     elif cfg.init == "origin":
         lo, tau0 = t0, t0
     else:
-        lo = jnp.full((bq, 1), -1.0, _F32)
+        lo = jnp.full((bq, 1), -1.0, F32)
         tau0 = 0.5 * (lo + hi)
     tau0 = jnp.where(dead, BIG, tau0)
 
@@ -513,12 +503,12 @@ def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref,
             u = jnp.maximum(z - tau, 0.0)
             gaps = jnp.where(kiota == j, jnp.max(z - tau), gaps)
             if cfg.kind == "bisect":
-                return kk, ss, pp + _rowsum(_weights(u, alpha)), gaps
+                return kk, ss, pp + rowsum(_weights(u, alpha)), gaps
             if _is(alpha, 1.5) or _is(alpha, 2.0):
-                kk, ss = kk + _rowsum((u > 0).astype(_F32)), ss + _rowsum(u)
-                return kk, ss, pp + (_rowsum(u * u) if _is(alpha, 1.5) else _rowsum(u)), gaps
+                kk, ss = kk + rowsum((u > 0).astype(F32)), ss + rowsum(u)
+                return kk, ss, pp + (rowsum(u * u) if _is(alpha, 1.5) else rowsum(u)), gaps
             # any other α: P = Σ u^c and -f' = c·Σ u^{c-1}
-            return kk + _rowsum(_sens(u, alpha)) / am1, ss, pp + _rowsum(_weights(u, alpha)), gaps
+            return kk + rowsum(_sens(u, alpha)) / am1, ss, pp + rowsum(_weights(u, alpha)), gaps
         return body
 
     def solve_cond(state):
@@ -527,7 +517,7 @@ def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref,
 
     def solve_body(state):
         it, tau, lo, hi, iters, done, tau_fin, _ = state
-        gaps0 = jnp.full(live_shape, NEG, _F32)
+        gaps0 = jnp.full(live_shape, NEG, F32)
         kk, ss, pp, gaps = _stream([K], 0, nkb, bk, stats_body(tau),
                                    (zeros, zeros, zeros, gaps0))
         f = pp - 1.0
@@ -543,10 +533,10 @@ def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref,
         tau_fin = jnp.where(stop & ~was_done, jnp.where(converged, polished, tau), tau_fin)
         iters = jnp.where(stop, iters, iters + 1)
         tau_next = jnp.where(stop, tau, new_tau)
-        return it + 1, tau_next, lo, hi, iters, stop.astype(_F32), tau_fin, gaps
+        return it + 1, tau_next, lo, hi, iters, stop.astype(F32), tau_fin, gaps
 
-    state = (jnp.int32(0), tau0, lo, hi, jnp.zeros((bq, 1), jnp.int32), dead.astype(_F32),
-             tau0, jnp.full(live_shape, NEG, _F32))
+    state = (jnp.int32(0), tau0, lo, hi, jnp.zeros((bq, 1), jnp.int32), dead.astype(F32),
+             tau0, jnp.full(live_shape, NEG, F32))
     _, tau_build, _, _, iters, _, tau, gaps = lax.while_loop(solve_cond, solve_body, state)
     # 4. the τ_build/τ_final rule: z > τ implies z - τ_build > τ - τ_build ≥ the minimum
     shift = jnp.min(jnp.where(dead, BIG, tau - tau_build))
@@ -559,12 +549,12 @@ def _fwd_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, o_ref, mz_ref, tau_ref,
             p = _weights(jnp.maximum(z_tile(j) - tau, 0.0), alpha)
             v = V.tile(j, bk)
             hit = (jnp.max(p) > 0).astype(jnp.int32)
-            return acc + _nn(p.astype(v.dtype), v), l + _rowsum(p), jnp.where(kiota == j, hit,
+            return acc + nn(p.astype(v.dtype), v), l + rowsum(p), jnp.where(kiota == j, hit,
                                                                                live)
 
         return lax.cond(_pick(maybe_live, j) > 0, on, lambda carry: carry, carry)
 
-    acc0 = (jnp.zeros(o_ref.shape, _F32), zeros, jnp.zeros(live_shape, jnp.int32))
+    acc0 = (jnp.zeros(o_ref.shape, F32), zeros, jnp.zeros(live_shape, jnp.int32))
     acc, l, live = lax.fori_loop(0, nkb, out_body, acc0)
     o_ref[...] = (acc * _inv(l)).astype(o_ref.dtype)
     mz_ref[...] = mz.T  # per-row statistics are stored lane-dense, [1, bq]
@@ -610,7 +600,7 @@ def _dq_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref,
         k, v = K.tile(j, bk), V.tile(j, bk)
         z = _shifted(_scores(q, k, c, qpos0, j * bk, L, cfg.causal), mz)
         u = jnp.maximum(z - tau, 0.0)
-        return k, u, _sens(u, alpha), _nt(do, v)
+        return k, u, _sens(u, alpha), nt(do, v)
 
     def sums_body(j, carry):
         def on(carry):
@@ -621,11 +611,11 @@ def _dq_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref,
                 logp = jnp.log(jnp.maximum(u, _TINY)) / (alpha - 1.0) - log_l
                 plogp = jnp.where(u > 0, p * logp, 0.0)
                 new += [p * dp, plogp, plogp * dp]
-            return tuple(acc + _rowsum(x) for acc, x in zip(carry, new))
+            return tuple(acc + rowsum(x) for acc, x in zip(carry, new))
 
         return lax.cond(_pick(live, j) > 0, on, lambda carry: carry, carry)
 
-    zeros = jnp.zeros((bq, 1), _F32)
+    zeros = jnp.zeros((bq, 1), F32)
     sums = lax.fori_loop(0, nkb, sums_body, (zeros,) * (5 if learn else 2))
     delta = sums[1] * _inv(sums[0])
     if learn:
@@ -636,11 +626,11 @@ def _dq_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref,
         def on(dq):
             k, _, r, dp = tile(j)
             ds = kappa * r * (dp - delta)
-            return dq + _nn(ds.astype(k.dtype), k)
+            return dq + nn(ds.astype(k.dtype), k)
 
         return lax.cond(_pick(live, j) > 0, on, lambda dq: dq, dq)
 
-    dq = lax.fori_loop(0, nkb, dq_body, jnp.zeros(q.shape, _F32))
+    dq = lax.fori_loop(0, nkb, dq_body, jnp.zeros(q.shape, F32))
     dq_ref[...] = (dq * cfg.scale).astype(dq_ref.dtype)
     delta_ref[...] = delta.T
 
@@ -677,17 +667,17 @@ def _dkv_kernel(len_ref, alpha_ref, q_ref, k_ref, v_ref, do_ref, mz_ref, tau_ref
                 z = _shifted(_scores(q, k, c, i * bq, kpos0, L, cfg.causal), mz)
                 u = jnp.maximum(z - tau, 0.0)
                 p = _weights(u, alpha) * _inv(l)
-                dp = _nt(do, v)
+                dp = nt(do, v)
                 ds = _sens_scale(l, alpha) * _sens(u, alpha) * (dp - delta)
-                dv = dv + _tn(p.astype(do.dtype), do)
-                dk = dk + _tn(ds.astype(q.dtype), q)
+                dv = dv + tn(p.astype(do.dtype), do)
+                dk = dk + tn(ds.astype(q.dtype), q)
                 return dk, dv
 
             return lax.cond(_pick(live, i) > 0, on, lambda carry: carry, carry)
 
         return lax.fori_loop(q_lo, q_hi, q_body, carry)
 
-    init = (jnp.zeros(k.shape, _F32), jnp.zeros(v.shape, _F32))
+    init = (jnp.zeros(k.shape, F32), jnp.zeros(v.shape, F32))
     dk, dv = lax.fori_loop(0, G, head_body, init)
     dk_ref[...] = (dk * cfg.scale).astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
@@ -781,7 +771,7 @@ def _forward(q, k, v, lens, alpha, cfg: _Config):
     G, bq, bk = cfg.groups, cfg.bq, cfg.bk
     nq, nk = Tp // bq, Sp // bk
     nkp = pl.next_power_of_2(nk)
-    row = jax.ShapeDtypeStruct((B, H, nq, 1, bq), _F32)
+    row = jax.ShapeDtypeStruct((B, H, nq, 1, bq), F32)
     head = [_len_spec(), _alpha_spec(),
             pl.BlockSpec((None, None, bq, Dp), lambda b, h, i: (b, h, i, 0))]
     kernel = functools.partial(_fwd_kernel, cfg=cfg)
@@ -823,10 +813,10 @@ def _regrid(live, bq_f: int, bk_f: int, bq: int, bk: int, Tp: int, Sp: int):
         new = np.arange(n // b_new)[:, None]
         old = np.arange(n // b_old)[None, :]
         ok = (old * b_old < (new + 1) * b_new) & ((old + 1) * b_old > new * b_new)
-        return jnp.asarray(ok, _F32)
+        return jnp.asarray(ok, F32)
 
     oq, ok = overlap(Tp, bq, bq_f), overlap(Sp, bk, bk_f)
-    hits = jnp.einsum("ij,bhjk,lk->bhil", oq, live.astype(_F32), ok)
+    hits = jnp.einsum("ij,bhjk,lk->bhil", oq, live.astype(F32), ok)
     return (hits > 0).astype(jnp.int32)
 
 
@@ -863,8 +853,8 @@ def _backward(q, k, v, lens, alpha, mz, tau, l, live, d_out, cfg: _Config):
             _row_spec(bq),
         ] + [_row_spec(bq)] * learn,
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                   jax.ShapeDtypeStruct((B, H, nq, 1, bq), _F32)]
-        + [jax.ShapeDtypeStruct((B, H, nq, 1, bq), _F32)] * learn,
+                   jax.ShapeDtypeStruct((B, H, nq, 1, bq), F32)]
+        + [jax.ShapeDtypeStruct((B, H, nq, 1, bq), F32)] * learn,
         interpret=cfg.interpret,
         name="entmax_attention_dq",
     )(lens, alpha, q, k, v, d_out, *[_rows_in(x, bq) for x in (mz, tau, l)], live_q)
@@ -894,7 +884,7 @@ def _backward(q, k, v, lens, alpha, mz, tau, l, live, d_out, cfg: _Config):
         ],
         tpu_in_specs=[_len_spec(), alpha_spec, _HBM, k_spec, v_spec] + [_HBM] * 5 + [live_spec],
         tpu_scratch_shapes=_tile_scratch(((bq, Dp), q.dtype), ((bq, Dvp), d_out.dtype),
-                                         *[((1, bq), _F32)] * 4),
+                                         *[((1, bq), F32)] * 4),
         out_specs=[
             pl.BlockSpec((None, None, bk, Dp), lambda b, g, j: (b, g, j, 0)),
             pl.BlockSpec((None, None, bk, Dvp), lambda b, g, j: (b, g, j, 0)),
@@ -952,7 +942,7 @@ def _check_alpha(alpha, heads: int):
             f"or [heads] = ({heads},), got {type(alpha).__name__} shape {shape} dtype {dtype}")
     if isinstance(alpha, np.ndarray) and not np.all(alpha > 1.0):
         raise ValueError(f"{_NAME}: every `alpha` must be > 1, got min {np.min(alpha)}")
-    arr = jnp.broadcast_to(jnp.asarray(alpha, _F32), (heads,))
+    arr = jnp.broadcast_to(jnp.asarray(alpha, F32), (heads,))
     return None, arr[:, None, None]
 
 
@@ -976,14 +966,10 @@ def _check_qkv(q, k, v, name: str = _NAME):
     return B, T, H, D, S, Hkv, v.shape[3]
 
 
-def _min_block(interpret: bool) -> int:
-    return 8 if interpret else 16  # Triton's dot needs 16; the interpreter any power of two
-
-
 def unsupported_block_sizes(block_sizes: BlockSizes, *, interpret: bool) -> str | None:
     """Why the kernel cannot run these tiles (None if it can): every size a power of two
     ≥ 16 (≥ 8 in interpret mode)."""
-    low = _min_block(interpret)
+    low = min_block(interpret)
     for f in dataclasses.fields(block_sizes):
         val = getattr(block_sizes, f.name)
         if val is None and f.name not in ("block_q", "block_k"):
@@ -995,18 +981,12 @@ def unsupported_block_sizes(block_sizes: BlockSizes, *, interpret: bool) -> str 
 
 def _block(value, length: int, interpret: bool) -> int:
     """A tile size clamped to the (power-of-two rounded) length."""
-    low = _min_block(interpret)
+    low = min_block(interpret)
     return int(min(value, max(low, pl.next_power_of_2(length))))
 
 
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
-
-
-def _pad_to(x, axis: int, size: int):
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, size - x.shape[axis])
-    return jnp.pad(x, widths)
 
 
 def _block_sparsity(live, bq: int, bk: int, causal: bool):
@@ -1017,7 +997,7 @@ def _block_sparsity(live, bq: int, bk: int, causal: bool):
     if causal:
         in_range = np.arange(nk)[None, :] * bk <= (np.arange(nq) * bq + bq - 1)[:, None]
     counted = int(in_range.sum()) * live.shape[0] * live.shape[1]
-    return ((counted - jnp.sum(live & in_range)) / counted).astype(_F32)
+    return ((counted - jnp.sum(live & in_range)) / counted).astype(F32)
 
 
 def entmax_attention_pallas(
@@ -1041,7 +1021,8 @@ def entmax_attention_pallas(
     in an array α).
 
     The solver settings have no defaults here: ``lcjax.attention.entmax`` passes every value
-    of its one configuration (``lcjax.entmax.SolverConfig``), so the kernel and the XLA
+    of its one configuration (``lcjax.attention.entmax.mapping.SolverConfig``), so the kernel
+    and the XLA
     path cannot drift apart; ``docs/entmax.md`` has the algorithm.
 
     Args:
@@ -1049,7 +1030,8 @@ def entmax_attention_pallas(
       alpha: a Python number > 1 (the kernels are specialised on it: closed forms for 1.5
         and 2), or a float array [H] or [] — per query head, traced, differentiable (the
         backward returns dα; the caller keeps it > 1, e.g. ``lcjax.attention.entmax``
-        clamps it to ``lcjax.entmax.ALPHA_ARRAY_FLOOR``). An array α runs Newton from
+        clamps it to ``lcjax.attention.entmax.mapping.ALPHA_ARRAY_FLOOR``). An array α runs
+        Newton from
         the power-mean origin (bisection on heads with α > 2), as the XLA path does.
       causal: query t attends to keys s ≤ t (top-left alignment).
       scale: score scale (default 1/sqrt(D)).
@@ -1121,10 +1103,10 @@ def entmax_attention_pallas(
     Dp, Dvp = max(16, pl.next_power_of_2(D)), max(16, pl.next_power_of_2(Dv))
 
     def prep(x, n, d):  # [B, N, h, d] -> [B, h, N_padded, d_padded]
-        return _pad_to(_pad_to(jnp.swapaxes(x, 1, 2), 2, n), 3, d)
+        return pad_to(pad_to(jnp.swapaxes(x, 1, 2), 2, n), 3, d)
 
     if alpha_arr is None:
-        alpha_arr = jnp.full((H, 1, 1), a, _F32)  # unused by the kernels (static α)
+        alpha_arr = jnp.full((H, 1, 1), a, F32)  # unused by the kernels (static α)
     out, mz, tau, _, iters, live, taub = _core(
         prep(q, Tp, Dp), prep(k, Sp, Dp), prep(v, Sp, Dvp), lens[:, None, None], alpha_arr,
         cfg
@@ -1210,9 +1192,9 @@ def entmax_attention_reference(
                          f"got {type(alpha).__name__}")
     a, _ = _check_alpha(alpha, H)
     scale = 1.0 / np.sqrt(D) if scale is None else scale
-    kr = jnp.repeat(k, H // Hkv, axis=2).astype(_F32)
-    vr = jnp.repeat(v, H // Hkv, axis=2).astype(_F32)
-    x = jnp.einsum("bthd,bshd->bhts", q.astype(_F32), kr) * scale
+    kr = jnp.repeat(k, H // Hkv, axis=2).astype(F32)
+    vr = jnp.repeat(v, H // Hkv, axis=2).astype(F32)
+    x = jnp.einsum("bthd,bshd->bhts", q.astype(F32), kr) * scale
     visible = jnp.ones((B, 1, T, S), bool)
     if causal:
         visible = visible & jnp.tril(jnp.ones((T, S), bool))

@@ -1,7 +1,8 @@
 """The α-entmax threshold solver's per-row update rules, in plain jax.numpy.
 
 One place for the rules that both the Pallas kernel (``pallas_kernels.entmax_attention``)
-and the XLA paths (``lcjax.entmax``, ``lcjax.attention.entmax``) apply to per-row sums;
+and the XLA paths (``lcjax.attention.entmax.mapping``, ``lcjax.attention.entmax``) apply to
+per-row sums;
 the derivation is in ``docs/entmax.md`` ("histogram", "steps"). With the shifted scores
 z and u = [z - τ]₊, the solver tracks f(τ) = Σp - 1 and the sums k, s of the last pass:
 α = 1.5: k = #{u > 0}, s = Σu (f = Σu² - 1); α = 2: k = #{u > 0} (f = Σu - 1); other

@@ -48,7 +48,7 @@ Layout: q [B, K, R, d] (R = G·T rows); the table per (B, K) as in :class:`Table
 math in float32. The wrapper pads d, D, dv to powers of two ≥ 16, M to a power of two ≥
 ``block_m`` and R to ``block_q`` (zeros; padded prototypes are empty, padded sketch
 columns are zero features). Targets: Mosaic (TPU) and Triton (GPU) per lowering platform
-(``pallas_kernels.platform``); on CPU use ``interpret=True``. Imports only jax and numpy.
+(``pallas_kernels.common``); on CPU use ``interpret=True``. Imports only jax and numpy.
 """
 
 from __future__ import annotations
@@ -65,7 +65,16 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels.platform import TpuCall, pallas_call_per_platform
+from pallas_kernels.common import (
+    F32,
+    TpuCall,
+    iota,
+    min_block,
+    nn,
+    nt,
+    pallas_call_per_platform,
+    rowsum,
+)
 
 __all__ = ["BlockSizes", "Table", "prototype_attention_pallas", "prototype_attention_reference",
            "unsupported_block_sizes"]
@@ -73,7 +82,6 @@ __all__ = ["BlockSizes", "Table", "prototype_attention_pallas", "prototype_atten
 _NAME = "prototype_attention_pallas"
 NEG = -1e30  # logit of an empty (or padded) prototype: finite, so no inf - inf in the kernel
 _EXP_CAP = 60.0  # as lcjax.attention.plash: e^a beyond this only enters through a min
-_F32 = jnp.float32
 _SCALARS = 16  # columns of the per-prototype scalar table (a power of two for Triton)
 # columns of the scalar table
 _LOGN, _LIVE, _RADIUS, _TAU, _RHO = range(5)
@@ -188,30 +196,20 @@ def _shrink(dn, r):
 _HIGHEST = lax.Precision.HIGHEST
 
 
-def _nt(a, b):  # a [m, k] · b [n, k]ᵀ in float32
-    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=_HIGHEST,
-                           preferred_element_type=_F32)
+def _nt(a, b):  # a [m, k] · b [n, k]ᵀ in float32, at HIGHEST precision
+    return nt(a, b, _HIGHEST)
 
 
-def _nn(a, b):  # a [m, k] · b [k, n]
-    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=_HIGHEST,
-                           preferred_element_type=_F32)
-
-
-def _iota(shape, dim):
-    return lax.broadcasted_iota(jnp.int32, shape, dim)
-
-
-def _rowsum(x):
-    return jnp.sum(x, axis=1, keepdims=True)
+def _nn(a, b):  # a [m, k] · b [k, n], at HIGHEST precision
+    return nn(a, b, _HIGHEST)
 
 
 def _setup(q_ref, w_ref, cfg: _Config):
     """Per row block: the rows q [bq, dp], their norms [bq, 1], the sketch features φⱼ(q)
     [bq, D] (j = 1…degree) and the loop constants (0/1 indicator matrices)."""
     s, bm, dvp, dsp = cfg.scale, cfg.bm, cfg.dvp, cfg.dsp
-    q = q_ref[...].astype(_F32)                                   # [bq, dp]
-    sq = _rowsum(q * q)
+    q = q_ref[...].astype(F32)                                   # [bq, dp]
+    sq = rowsum(q * q)
     qn = jnp.where(sq > 0, jnp.sqrt(jnp.where(sq > 0, sq, 1.0)), 0.0)  # [bq, 1]
     feats, start = [], 0
     inv = 1.0 / math.sqrt(cfg.sketch_dim)
@@ -224,14 +222,14 @@ def _setup(q_ref, w_ref, cfg: _Config):
         feats.append(f * inv)
         start += j
     coef = [s ** j / math.factorial(j) for j in range(2, cfg.degree + 1)]
-    eye = _iota((bm, bm), 0) == _iota((bm, bm), 1)
-    lane = _iota((bm, _SCALARS), 1)
+    eye = iota((bm, bm), 0) == iota((bm, bm), 1)
+    lane = iota((bm, _SCALARS), 1)
     # block indicators: expand[m, i] = (i // dv == m); collapse[i, c] = (i % dv == c)
-    col_i = _iota((bm, bm * dvp), 1)
-    row_m = _iota((bm, bm * dvp), 0)
-    expand = ((col_i >= row_m * dvp) & (col_i < (row_m + 1) * dvp)).astype(_F32)
-    flat_i = _iota((bm * dvp, dvp), 0)
-    collapse = (jnp.bitwise_and(flat_i, dvp - 1) == _iota((bm * dvp, dvp), 1)).astype(_F32)
+    col_i = iota((bm, bm * dvp), 1)
+    row_m = iota((bm, bm * dvp), 0)
+    expand = ((col_i >= row_m * dvp) & (col_i < (row_m + 1) * dvp)).astype(F32)
+    flat_i = iota((bm * dvp, dvp), 0)
+    collapse = (jnp.bitwise_and(flat_i, dvp - 1) == iota((bm * dvp, dvp), 1)).astype(F32)
     return q, qn, feats, (coef, eye, lane, expand, collapse)
 
 
@@ -247,7 +245,7 @@ def _block(cfg: _Config, rows, consts, tiles, carry):
 
     def scalar_row(c):
         """Column c of the [bm, 16] scalar block as a [1, bm] row."""
-        col = _rowsum(jnp.where(lane == c, sc, 0.0))              # [bm, 1]
+        col = rowsum(jnp.where(lane == c, sc, 0.0))              # [bm, 1]
         return jnp.sum(jnp.where(eye, col, 0.0), axis=0, keepdims=True)
 
     live = scalar_row(_LIVE) > 0.5
@@ -271,12 +269,12 @@ def _block(cfg: _Config, rows, consts, tiles, carry):
     alpha = jnp.exp(m_run - m_new)
     p = jnp.where(live, jnp.exp(lam - m_new), 0.0)
     contrib = _nn(p, ub) + _nn(_nn(p * shrink, expand) * delta, collapse)
-    return m_new, l_run * alpha + _rowsum(p), acc * alpha + contrib
+    return m_new, l_run * alpha + rowsum(p), acc * alpha + contrib
 
 
 def _init(bq, dvp):
-    return (jnp.full((bq, 1), NEG, _F32), jnp.zeros((bq, 1), _F32),
-            jnp.zeros((bq, dvp), _F32))
+    return (jnp.full((bq, 1), NEG, F32), jnp.zeros((bq, 1), F32),
+            jnp.zeros((bq, dvp), F32))
 
 
 def _finish(carry, o_ref, lse_ref):
@@ -333,15 +331,11 @@ def _kernel_tpu(q_ref, w_ref, p_ref, mu_ref, e_ref, u_ref, g_ref, sc_ref, o_ref,
 # ----------------------------------------------------------------------------
 # Wrapper
 # ----------------------------------------------------------------------------
-def _min_block(interpret: bool) -> int:
-    return 8 if interpret else 16
-
-
 def unsupported_block_sizes(block_sizes: BlockSizes, *, interpret: bool) -> str | None:
     """Why the kernel cannot run these tiles (None if it can)."""
     if not isinstance(block_sizes, BlockSizes):
         return f"block_sizes must be a BlockSizes, got {type(block_sizes).__name__}"
-    low = _min_block(interpret)
+    low = min_block(interpret)
     names = ("block_q", "block_m") + (("block_q_bwd",) if block_sizes.block_q_bwd is not None
                                       else ())
     for name in names:
@@ -396,7 +390,7 @@ MAX_VALUE_TILE = 1 << 19
 def _forward(q, table: Table, w, *, scale, degree, block_sizes, interpret):
     b, kk, d, m, dv, dsk = _check(q, table, w, degree)
     rows = q.shape[2]
-    low = _min_block(interpret)
+    low = min_block(interpret)
     bq = min(block_sizes.block_q, _pow2(rows, low))
     bm = min(block_sizes.block_m, _pow2(m, low))
     dp, dsp, dvp = _pow2(d, 16), _pow2(dsk, 16), _pow2(dv, 16)
@@ -412,7 +406,7 @@ def _forward(q, table: Table, w, *, scale, degree, block_sizes, interpret):
     rp = -(-rows // bq) * bq
     cfg = _Config(scale=float(scale), degree=int(degree), sketch_dim=int(dsk), dsp=dsp, mp=mp,
                   dvp=dvp, bq=bq, bm=bm, jp=jp)
-    f32 = lambda x: x.astype(_F32)
+    f32 = lambda x: x.astype(F32)
     qp = _pad(f32(q), (b, kk, rp, dp))
     wp = _pad(f32(w), (cp, dsp, dp)).reshape(cp * dsp, dp)
     pp = _pad(f32(table.protos), (b, kk, mp, dp))
@@ -421,7 +415,7 @@ def _forward(q, table: Table, w, *, scale, degree, block_sizes, interpret):
     up = _pad(f32(table.u), (b, kk, mp, dvp))
     gp = _pad(f32(table.g), (b, kk, mp, dvp, dsp)).reshape(b, kk, mp * dvp, dsp)
     live = table.live.astype(bool)
-    cols = [jnp.where(live, f32(table.logn), 0.0), live.astype(_F32), f32(table.radius),
+    cols = [jnp.where(live, f32(table.logn), 0.0), live.astype(F32), f32(table.radius),
             f32(table.tau), f32(table.rho)]
     sc = jnp.stack(cols + [jnp.zeros_like(cols[0])] * (_SCALARS - len(cols)), axis=-1)
     sc = _pad(sc, (b, kk, mp, _SCALARS))
@@ -441,16 +435,16 @@ def _forward(q, table: Table, w, *, scale, degree, block_sizes, interpret):
                   pl.BlockSpec((None, None, jp, bm, dsp), lambda i, j, r, mb: (i, j, 0, mb, 0)),
                   tile(bm, dvp), tile(bm * dvp, dsp), tile(bm, _SCALARS)],
         out_specs=out_specs,
-        scratch_shapes=[pltpu.VMEM((bq, 1), _F32), pltpu.VMEM((bq, 1), _F32),
-                        pltpu.VMEM((bq, dvp), _F32)],
+        scratch_shapes=[pltpu.VMEM((bq, 1), F32), pltpu.VMEM((bq, 1), F32),
+                        pltpu.VMEM((bq, dvp), F32)],
         dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
     out, lse = pallas_call_per_platform(
         functools.partial(_kernel, cfg=cfg), grid=grid,
         in_specs=[q_spec, w_spec, whole(mp, dp), whole(mp, dp), whole(jp, mp, dsp),
                   whole(mp, dvp), whole(mp * dvp, dsp), whole(mp, _SCALARS)],
         out_specs=out_specs,
-        out_shape=[jax.ShapeDtypeStruct((b, kk, rp, dvp), _F32),
-                   jax.ShapeDtypeStruct((b, kk, rp, 1), _F32)],
+        out_shape=[jax.ShapeDtypeStruct((b, kk, rp, dvp), F32),
+                   jax.ShapeDtypeStruct((b, kk, rp, 1), F32)],
         interpret=interpret, name="plash_prototype_attention", tpu=tpu,
     )(qp, wp, pp, mup, ep, up, gp, sc)
     lse = lse[:, :, :rows, 0]
@@ -537,7 +531,7 @@ def prototype_attention_pallas(q: jax.Array, table: Table, w: jax.Array, *, scal
     if reason:
         raise ValueError(f"{_NAME}: {reason}")
     _check(q, table, w, degree)
-    table = table._replace(live=lax.stop_gradient(table.live.astype(_F32)))
+    table = table._replace(live=lax.stop_gradient(table.live.astype(F32)))
     interpret = interpret if interpret == "tpu" else bool(interpret)
     return _attend(q, table, w, float(scale), int(degree), bs, interpret)
 
@@ -547,7 +541,7 @@ def prototype_attention_reference(q: jax.Array, table: Table, w: jax.Array, *, s
     """The same map in pure jnp (dense [R, M] and [R, M, dv] tensors): (out, lse)."""
     _check(q, table, w, degree)
     s = float(scale)
-    f32 = lambda x: x.astype(_F32)
+    f32 = lambda x: x.astype(F32)
     q, w = f32(q), f32(w)
     dsk = w.shape[1]
     proj = jnp.einsum("bkrd,nDd->bkrnD", q, w)

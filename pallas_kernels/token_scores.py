@@ -50,7 +50,14 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.platform import dot_precision, pallas_call_per_platform
+from pallas_kernels.common import (
+    F32,
+    iota,
+    min_block,
+    nt,
+    pad_to,
+    pallas_call_per_platform,
+)
 
 __all__ = ["MAX_TILE", "BlockSizes", "merge_stats", "token_scores_pallas",
            "token_scores_reference", "unsupported_block_sizes"]
@@ -60,7 +67,6 @@ NEG = -1e30
 # Compiled, the padded window Wp times block_kv is at most this: the [Wp, bk] float32 score
 # tile and its exponentials (~3 such tiles live at once) stay within a few MiB of VMEM.
 MAX_TILE = 1 << 18
-_F32 = jnp.float32
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -86,15 +92,6 @@ class _Config(NamedTuple):
     interpret: bool
 
 
-def _nt(a, b):  # a [m, d] · b [n, d]ᵀ in float32
-    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=dot_precision(a, b),
-                           preferred_element_type=_F32)
-
-
-def _iota(shape, dim):
-    return lax.broadcasted_iota(jnp.int32, shape, dim)
-
-
 def _stats_kernel(q_ref, k_ref, m_ref, l_ref, *, cfg: _Config):
     """Softmax statistics of the window rows over key block j = program_id(2), as [1, Wp]
     rows (the scores are computed key-major, [bk, Wp], so the reductions give lane rows and
@@ -102,9 +99,9 @@ def _stats_kernel(q_ref, k_ref, m_ref, l_ref, *, cfg: _Config):
     j = pl.program_id(2)
     q = q_ref[...]
     wp, bk = q.shape[0], cfg.bk
-    q_pos = (cfg.length - cfg.window) + _iota((1, wp), 1)
-    s = _nt(k_ref[...], q) * cfg.scale                           # [bk, Wp]
-    k_pos = j * bk + _iota((bk, 1), 0)
+    q_pos = (cfg.length - cfg.window) + iota((1, wp), 1)
+    s = nt(k_ref[...], q) * cfg.scale                           # [bk, Wp]
+    k_pos = j * bk + iota((bk, 1), 0)
     valid = k_pos < cfg.length
     if cfg.causal:
         valid = valid & (k_pos <= q_pos)
@@ -127,33 +124,23 @@ def _columns_kernel(q_ref, m_ref, l_ref, k_ref, o_ref, *, cfg: _Config):
     j = pl.program_id(2)
     q = q_ref[...]
     wp, bk = q.shape[0], cfg.bk
-    s = _nt(q, k_ref[...]) * cfg.scale
+    s = nt(q, k_ref[...]) * cfg.scale
     l = l_ref[...]
     p = jnp.exp(s - m_ref[...]) / jnp.where(l > 0, l, 1.0)
-    k_pos = j * bk + _iota((1, bk), 1)
-    keep = (_iota((wp, 1), 0) < cfg.window) & (k_pos < cfg.length - cfg.window)
+    k_pos = j * bk + iota((1, bk), 1)
+    keep = (iota((wp, 1), 0) < cfg.window) & (k_pos < cfg.length - cfg.window)
     p = jnp.where(keep, p, 0.0)
     o_ref[...] = jnp.sum(p, axis=0, keepdims=True) * (1.0 / cfg.window)
-
-
-def _min_block(interpret: bool) -> int:
-    return 8 if interpret else 16
 
 
 def unsupported_block_sizes(block_sizes: BlockSizes, *, interpret: bool) -> str | None:
     """Why the kernels cannot run these tiles (None if they can)."""
     if not isinstance(block_sizes, BlockSizes):
         return f"block_sizes must be a BlockSizes, got {type(block_sizes).__name__}"
-    low, val = _min_block(interpret), block_sizes.block_kv
+    low, val = min_block(interpret), block_sizes.block_kv
     if not isinstance(val, numbers.Integral) or val < low or val & (val - 1):
         return f"block_sizes.block_kv must be a power of two >= {low}, got {val}"
     return None
-
-
-def _pad_to(x, axis: int, size: int):
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, size - x.shape[axis])
-    return jnp.pad(x, widths)
 
 
 def _check(q, k, window, name):
@@ -204,7 +191,7 @@ def token_scores_pallas(
     reason = unsupported_block_sizes(bs, interpret=bool(interpret))
     if reason:
         raise ValueError(f"{_NAME}: {reason}")
-    low = _min_block(bool(interpret))
+    low = min_block(bool(interpret))
     bk = int(min(bs.block_kv, max(low, pl.next_power_of_2(t))))
     wp = max(low, pl.next_power_of_2(window))
     dp = max(16, pl.next_power_of_2(d))
@@ -214,8 +201,8 @@ def token_scores_pallas(
                   scale=1.0 / np.sqrt(d) if scale is None else float(scale),
                   causal=bool(causal), groups=h // hk, bk=bk, interpret=bool(interpret))
     q, k = lax.stop_gradient(q), lax.stop_gradient(k)
-    qw = _pad_to(_pad_to(jnp.swapaxes(q[:, t - window:], 1, 2), 2, wp), 3, dp)  # [B,H,Wp,Dp]
-    kp = _pad_to(_pad_to(jnp.swapaxes(k, 1, 2), 2, nk * bk), 3, dp)  # [B, Hkv, Sp, Dp]
+    qw = pad_to(pad_to(jnp.swapaxes(q[:, t - window:], 1, 2), 2, wp), 3, dp)  # [B,H,Wp,Dp]
+    kp = pad_to(pad_to(jnp.swapaxes(k, 1, 2), 2, nk * bk), 3, dp)  # [B, Hkv, Sp, Dp]
     if not interpret and wp * bk > MAX_TILE:
         raise ValueError(f"{_NAME}: the window {window} (padded to {wp} rows) times block_kv "
                          f"{bk} is {wp * bk} score entries per tile, more than {MAX_TILE} "
@@ -228,7 +215,7 @@ def token_scores_pallas(
     m_b, l_b = pallas_call_per_platform(
         functools.partial(_stats_kernel, cfg=cfg), grid=(b, h, nk),
         in_specs=[q_tile, kv_tile], out_specs=[per_block, per_block],
-        out_shape=[jax.ShapeDtypeStruct((b, h, nk, 1, wp), _F32)] * 2,
+        out_shape=[jax.ShapeDtypeStruct((b, h, nk, 1, wp), F32)] * 2,
         interpret=cfg.interpret, name="token_scores_stats")(qw, kp)
     m, l = (x[..., None] for x in merge_stats(m_b[:, :, :, 0], l_b[:, :, :, 0]))
     row = pl.BlockSpec((None, None, wp, 1), lambda b_, h_, j: (b_, h_, 0, 0))
@@ -236,7 +223,7 @@ def token_scores_pallas(
         functools.partial(_columns_kernel, cfg=cfg), grid=(b, h, npb),
         in_specs=[q_tile, row, row, kv_tile],
         out_specs=pl.BlockSpec((None, None, None, 1, bk), lambda b_, h_, j: (b_, h_, j, 0, 0)),
-        out_shape=jax.ShapeDtypeStruct((b, h, npb, 1, bk), _F32),
+        out_shape=jax.ShapeDtypeStruct((b, h, npb, 1, bk), F32),
         interpret=cfg.interpret, name="token_scores_columns")(qw, m, l, kp)
     return cols.reshape(b, h, npb * bk)[:, :, :p_len]
 
@@ -247,8 +234,8 @@ def token_scores_reference(q: jax.Array, k: jax.Array, *, window: int, causal: b
     rows, prefix columns: float32 [B, H, L - W]."""
     b, t, h, d, hk = _check(q, k, window, "token_scores_reference")
     scale = 1.0 / np.sqrt(d) if scale is None else scale
-    kr = jnp.repeat(k, h // hk, axis=2).astype(_F32)
-    x = jnp.einsum("bwhd,bshd->bhws", q[:, t - window:].astype(_F32), kr) * scale
+    kr = jnp.repeat(k, h // hk, axis=2).astype(F32)
+    x = jnp.einsum("bwhd,bshd->bhws", q[:, t - window:].astype(F32), kr) * scale
     if causal:
         rows = (t - window) + jnp.arange(window)
         x = jnp.where(jnp.arange(t)[None, :] <= rows[:, None], x, -jnp.inf)

@@ -1,4 +1,5 @@
-"""The α-entmax benchmark harness (`lcjax bench entmax`) at tiny sizes: the step counting on
+"""The α-entmax benchmark harness (`python -m experiments.entmax.bench`) at tiny sizes: the
+step counting on
 constructed rows (checked against an independent float64 bisection), the whole harness into
 a temporary folder (files and fields), the skips (no `entmax` variant, no PyTorch peer) and
 the command line."""
@@ -10,10 +11,13 @@ import shlex
 import numpy as np
 import pytest
 
-from lcjax.bench import EntmaxBenchConfig, iteration_summary, row_iterations, run_entmax_benchmark
-from lcjax.bench import entmax as bench
-from lcjax.bench.cli import run
-from lcjax.cli import build_parser
+from experiments.entmax import bench
+from experiments.entmax.bench import (
+    EntmaxBenchConfig,
+    iteration_summary,
+    row_iterations,
+    run_entmax_benchmark,
+)
 
 TOL = 1e-5
 
@@ -164,20 +168,20 @@ def test_skips_without_variant_or_peer(monkeypatch):
 def test_command_round_trip():
     config = EntmaxBenchConfig.quick(parts=("iterations", "peer"), scales=(0.5, 2.0),
                                      out_dir=None)
-    argv = shlex.split(bench.config_to_command(config))[1:]
-    assert bench.config_from_args(build_parser(argv).parse_args(argv)) == config
-    argv = ["bench", "entmax", "--quick", "--seq-lens", "64,128", "--out", "none"]
-    assert bench.config_from_args(build_parser(argv).parse_args(argv)) == (
+    argv = shlex.split(bench.config_to_command(config))[3:]  # python -m experiments...
+    assert bench.config_from_args(bench.parse_args(argv)) == config
+    argv = ["--quick", "--seq-lens", "64,128", "--out", "none"]
+    assert bench.config_from_args(bench.parse_args(argv)) == (
         EntmaxBenchConfig.quick(seq_lens=(64, 128), out_dir=None))
     with pytest.raises(ValueError, match="unknown parts"):
         EntmaxBenchConfig(parts=("iterations", "nope"))
 
 
 def test_cli_iterations_only(tmp_path, capsys):
-    argv = ["bench", "entmax", "--parts", "iterations", "--rows", "128", "--row-len", "64",
+    argv = ["--parts", "iterations", "--rows", "128", "--row-len", "64",
             "--scales", "1", "--train-steps", "0", "--repeats", "1", "--warmup", "0",
             "--out", str(tmp_path)]
-    assert run(build_parser(argv).parse_args(argv)) == 0
+    assert bench.main(argv) == 0
     printed = capsys.readouterr().out
     assert "| gaussian sigma=1 (128x64) | histogram |" in printed and "PASS" in printed
     assert sorted(os.listdir(tmp_path)) == ["entmax.json", "entmax.md", "entmax_iterations.png"]
@@ -276,8 +280,8 @@ def test_sweep_part(sweep_result):
 
 
 def test_sweep_flag():
-    argv = ["bench", "entmax", "--sweep", "--sweep-seq-lens", "1024", "--out", "none"]
-    config = bench.config_from_args(build_parser(argv).parse_args(argv))
+    argv = ["--sweep", "--sweep-seq-lens", "1024", "--out", "none"]
+    config = bench.config_from_args(bench.parse_args(argv))
     assert config.parts == ("sweep",) and config.sweep_seq_lens == (1024,)
     assert EntmaxBenchConfig().parts == bench.DEFAULT_PARTS and "sweep" in bench.PARTS
     assert bench.report_stem(("sweep",)) == "entmax_sweep"

@@ -1,5 +1,6 @@
 """α-entmax attention (lcjax.attention.entmax): equality with a dense reference (scores
-materialised, then lcjax.entmax.entmax), α → 1⁺ limit, gradients (autodiff of the dense
+materialised, then lcjax.attention.entmax.mapping.entmax), α → 1⁺ limit, gradients (autodiff of
+the dense
 reference and finite differences, float64), low precision and empty rows, block sparsity on a
 constructed input, jit/vmap, argument errors, and the learnable per-head α of the Flax module.
 
@@ -18,7 +19,7 @@ from flax import nnx
 from lcjax import attention
 from lcjax.attention import build_mask, dot_product_attention
 from lcjax.attention.entmax import entmax_attention
-from lcjax.entmax import entmax, entmax_threshold
+from lcjax.attention.entmax.mapping import entmax, entmax_threshold
 from lcjax.nn import Attention
 
 B, T, S, H, HKV, D = 2, 13, 11, 4, 2, 8
@@ -50,7 +51,8 @@ def _scores(q, k, scale=None):
 
 def dense(q, k, v, alpha, method, *, causal=False, mask=None, q_segment_ids=None,
           kv_segment_ids=None):
-    """Reference: materialised scores, -inf where masked, lcjax.entmax.entmax over keys."""
+    """Reference: materialised scores, -inf where masked, lcjax.attention.entmax.mapping.entmax
+    over keys."""
     sc = _scores(q, k)
     m = build_mask(q.shape[1], k.shape[1], causal=causal, mask=mask,
                    q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
@@ -272,7 +274,7 @@ def test_solve_passes_skipping_blocks_stay_exact(alpha, solver, causal):
     (origin, bracket lo). τ and the output still equal the dense reference's (float64: the
     scores reach ~30 here, where float32 rounding alone moves τ by ~1e-5). Skipping above
     origin·0.3, lo + 0.2 or even the bracket's hi instead breaks it (checked by mutation)."""
-    from lcjax.bench.entmax import locality_inputs
+    from experiments.entmax.bench import locality_inputs
 
     with jax.enable_x64(True):
         q, k, v, _ = (x.astype(jnp.float64) for x in locality_inputs(64, 2, 16, 2.0, seed=3))

@@ -1,4 +1,5 @@
-"""α-entmax mapping (lcjax.entmax): known values, agreement of the sort / bisection /
+"""α-entmax mapping (lcjax.attention.entmax.mapping): known values, agreement of the sort /
+bisection /
 histogram thresholds, the histogram bracket and its iteration count, gradients (x and α)
 against finite differences and autodiff of the sort algorithm, low-precision and masking
 edge cases, α → 1⁺, argument errors."""
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lcjax import entmax as E
+from lcjax.attention.entmax import mapping as E
 
 # Few distinct shapes so that jit caches hit; hypothesis varies seeds, scales and α.
 SHAPES = [(5, 33), (2, 3, 128)]
@@ -320,7 +321,12 @@ def test_bad_arguments_raise():
 # ----------------------------------------------------------------------------
 def _two_pass_origin(x, am1):
     """The two-pass origin: the row max first, then A = {z > -1} relative to it."""
-    from lcjax.entmax import power_mean_origin, row_shift, row_sums, shifted_scores
+    from lcjax.attention.entmax.mapping import (
+        power_mean_origin,
+        row_shift,
+        row_sums,
+        shifted_scores,
+    )
 
     m, _ = row_shift(x, jnp.float32)
     u0 = jnp.maximum(shifted_scores(x, m, am1, jnp.float32) + 1.0, 0.0)
@@ -333,7 +339,11 @@ def test_one_pass_origin_matches_two_pass_and_bounds_tau(alpha):
     the origin equals the two-pass value (no element leaves A); (b) in any block order the
     origin is a lower bound of the exact τ (Jensen on the superset A' ⊇ A) and ≥ -1, and
     the max is exact."""
-    from lcjax.entmax import origin_sums_init, origin_sums_update, power_mean_origin
+    from lcjax.attention.entmax.mapping import (
+        origin_sums_init,
+        origin_sums_update,
+        power_mean_origin,
+    )
 
     am1 = alpha - 1.0
     rng = np.random.default_rng(3)

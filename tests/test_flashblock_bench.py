@@ -1,4 +1,5 @@
-"""``lcjax bench flashblock`` (lcjax.bench.flashblock) at tiny shapes: the per-block ratio
+"""``python -m experiments.flashblock.bench`` (experiments.flashblock.bench) at tiny shapes:
+the per-block ratio
 is the formula of its timings, the split output equals the dense one, and the CLI writes
 flashblock.json and flashblock.md with the rerun command and every history's row."""
 
@@ -7,7 +8,7 @@ import json
 
 import pytest
 
-from lcjax.bench import flashblock as fb
+from experiments.flashblock import bench as fb
 
 
 def test_attention_rows_ratio_and_error():
@@ -33,7 +34,7 @@ def test_cli_writes_json_and_markdown(tmp_path):
     assert fb.run_cli(args) == 0
     result = json.loads((out / "flashblock.json").read_text())
     md = (out / "flashblock.md").read_text()
-    assert result["command"].startswith("lcjax bench flashblock --histories 8,16")
+    assert result["command"].startswith("python -m experiments.flashblock.bench --histories 8,16")
     assert "--sample-histories" not in result["command"]
     assert len(result["load_average"]["before"]) == 3
     table = [line for line in md.splitlines() if line.startswith("| 8 ") or

@@ -1,4 +1,4 @@
-"""ASEntmax / SSMax length scaling (``lcjax.attention.length_scaling``).
+"""ASEntmax / SSMax length scaling (``lcjax.attention.entmax.length_scaling``).
 
 - the key counts n_i (sort and binary search, no [T, S] matrix) equal the dense mask's;
 - β = 0, δ = 1 gives exactly the unscaled entmax output (XLA path and the kernel);
@@ -17,8 +17,8 @@ from decoding import cached_logits
 from flax import nnx
 
 from lcjax import attention
-from lcjax.attention import length_scaling as ls
 from lcjax.attention.core import build_mask
+from lcjax.attention.entmax import length_scaling as ls
 from lcjax.nn import DecoderConfig, DecoderLM
 
 B, T, S, H, HKV, D = 2, 13, 13, 4, 2, 8

@@ -258,8 +258,8 @@ def test_undeclared_features_raise_and_are_never_ignored():
 
 
 def test_a_spec_declaring_a_window_its_function_cannot_take_is_refused():
+    from lcjax.attention.base import AttentionSpec, Features, Implementation, with_empty_aux
     from lcjax.attention.core import dot_product_attention
-    from lcjax.attention.spec import AttentionSpec, Features, Implementation, with_empty_aux
 
     def no_window(q, k, v, *, causal=False, mask=None, scale=None, q_segment_ids=None,
                   kv_segment_ids=None):

@@ -315,7 +315,7 @@ def test_drift_and_per_layer_attention_in_the_decoder():
 
 
 def test_bench_token_sparse_writes_its_report(tmp_path):
-    from lcjax.bench.token_sparse import TokenSparseBenchConfig, run_token_sparse_benchmark
+    from experiments.token_sparse.bench import TokenSparseBenchConfig, run_token_sparse_benchmark
 
     cfg = TokenSparseBenchConfig(seq_lens=(96,), coverages=(0.5,), heads=2, head_dim=16,
                                  window=8, min_tokens=16, pool=3, block=32, repeats=1,

@@ -130,7 +130,7 @@ def test_kept_fraction_and_budget_are_the_methods(prefilled):
     np.testing.assert_allclose(kept, aux["kept_fraction"], rtol=1e-6)
     np.testing.assert_array_equal(budget, aux["budget"])
     assert np.all(np.asarray(kept) < 1) and len(set(np.asarray(budget).tolist())) > 1
-    short = exp._kept(x["q"][:, :9], x["k"][:, :9], OPTS)  # 9 <= min_tokens + window: dense
+    short = exp.kept_fraction(x["q"][:, :9], x["k"][:, :9], OPTS)  # 9 <= min_tokens + window: dense
     np.testing.assert_array_equal(short[0], 1.0)
     np.testing.assert_array_equal(short[1], 9 - OPTS["window"])
 

@@ -141,7 +141,7 @@ def registered() -> set[str]:
     from lcjax import attention
 
     try:
-        import lcjax.attention.entmax  # noqa: F401  (registers "entmax")
+        import lcjax.attention.entmax  # noqa: F401  (the entmax folder; lcjax.attention registers it)
     except ImportError:
         pass
     return set(attention.available())

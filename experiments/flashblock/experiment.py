@@ -37,7 +37,7 @@ block-internal part, O = (e^{L_out} A_out + e^{L_in} A_in) / (e^{L_out} + e^{L_i
     merged in at every step (``sparse_flashblock_attention``). Same figures as (b).
 Time: the attention of one layer's shapes per block of s steps, without reuse (s exact
 steps), with reuse (one split step + s - 1 internal-only steps), and for the two sparse
-modes, at growing history S (``lcjax.bench.flashblock.attention_rows``, one run), the ratio
+modes, at growing history S (``experiments.flashblock.bench.attention_rows``, one run), the ratio
 at the longest S printed (claim: >= 1.3x, the paper's 1.6x less attention time).
 
 Quick mode: d = 64, 2 layers, 60 training steps at 64 bytes (an under-trained model), 4
@@ -234,7 +234,7 @@ def quality(model, prompts, reference, num_blocks: int, keep: int, draws: int) -
 
 
 def timing(quick: bool, model_cfg: dict) -> list[dict]:
-    from lcjax.bench.flashblock import attention_rows
+    from experiments.flashblock.bench import attention_rows
 
     return attention_rows(HISTORIES[quick], block_size=BLOCK, steps=STEPS_PER_BLOCK,
                           heads=model_cfg["num_heads"], kv_heads=model_cfg["num_kv_heads"],

@@ -3,14 +3,15 @@
     out = variant(q, k, v, *, causal=False, mask=None, scale=None, **options)
     q: [B, T, H, D]; k, v: [B, S, Hkv, D] -> [B, T, H, D]
 
-Each method module declares and registers its :class:`AttentionSpec` when imported;
-this package only imports them. See ``docs/attention.md`` for the contract, the specs,
+Each method module declares its :class:`AttentionSpec`; ``builtin_specs`` lists the
+built-in ones, registered here once (``register_builtins``), independent of import order.
+``get``/``spec``/``specs``/``available`` are functions of ``registry``; the spec types live
+in ``base``. See ``docs/attention.md`` for the contract, the specs,
 the dispatch rules and how to add a variant.
 """
 
-# softmax registers softmax, blockwise, jax; length_scaling (which imports softmax first,
-# then entmax) registers entmax, sparsemax, asentmax, ssmax — in that order
-from lcjax.attention import length_scaling, softmax  # noqa: F401
+from lcjax.attention.base import AttentionSpec, Features, Implementation, LearnedParams
+from lcjax.attention.builtin_specs import BUILTIN_SPECS, register_builtins
 from lcjax.attention.core import (
     block_causal_mask,
     blockwise_attention,
@@ -26,18 +27,21 @@ from lcjax.attention.core import (
 )
 from lcjax.attention.entmax import entmax_attention, sparsemax_attention
 from lcjax.attention.flashblock import FlashBlockConfig, flashblock_attention
-from lcjax.attention.linear import icl_predict, linear_attention  # registers linear
+from lcjax.attention.linear import icl_predict, linear_attention
 from lcjax.attention.nystrom import nystrom_attention
 from lcjax.attention.performer import performer_attention
 from lcjax.attention.plash import plash_attention
 from lcjax.attention.registry import available, get, register, spec, specs, unregister
 from lcjax.attention.softmax import BlockwiseConfig, jax_dot_product_attention
-from lcjax.attention.spec import AttentionSpec, Features, Implementation
-from lcjax.attention.token_sparse import token_sparse_attention  # registers token_sparse
+from lcjax.attention.token_sparse import token_sparse_attention
 from lcjax.attention.weights import attention_scores, attention_weights, variant_weights
+
+register_builtins()
 
 __all__ = [
     "AttentionSpec",
+    "BUILTIN_SPECS",
+    "LearnedParams",
     "BlockwiseConfig",
     "Features",
     "FlashBlockConfig",

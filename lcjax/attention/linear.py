@@ -33,6 +33,7 @@ import numbers
 import jax
 import jax.numpy as jnp
 
+from lcjax.attention.base import AttentionSpec, Features, Implementation, with_empty_aux
 from lcjax.attention.core import (
     build_mask,
     causal_linear_sums,
@@ -40,8 +41,6 @@ from lcjax.attention.core import (
     stat_dtype,
     validate_qkv,
 )
-from lcjax.attention.registry import register
-from lcjax.attention.spec import AttentionSpec, Features, Implementation, with_empty_aux
 
 __all__ = ["LINEAR", "NORMALIZATIONS", "icl_predict", "linear_attention", "linear_reference"]
 
@@ -140,12 +139,12 @@ def _xla(q, k, v, *, causal=False, mask=None, scale=None, q_segment_ids=None,
                             normalize=normalize, chunk=chunk)
 
 
-LINEAR = register(AttentionSpec(
+LINEAR = AttentionSpec(
     "linear", reference=linear_reference,
     implementations=(Implementation("xla", with_empty_aux(_xla)),),
     features=Features(lse=False),
     test_options={"chunk": 8},
-    description="linear self-attention without softmax (causal: masked linear attention)"))
+    description="linear self-attention without softmax (causal: masked linear attention)")
 
 
 def icl_predict(xs, ys, xq, gamma, *, visible=None):

@@ -26,9 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lcjax.attention.base import AttentionSpec, Features, Implementation, with_empty_aux
 from lcjax.attention.core import default_scale, stat_dtype, validate_qkv
-from lcjax.attention.registry import register
-from lcjax.attention.spec import AttentionSpec, Features, Implementation, with_empty_aux
 
 __all__ = ["NYSTROM", "nystrom_attention", "nystrom_reference", "segment_bounds"]
 
@@ -105,11 +104,11 @@ def _xla(q, k, v, *, causal=False, mask=None, scale=None, q_segment_ids=None,
     return nystrom_attention(q, k, v, scale=scale, num_landmarks=num_landmarks)
 
 
-NYSTROM = register(AttentionSpec(
+NYSTROM = AttentionSpec(
     "nystrom", reference=nystrom_reference,
     implementations=(Implementation("xla", with_empty_aux(_xla)),),
     features=Features(causal=False, mask=False, segment_ids=False, lse=False),
     test_options={"num_landmarks": 4},
     tolerance={"float64": 1e-8, "float32": 1e-3, "bfloat16": 1e-1, "float16": 3e-2},
     grad_tolerance={"float64": 1e-7, "float32": 5e-3, "bfloat16": 5e-1, "float16": 1e-1},
-    description="Nystromformer landmark attention (baseline)"))
+    description="Nystromformer landmark attention (baseline)")

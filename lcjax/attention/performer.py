@@ -42,10 +42,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from lcjax.attention.base import AttentionSpec, Features, Implementation, with_empty_aux
 from lcjax.attention.blocks import match_varying
 from lcjax.attention.core import default_scale, stat_dtype, validate_qkv
-from lcjax.attention.registry import register
-from lcjax.attention.spec import AttentionSpec, Features, Implementation, with_empty_aux
 
 __all__ = ["PERFORMER", "performer_attention", "performer_features", "performer_log_features",
            "performer_logits", "performer_projection", "performer_reference"]
@@ -208,11 +207,11 @@ def _xla(q, k, v, *, causal=False, mask=None, scale=None, q_segment_ids=None,
                                key=key, chunk=chunk)
 
 
-PERFORMER = register(AttentionSpec(
+PERFORMER = AttentionSpec(
     "performer", reference=performer_reference,
     implementations=(Implementation("xla", with_empty_aux(_xla)),),
     features=Features(mask=False, segment_ids=False, lse=False),
     test_options={"num_features": 8, "chunk": 8},
     tolerance={"float64": 1e-10, "float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2},
     grad_tolerance={"float64": 1e-9, "float32": 5e-4, "bfloat16": 2e-1, "float16": 5e-2},
-    description="Performer FAVOR+ positive random-feature attention (baseline)"))
+    description="Performer FAVOR+ positive random-feature attention (baseline)")

@@ -64,6 +64,14 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Bool, Float, Int
 
+from lcjax.attention.base import (
+    AttentionSpec,
+    Features,
+    Implementation,
+    LearnedParams,
+    pallas_skip_on_cpu,
+    resolve_kernel,
+)
 from lcjax.attention.core import (
     default_scale,
     dot_product_attention,
@@ -72,14 +80,6 @@ from lcjax.attention.core import (
     softmax_rows,
     stat_dtype,
     validate_qkv,
-)
-from lcjax.attention.registry import register
-from lcjax.attention.spec import (
-    AttentionSpec,
-    Features,
-    Implementation,
-    pallas_skip_on_cpu,
-    resolve_kernel,
 )
 
 __all__ = ["AUX", "PLASH", "PlashKernelConfig", "plash_attention", "plash_reference",
@@ -937,14 +937,14 @@ _KERNEL_MODULE = "pallas_kernels.prototype_attention"
 _TEST_OPTIONS = {"num_prototypes": 4, "degree": 2, "sketch_dim": 8, "chunk": 8}
 _PALLAS_FEATURES = Features(lse=True, dtypes=("float32", "bfloat16", "float16"))
 
-PLASH = register(AttentionSpec(
+PLASH = AttentionSpec(
     "plash", reference=plash_reference,
     implementations=(Implementation("pallas", _pallas, features=_PALLAS_FEATURES,
                                     config=PlashKernelConfig,
                                     skip_unless_named=pallas_skip_on_cpu),
                      Implementation("xla", _xla)),
-    features=Features(lse=True), aux=AUX, params="lcjax.nn.plash:plash_prototypes",
+    features=Features(lse=True), aux=AUX, params=LearnedParams("plash_prototypes"),
     test_options=_TEST_OPTIONS,
     benchmark_options={"num_prototypes": 64, "degree": 2, "sketch_dim": 64},
     description="PLASH: prototype attention with randomized polynomial enrichment and a "
-                "per-input certificate"))
+                "per-input certificate")

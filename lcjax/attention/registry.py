@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from lcjax.attention.spec import AttentionSpec
+from lcjax.attention.base import AttentionSpec
 
 AttentionFn = Callable[..., object]
 

@@ -1,5 +1,6 @@
-"""Softmax attention specs: the exact reference, blockwise online softmax, and the
-``jax.nn.dot_product_attention`` anchor; each is declared and registered here.
+"""Softmax attention: one method, ``"softmax"``, with three implementations — the exact
+reference (``xla``), blockwise online softmax (``blockwise``) and the
+``jax.nn.dot_product_attention`` anchor (``jax``).
 
 All three compute
 
@@ -9,12 +10,16 @@ All three compute
 compared with :func:`lcjax.attention.core.dot_product_attention` by the conformance
 suite (``tests/attention/conformance.py``). See ``docs/attention.md``.
 
-- ``"softmax"``: :func:`~lcjax.attention.core.dot_product_attention`, dense [T, S]
-  scores — the reference itself.
-- ``"blockwise"``: :func:`~lcjax.attention.core.blockwise_attention`, the online
+- ``xla``: :func:`~lcjax.attention.core.dot_product_attention`, dense [T, S]
+  scores — the reference itself; the default.
+- ``blockwise``: :func:`~lcjax.attention.core.blockwise_attention`, the online
   softmax of FlashAttention in XLA, configured by :class:`BlockwiseConfig`.
-- ``"jax"``: :func:`jax_dot_product_attention`, ``jax.nn.dot_product_attention`` with
+- ``jax``: :func:`jax_dot_product_attention`, ``jax.nn.dot_product_attention`` with
   the XLA implementation, the anchor ``lcjax bench attention`` times against.
+
+The specs ``"blockwise"`` and ``"jax"`` (methods of their own before) stay, for a release,
+as aliases of the last two (:meth:`~lcjax.attention.AttentionSpec.alias`): same calls,
+same results, their one implementation named ``"xla"`` as before.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from lcjax.attention.base import AttentionSpec, Features, Implementation, with_empty_aux
 from lcjax.attention.core import (
     blockwise_attention,
     build_mask,
@@ -33,8 +39,6 @@ from lcjax.attention.core import (
     validate_qkv,
     window_size,
 )
-from lcjax.attention.registry import register
-from lcjax.attention.spec import AttentionSpec, Features, Implementation, with_empty_aux
 
 __all__ = ["BLOCKWISE", "JAX", "SOFTMAX", "BlockwiseConfig", "jax_dot_product_attention"]
 
@@ -113,21 +117,23 @@ def jax_dot_product_attention(
     return jnp.where(seen, out, jnp.zeros((), out.dtype))
 
 
-SOFTMAX = register(AttentionSpec(
+_BLOCKWISE_FEATURES = Features(lse=True, window=True)
+_JAX_FEATURES = Features(bias=True, window=True, dtypes=("float32", "bfloat16", "float16"))
+
+SOFTMAX = AttentionSpec(
     "softmax", reference=dot_product_attention,
-    implementations=(Implementation("xla", with_empty_aux(dot_product_attention)),),
-    features=Features(lse=True, bias=True, window=True),
-    description="exact softmax attention, dense [T, S] scores (the reference)"))
+    implementations=(
+        Implementation("xla", with_empty_aux(dot_product_attention)),
+        Implementation("blockwise", with_empty_aux(blockwise_attention),
+                       features=_BLOCKWISE_FEATURES, config=BlockwiseConfig),
+        Implementation("jax", with_empty_aux(jax_dot_product_attention),
+                       features=_JAX_FEATURES)),
+    features=Features(lse=True, bias=True, window=True), test_options={"block_q": 8, "block_kv": 8},
+    description="exact softmax attention: dense [T, S] scores (xla, the reference), online "
+                "softmax (blockwise) or jax.nn.dot_product_attention (jax)")
 
-BLOCKWISE = register(AttentionSpec(
-    "blockwise", reference=dot_product_attention,
-    implementations=(Implementation("xla", with_empty_aux(blockwise_attention),
-                                    config=BlockwiseConfig),),
-    features=Features(lse=True, window=True), test_options={"block_q": 8, "block_kv": 8},
-    description="online-softmax (FlashAttention) attention in XLA"))
-
-JAX = register(AttentionSpec(
-    "jax", reference=dot_product_attention,
-    implementations=(Implementation("xla", with_empty_aux(jax_dot_product_attention)),),
-    features=Features(bias=True, window=True, dtypes=("float32", "bfloat16", "float16")),
-    description="jax.nn.dot_product_attention (XLA), the anchor we time against"))
+# the names of the methods merged into "softmax", kept (for a release) as aliases
+BLOCKWISE = SOFTMAX.alias("blockwise", "blockwise",
+                          description="online-softmax (FlashAttention) attention in XLA")
+JAX = SOFTMAX.alias("jax", "jax",
+                    description="jax.nn.dot_product_attention (XLA), the anchor we time against")

@@ -82,11 +82,7 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Bool, Float, Int
 
-from lcjax.attention.blocks import group_queries, match_varying, pad_axis
-from lcjax.attention.core import default_scale, stat_dtype, validate_qkv
-from lcjax.attention.registry import get, register
-from lcjax.attention.registry import spec as spec_of
-from lcjax.attention.spec import (
+from lcjax.attention.base import (
     AttentionSpec,
     Features,
     Implementation,
@@ -94,6 +90,10 @@ from lcjax.attention.spec import (
     resolve_kernel,
     validate_segment_ids,
 )
+from lcjax.attention.blocks import group_queries, match_varying, pad_axis
+from lcjax.attention.core import default_scale, stat_dtype, validate_qkv
+from lcjax.attention.registry import get
+from lcjax.attention.registry import spec as spec_of
 
 __all__ = [
     "AUX",
@@ -631,6 +631,43 @@ def _dense_reason(length: int, kv_len: int, min_tokens: int, window: int):
     return None
 
 
+def _select_ragged(q, k, *, q_segment_ids, kv_segment_ids, mask4, causal, scale, block_kv,
+                   coverage, min_tokens, window, pool, capacity, share):
+    """The selection of rows with segment ids or a mask, over each row's own tokens: per-row
+    windows and budgets (:func:`_row_layout`), the scores of :func:`_scores_rows` (by
+    ``block_kv`` key blocks). Returns (selection, the segment ids the sparse pass masks with,
+    tokens per row [B])."""
+    b, length = q.shape[:2]
+    valid, prefix, win_pos, n_tok = _row_layout(length, window, q_segment_ids, mask4)
+    valid = jnp.broadcast_to(valid, (b, length))
+    prefix = jnp.broadcast_to(prefix, (b, length))
+    win_pos = jnp.broadcast_to(win_pos, (b, window))
+    n_tok = jnp.broadcast_to(n_tok, (b,))
+    raw = _scores_rows(lax.stop_gradient(q), lax.stop_gradient(k), win_pos=win_pos,
+                       valid=valid, prefix=prefix, q_segment_ids=q_segment_ids,
+                       kv_segment_ids=kv_segment_ids, mask4=mask4, causal=causal,
+                       scale=scale, block_kv=block_kv)
+    sel = _select_rows(pool_scores(raw, pool), prefix, win_pos, n_tok <= min_tokens + window,
+                       coverage=coverage, min_tokens=min_tokens, capacity=capacity,
+                       share=share, kv_heads=k.shape[2])
+    own = jnp.where(valid, 0, -1).astype(jnp.int32)
+    segments = (own, own) if q_segment_ids is None else (q_segment_ids, kv_segment_ids)
+    return sel, segments, n_tok
+
+
+def _selection_aux(sel, per_row, *, heads: int, share: str) -> dict:
+    """The ``aux`` dict of a sparse call: indices/valid per query head ([B, H, ...]; repeated
+    over the group when selections are shared per KV head), the kept fraction [B] (1 for a
+    dense row), budget and dense flags."""
+    g = heads // sel.valid.shape[1]
+    valid = sel.valid if share == "head" else jnp.repeat(sel.valid, g, axis=1)
+    indices = sel.indices if share == "head" else jnp.repeat(sel.indices, g, axis=1)
+    kept = jnp.sum(valid, axis=(1, 2)) / (heads * jnp.maximum(per_row, 1)).astype(jnp.float32)
+    kept = jnp.where(sel.dense, 1.0, kept).astype(jnp.float32)
+    return {"indices": indices, "valid": valid, "kept_fraction": kept,
+            "budget": sel.budget, "dense": sel.dense}
+
+
 def _token_sparse(q, k, v, *, causal, mask, scale, q_segment_ids, kv_segment_ids, return_aux,
                   coverage, min_tokens, window, pool, capacity, share, inner, inner_options,
                   scorer: Callable, block_kv: int):
@@ -657,23 +694,10 @@ def _token_sparse(q, k, v, *, causal, mask, scale, q_segment_ids, kv_segment_ids
     mask4 = _as_mask4(mask)
     segments = None
     if ragged:  # per-row windows, budgets and selections over each row's own tokens
-        valid, prefix, win_pos, n_tok = _row_layout(length, window, q_segment_ids, mask4)
-        valid = jnp.broadcast_to(valid, (b, length))
-        prefix = jnp.broadcast_to(prefix, (b, length))
-        win_pos = jnp.broadcast_to(win_pos, (b, window))
-        n_tok = jnp.broadcast_to(n_tok, (b,))
-        raw = _scores_rows(lax.stop_gradient(q), lax.stop_gradient(k), win_pos=win_pos,
-                           valid=valid, prefix=prefix, q_segment_ids=q_segment_ids,
-                           kv_segment_ids=kv_segment_ids, mask4=mask4, causal=causal,
-                           scale=sc, block_kv=block_kv)
-        sel = _select_rows(pool_scores(raw, pool), prefix, win_pos,
-                           n_tok <= min_tokens + window, coverage=coverage,
-                           min_tokens=min_tokens, capacity=capacity, share=share,
-                           kv_heads=shapes.kv_heads)
-        own = jnp.where(valid, 0, -1).astype(jnp.int32)
-        segments = ((own, own) if q_segment_ids is None
-                    else (q_segment_ids, kv_segment_ids))
-        per_row = n_tok
+        sel, segments, per_row = _select_ragged(
+            q, k, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, mask4=mask4,
+            causal=causal, scale=sc, block_kv=block_kv, coverage=coverage,
+            min_tokens=min_tokens, window=window, pool=pool, capacity=capacity, share=share)
     else:
         raw = scorer(lax.stop_gradient(q), lax.stop_gradient(k), window=window, causal=causal,
                      scale=sc)
@@ -713,15 +737,7 @@ def _token_sparse(q, k, v, *, causal, mask, scale, q_segment_ids, kv_segment_ids
             out = lax.cond(jnp.any(sel.dense), with_dense, sparse)
         else:
             out = with_dense() if any_dense else sparse()
-    if not return_aux:
-        return out
-    g = h // shapes.kv_heads
-    valid = sel.valid if share == "head" else jnp.repeat(sel.valid, g, axis=1)
-    indices = sel.indices if share == "head" else jnp.repeat(sel.indices, g, axis=1)
-    kept = jnp.sum(valid, axis=(1, 2)) / (h * jnp.maximum(per_row, 1)).astype(jnp.float32)
-    kept = jnp.where(sel.dense, 1.0, kept).astype(jnp.float32)
-    return out, {"indices": indices, "valid": valid, "kept_fraction": kept,
-                 "budget": sel.budget, "dense": sel.dense}
+    return (out, _selection_aux(sel, per_row, heads=h, share=share)) if return_aux else out
 
 
 def _xla(q: Float[Array, "B L H D"], k: Float[Array, "B L Hkv D"],
@@ -1013,7 +1029,7 @@ _PALLAS_FEATURES = Features(lse=False, mask=False, segment_ids=False,
 _TEST_OPTIONS = {"coverage": 0.9, "min_tokens": 6, "window": 4, "pool": 3, "capacity": 10,
                  "block_kv": 8}
 
-TOKEN_SPARSE = register(AttentionSpec(
+TOKEN_SPARSE = AttentionSpec(
     "token_sparse", reference=token_sparse_reference,
     implementations=(
         Implementation("pallas", _pallas, features=_PALLAS_FEATURES, config=TokenScoresConfig,
@@ -1023,4 +1039,4 @@ TOKEN_SPARSE = register(AttentionSpec(
     features=_FEATURES, aux=AUX, test_options=_TEST_OPTIONS,
     benchmark_options={"coverage": 0.05, "min_tokens": 1024, "window": 128, "capacity": 2048,
                        "inner": "blockwise"},
-    description="Token Sparse Attention: per-head token compression around any inner variant"))
+    description="Token Sparse Attention: per-head token compression around any inner variant")

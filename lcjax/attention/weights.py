@@ -23,8 +23,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from lcjax.attention.base import AttentionSpec
 from lcjax.attention.core import dot_product_attention, grouped_scores, softmax_rows
-from lcjax.attention.spec import AttentionSpec
 
 __all__ = ["attention_scores", "attention_weights", "softmax_weights", "variant_weights"]
 

@@ -1,20 +1,16 @@
-"""``lcjax bench ...``: benchmark subcommands (``attention``, ``entmax``).
+"""``lcjax bench ...``: benchmark subcommands for users' shapes (``attention``,
+``context_parallel``, ``serve``). The paper-claim benchmarks moved to the lab:
+``python -m experiments.entmax.bench`` (was ``lcjax bench entmax``), and likewise
+``experiments.token_sparse.bench``, ``experiments.plash.bench`` and
+``experiments.flashblock.bench``.
 
     lcjax bench attention [--variants softmax,bw=blockwise,entmax@xla] [--each-implementation]
         [--seq-lens 512,1024,...] [--batch 1 --heads 8 --head-dim 64] [--causal/--no-causal]
         [--dtype float32] [--repeats 5] [--warmup 1] [--backward/--no-backward]
         [--option blockwise:block_q=256] [--max-len jax=8192] [--out DIR] [--quick]
         (default variants: every registered one, ``lcjax.attention.available()``)
-    lcjax bench entmax [--quick] [--parts iterations,attention,sparsity,peer] [--out DIR]
-        (see ``lcjax bench entmax --help`` and ``lcjax.bench.entmax``)
-    lcjax bench token_sparse [--quick] [--seq-lens 4096,...] [--coverages 0.01,0.1,...]
-        (see ``lcjax bench token_sparse --help`` and ``lcjax.bench.token_sparse``)
     lcjax bench context_parallel [--seq-lens 8192,32768] [--budget-mib M] [--kv-heads 8]
         (Ulysses / Ring / UPipe memory and step time; ``lcjax.bench.context_parallel``)
-    lcjax bench plash [--seq-lens 1024,...,65536] [--prototypes 16,64]
-        (PLASH vs blockwise, Performer, Nystrom: time, memory, slope, error, certificate)
-    lcjax bench flashblock [--histories 1024,4096,16384] [--sample-histories 1024,4096]
-        (block-diffusion attention per denoising step with and without FlashBlock's reuse)
     lcjax bench serve [--clients 8 --requests 400 --max-seconds 60] [--out FILE]
         (bounded load on lcjax serve at 127.0.0.1: latency p50/p95, throughput, RSS;
         ``lcjax.bench.serve``)
@@ -25,11 +21,7 @@ from __future__ import annotations
 import argparse
 
 from lcjax.bench import context_parallel as context_parallel_bench
-from lcjax.bench import entmax as entmax_bench
-from lcjax.bench import flashblock as flashblock_bench
-from lcjax.bench import plash as plash_bench
 from lcjax.bench import serve as serve_bench
-from lcjax.bench import token_sparse as token_sparse_bench
 from lcjax.bench.attention import (
     DEFAULT_MAX_LEN,
     DEFAULT_SEQ_LENS,
@@ -88,11 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="reports/bench/attention", help="'none' writes no files")
     p.add_argument("--quick", action="store_true",
                    help=f"T in {QUICK_SEQ_LENS}, {QUICK_REPEATS} repeats (unless given)")
-    entmax_bench.add_arguments(sub)
-    token_sparse_bench.add_arguments(sub)
     context_parallel_bench.add_arguments(sub)
-    plash_bench.add_arguments(sub)
-    flashblock_bench.add_arguments(sub)
     serve_bench.add_arguments(sub)
 
 
@@ -124,16 +112,8 @@ def config_from_args(args: argparse.Namespace) -> AttentionBenchConfig:
 
 def run(args: argparse.Namespace) -> int:
     """Run the chosen benchmark, print its table and headline; 0 on completion."""
-    if args.bench == "entmax":
-        return entmax_bench.run_cli(args)
-    if args.bench == "token_sparse":
-        return token_sparse_bench.run_cli(args)
     if args.bench == "context_parallel":
         return context_parallel_bench.run_cli(args)
-    if args.bench == "plash":
-        return plash_bench.run_cli(args)
-    if args.bench == "flashblock":
-        return flashblock_bench.run_cli(args)
     if args.bench == "serve":
         return serve_bench.run_cli(args)
     if args.bench != "attention":

@@ -41,6 +41,7 @@ Runs on C CPU devices: when fewer are visible it re-runs itself in a subprocess 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -218,6 +219,38 @@ def step_times(strategies, *, mesh, batch, heads, kv_heads, head_dim, seq_len, c
     return {s: st["median_s"] for s, st in stats.items()}
 
 
+def _upipe_over_ulysses(result: dict, upipe: dict, ulysses: dict) -> dict:
+    """UPipe's ratios to Ulysses: compiled temp bytes at the longest length (rows
+    ``upipe``/``ulysses``), the model's attention bytes per token, and, with a d_model split
+    in ``result``, the attention part of the compiled bytes per token."""
+    out = {"upipe_over_ulysses_temp": upipe["temp_bytes"] / ulysses["temp_bytes"]}
+    if "bytes_per_token" in result:
+        sl = result["bytes_per_token"]
+        out["model_upipe_over_ulysses_attention"] = (
+            sl["upipe"]["model_attention"] / sl["ulysses"]["model_attention"])
+    if "split" in result:
+        sp = result["split"]
+        out["upipe_over_ulysses_attention"] = sp["upipe"]["attention"] / sp["ulysses"]["attention"]
+        out["split_physical"] = all(sp[s]["physical"] for s in ("ulysses", "upipe"))
+    return out
+
+
+def _max_length(strategy: str, result: dict, first: dict, first_len: int, *, step: int,
+                max_compiles: int, measure) -> dict:
+    """The largest T of ``strategy`` whose compiled temp bytes fit ``result["budget_bytes"]``
+    (:func:`max_length_under`, started at the line through the first row ``first`` with the
+    compiled bytes-per-token slope); ``measure(strategy, T)`` compiles one length."""
+    budget = result["budget_bytes"]
+    slope = result.get("bytes_per_token", {}).get(strategy, {}).get("compiled")
+    guess = int(first_len + (budget - first["temp_bytes"]) / slope) if slope else first_len
+    found = max_length_under(strategy, budget, step=step, guess=max(step, guess),
+                             max_compiles=max_compiles,
+                             measure=lambda t: measure(strategy, t)[0])
+    print(f"  {strategy:8s} largest T under {budget / 2**20:.0f} MiB: {found['max_len']}",
+          flush=True)
+    return found
+
+
 def run_benchmark(*, strategies=STRATEGIES, heads=32, kv_heads=8, head_dim=64, context=8,
                   batch=1, seq_lens=(8192, 32768), causal=True, block=512,
                   budget_mib: float | None = None, search: bool = True, max_compiles=6,
@@ -278,33 +311,17 @@ def run_benchmark(*, strategies=STRATEGIES, heads=32, kv_heads=8, head_dim=64, c
                       f"{result['split'][s]['attention']:.0f} B/token of "
                       f"{slopes[s]['compiled']:.0f}", flush=True)
     if "ulysses" in strategies and "upipe" in strategies:
-        t = seq_lens[-1]
-        result["upipe_over_ulysses_temp"] = (by[("upipe", t)]["temp_bytes"]
-                                             / by[("ulysses", t)]["temp_bytes"])
-        if "bytes_per_token" in result:
-            sl = result["bytes_per_token"]
-            result["model_upipe_over_ulysses_attention"] = (
-                sl["upipe"]["model_attention"] / sl["ulysses"]["model_attention"])
-        if "split" in result:
-            sp = result["split"]
-            result["upipe_over_ulysses_attention"] = (sp["upipe"]["attention"]
-                                                      / sp["ulysses"]["attention"])
-            result["split_physical"] = all(sp[s]["physical"] for s in ("ulysses", "upipe"))
+        result.update(_upipe_over_ulysses(result, by[("upipe", seq_lens[-1])],
+                                          by[("ulysses", seq_lens[-1])]))
     if search and budget_mib is not None:
-        budget = int(budget_mib * 2**20)
-        step = 2 * context * block
-        result["budget_bytes"] = budget
-        result["max_len"] = {}
-        for s in strategies:
-            slope = result.get("bytes_per_token", {}).get(s, {}).get("compiled")
-            base = by[(s, seq_lens[0])]["temp_bytes"]
-            guess = int(seq_lens[0] + (budget - base) / slope) if slope else seq_lens[0]
-            result["max_len"][s] = max_length_under(
-                s, budget, step=step, guess=max(step, guess), max_compiles=max_compiles,
-                measure=lambda t, s=s: compiled_temp_bytes(s, t, mesh=mesh, causal=causal,
-                                                           block=block, **shape)[0])
-            print(f"  {s:8s} largest T under {budget_mib:.0f} MiB: "
-                  f"{result['max_len'][s]['max_len']}", flush=True)
+        measure = functools.partial(compiled_temp_bytes, mesh=mesh, causal=causal, block=block,
+                                    **shape)
+        result["budget_bytes"] = int(budget_mib * 2**20)
+        result["max_len"] = {
+            s: _max_length(s, result, by[(s, seq_lens[0])], seq_lens[0],
+                           step=2 * context * block, max_compiles=max_compiles,
+                           measure=measure)
+            for s in strategies}
     hd = time_head_dim or head_dim
     for t in time_lens:
         times = step_times(strategies, mesh=mesh, batch=batch, heads=heads, kv_heads=kv_heads,

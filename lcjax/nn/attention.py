@@ -58,8 +58,8 @@ from flax.core import FrozenDict
 from jax import lax
 
 from lcjax.attention import AttentionSpec, build_mask, causal_mask, get
+from lcjax.attention.base import keyword_names
 from lcjax.attention.core import default_scale, window_size
-from lcjax.attention.spec import keyword_names
 from lcjax.attention.weights import variant_weights
 from lcjax.nn.layers import RMSNorm, dense_init
 from lcjax.nn.variant_params import VariantConfig, build_variant_params
@@ -394,7 +394,8 @@ class Attention(nnx.Module):
         entmax, sparsemax, asentmax, ssmax).
       learn: names of variant quantities to learn, built by the spec's ``params``
         factory (``lcjax.nn.variant_params``); e.g. ``("alpha",)`` for "entmax": a raw
-        ``nnx.Param`` [num_heads] with ``alpha = lcjax.entmax.alpha_from_param(raw)``
+        ``nnx.Param`` [num_heads] with ``alpha =
+        lcjax.attention.entmax.mapping.alpha_from_param(raw)``
         (α ∈ [1.01, 2] per head) passed on every call, ``attention_options["alpha"]`` (a
         number in [1.01, 2), default 1.5) being the initial α. A spec whose variant
         always has parameters (a toy temperature, prototypes, gates) builds them with

@@ -10,11 +10,14 @@ independent, so causal PLASH stays causal (``docs/plash.md`` §4).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lcjax.nn.variant_params import VariantConfig
+if TYPE_CHECKING:  # variant_params maps LearnedParams("plash_prototypes") to the factory here
+    from lcjax.nn.variant_params import VariantConfig
 
 __all__ = ["PlashAttention", "plash_prototypes"]
 

@@ -26,11 +26,13 @@ variant. The protocol:
 - A module may name, in a class attribute ``init_options: tuple[str, ...]``, options
   that only configure its initialisation; they are not passed to the variant.
 
-A spec's ``params`` may also be a string ``"package.module:attr"``, imported on first use
-(so a spec under ``lcjax.attention`` can name a factory here without an import cycle:
-``lcjax.nn`` imports ``lcjax.attention``). Factories defined here:
-:func:`learnable_alpha` (entmax), :func:`asentmax_params` (ASEntmax's β, γ per head or
-from the input, and α) and :func:`ssmax_params` (SSMax's s per head).
+The built-in specs declare their parameters as data, ``params=LearnedParams(kind)``
+(``lcjax.attention`` sits below ``lcjax.nn`` and never names anything here); this module
+maps each ``kind`` to its factory (:data:`FACTORIES`): :func:`learnable_alpha` (entmax),
+:func:`asentmax_params` (ASEntmax's β, γ per head or from the input, and α),
+:func:`ssmax_params` (SSMax's s per head) and ``lcjax.nn.plash.plash_prototypes``. A
+user's spec may instead give a factory callable, or a string ``"package.module:attr"``
+naming one, imported on first use.
 """
 
 from __future__ import annotations
@@ -47,10 +49,11 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.core import FrozenDict
 
-from lcjax.attention import AttentionSpec
-from lcjax.entmax import alpha_from_param
+from lcjax.attention import AttentionSpec, LearnedParams
+from lcjax.attention.entmax.mapping import alpha_from_param
+from lcjax.nn.plash import plash_prototypes
 
-__all__ = ["LearnableAlpha", "LengthScaling", "SSMaxScale", "VariantConfig",
+__all__ = ["FACTORIES", "LearnableAlpha", "LengthScaling", "SSMaxScale", "VariantConfig",
            "asentmax_params", "build_variant_params", "learnable_alpha",
            "resolve_params_factory", "ssmax_params", "variant_rngs"]
 
@@ -80,13 +83,19 @@ class VariantConfig:
                              f"(got learn={self.learn})")
 
 
-def resolve_params_factory(params: Callable | str | None) -> Callable | None:
-    """A spec's ``params``: a callable, None, or ``"package.module:attr"`` (imported now)."""
+def resolve_params_factory(params: LearnedParams | Callable | str | None) -> Callable | None:
+    """A spec's ``params``: a :class:`~lcjax.attention.LearnedParams` (its factory in
+    :data:`FACTORIES`), a callable, None, or ``"package.module:attr"`` (imported now)."""
     if params is None or callable(params):
         return params
+    if isinstance(params, LearnedParams):
+        if params.kind not in FACTORIES:
+            raise ValueError(f"AttentionSpec.params: no parameter factory of kind "
+                             f"{params.kind!r}; known: {sorted(FACTORIES)}")
+        return FACTORIES[params.kind]
     if not isinstance(params, str) or params.count(":") != 1:
-        raise ValueError(f"AttentionSpec.params must be a callable or 'package.module:attr', "
-                         f"got {params!r}")
+        raise ValueError(f"AttentionSpec.params must be a LearnedParams, a callable or "
+                         f"'package.module:attr', got {params!r}")
     module, attr = params.split(":")
     factory = getattr(importlib.import_module(module), attr)
     if not callable(factory):
@@ -142,7 +151,8 @@ def _alpha_param_inverse(alpha: float) -> float:
 
 
 class LearnableAlpha(nnx.Module):
-    """Per-head α of entmax attention: ``alpha = lcjax.entmax.alpha_from_param(alpha_raw)``.
+    """Per-head α of entmax attention: ``alpha =
+    lcjax.attention.entmax.mapping.alpha_from_param(alpha_raw)``.
 
     alpha_raw: ``nnx.Param`` [num_heads], initialised so that every head starts at
     ``alpha0`` ∈ [1.01, 2) (raw = logit(alpha0 - 1); raw = 0 is α = 1.5).
@@ -174,7 +184,7 @@ def learnable_alpha(config: VariantConfig, *, rngs: nnx.Rngs) -> LearnableAlpha 
 
 
 # ----------------------------------------------------------------------------
-# ASEntmax / SSMax: length scaling of the queries (lcjax.attention.length_scaling)
+# ASEntmax / SSMax: length scaling of the queries (lcjax.attention.entmax.length_scaling)
 # ----------------------------------------------------------------------------
 def _scaled_heads(options, num_heads: int) -> tuple[bool, ...] | None:
     """Heads whose queries are length-scaled: ``options["length_heads"]`` if given, else,
@@ -193,7 +203,7 @@ def _scaled_heads(options, num_heads: int) -> tuple[bool, ...] | None:
 
 
 class LengthScaling(nnx.Module):
-    """ASEntmax's β, γ: q_i ← q_i · (δ + β (log n_i)^γ) (``lcjax.attention.length_scaling``).
+    """ASEntmax's β, γ: q_i ← q_i · (δ + β (log n_i)^γ) (``lcjax.attention.entmax.length_scaling``).
 
     ``mode="head"``: ``beta``, ``gamma`` are ``nnx.Param`` [num_heads], initialised to
     ``beta0``/``gamma0`` when given, else as in the paper's code, β ~ U(0.1, 1), γ ~ N(0, 0.1).
@@ -290,3 +300,12 @@ def ssmax_params(config: VariantConfig, *, rngs: nnx.Rngs) -> SSMaxScale:
     return SSMaxScale(config.num_heads, config.options.get("length_s", 1.0),
                       length_heads=_scaled_heads(config.options, config.num_heads),
                       param_dtype=config.param_dtype)
+
+
+# LearnedParams(kind) of the built-in specs -> the factory that builds it
+FACTORIES: dict[str, Callable[..., nnx.Module | None]] = {
+    "learnable_alpha": learnable_alpha,
+    "asentmax_params": asentmax_params,
+    "ssmax_params": ssmax_params,
+    "plash_prototypes": plash_prototypes,
+}

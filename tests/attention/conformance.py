@@ -3,7 +3,8 @@ every one of its implementations (see ``docs/attention.md``).
 
 :class:`ConformanceSuite` is parametrised, when pytest collects it, over
 ``[(spec.name, impl.name) for spec in lcjax.attention.specs() for impl in
-spec.implementations]``, so a variant gets every check by registering its spec. A
+spec.implementations]`` (aliases, ``spec.alias_of``, under their method), so a variant
+gets every check by registering its spec. A
 subclass may set ``VARIANTS`` to a fixed list of (spec name, implementation name)
 pairs, resolved when each test runs (a test that registers a toy spec in a fixture
 runs the same checks on it).
@@ -44,8 +45,11 @@ OK = "ok"
 
 
 def cases() -> list[tuple[str, str]]:
-    """Every registered (spec name, implementation name), in registry order."""
-    return [(s.name, i.name) for s in attention.specs() for i in s.implementations]
+    """Every registered (spec name, implementation name), in registry order; an alias
+    (``spec.alias_of``: an old name of one implementation of another method) is checked
+    under its method."""
+    return [(s.name, i.name) for s in attention.specs() if s.alias_of is None
+            for i in s.implementations]
 
 
 # ----------------------------------------------------------------------------

@@ -12,5 +12,12 @@ class TestConformance(ConformanceSuite):
 
 def test_every_registered_implementation_is_collected():
     pairs = cases()
-    assert {(s.name, i.name) for s in attention.specs() for i in s.implementations} == set(pairs)
-    assert {"softmax", "blockwise", "jax"} <= {name for name, _ in pairs}
+    assert {(s.name, i.name) for s in attention.specs() if s.alias_of is None
+            for i in s.implementations} == set(pairs)
+    # the softmax family: one method, three implementations; the old names are aliases
+    assert {("softmax", "xla"), ("softmax", "blockwise"), ("softmax", "jax")} <= set(pairs)
+    for alias in ("blockwise", "jax"):
+        method, impl = attention.spec(alias).alias_of
+        assert (method, impl) in pairs
+        assert (attention.spec(alias).implementation("xla").fn
+                is attention.spec(method).implementation(impl).fn)

@@ -12,8 +12,8 @@ import pytest
 
 from lcjax import attention
 from lcjax.attention import AttentionSpec, Features, Implementation
+from lcjax.attention.base import validate_segment_ids, with_empty_aux
 from lcjax.attention.core import dot_product_attention
-from lcjax.attention.spec import validate_segment_ids, with_empty_aux
 
 
 def _qkv(t=6, s=6, h=2, hk=2, d=4, seed=0):
@@ -254,3 +254,63 @@ def test_register_and_unregister():
         attention.unregister("toy_dispatch")
     assert "toy_dispatch" not in attention.available()
     attention.unregister("toy_dispatch")  # removing a missing name is a no-op
+
+
+def test_builtin_specs_are_registered_order_free_and_declare_params_as_data():
+    """One place lists the built-in specs; registering them in any order gives the same
+    registry; their learnable parameters are LearnedParams (data), each with a factory in
+    lcjax.nn (the attention layer names nothing above it)."""
+    from lcjax.attention import builtin_specs
+    from lcjax.nn.variant_params import FACTORIES, resolve_params_factory
+
+    before = {s.name: s for s in attention.specs()}
+    assert {s.name for s in attention.BUILTIN_SPECS} <= set(before)
+    try:
+        for s in reversed(attention.BUILTIN_SPECS):
+            attention.register(s)
+        assert {s.name: s for s in attention.specs()} == before
+    finally:
+        builtin_specs.register_builtins()
+    kinds = [s.params.kind for s in attention.BUILTIN_SPECS if s.params is not None]
+    assert all(isinstance(s.params, (type(None), attention.LearnedParams))
+               for s in attention.BUILTIN_SPECS)
+    assert set(kinds) == {"learnable_alpha", "asentmax_params", "ssmax_params",
+                          "plash_prototypes"} and set(kinds) <= set(FACTORIES)
+    assert resolve_params_factory(attention.LearnedParams("learnable_alpha")) is (
+        FACTORIES["learnable_alpha"])
+    with pytest.raises(ValueError, match="no parameter factory of kind 'nope'"):
+        resolve_params_factory(attention.LearnedParams("nope"))
+
+
+def test_spec_module_does_not_shadow_the_spec_function():
+    import importlib
+
+    base = importlib.import_module("lcjax.attention.base")
+    assert callable(attention.spec) and attention.spec("softmax").name == "softmax"
+    assert base.AttentionSpec is AttentionSpec
+
+
+def test_config_passed_whole_to_an_fn_that_takes_it():
+    """An implementation whose fn takes ``config`` (and none of the fields) gets the one
+    config object, built from fields or given whole; a bad field value is the config's
+    ValueError, an unknown option still declines."""
+    seen = []
+
+    def fn(q, k, v, *, causal=False, mask=None, scale=None, q_segment_ids=None,
+           kv_segment_ids=None, return_aux=False, config=FastConfig()):
+        seen.append(config)
+        out = dot_product_attention(q, k, v, causal=causal, mask=mask, scale=scale)
+        return (out, {}) if return_aux else out
+
+    impl = Implementation("xla", fn, config=FastConfig)
+    assert impl.config_whole and impl.options == frozenset({"block"})
+    spec = AttentionSpec("whole", reference=dot_product_attention, implementations=(impl,))
+    q, k, v = _qkv()
+    np.testing.assert_allclose(spec(q, k, v, block=3), dot_product_attention(q, k, v))
+    spec(q, k, v, config=FastConfig(block=5))
+    spec(q, k, v)
+    assert seen == [FastConfig(block=3), FastConfig(block=5), FastConfig()]
+    with pytest.raises(ValueError):
+        spec(q, k, v, block=0)
+    with pytest.raises(ValueError, match="unknown option"):
+        spec(q, k, v, nope=1)

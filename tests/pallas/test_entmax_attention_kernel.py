@@ -19,7 +19,7 @@ import pytest
 
 from lcjax import attention
 from lcjax.attention.entmax import entmax_attention
-from lcjax.entmax import SolverConfig, entmax_threshold
+from lcjax.attention.entmax.mapping import SolverConfig, entmax_threshold
 from pallas_kernels.entmax_attention import (
     BlockSizes,
     entmax_attention_pallas,

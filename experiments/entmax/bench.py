@@ -1,4 +1,4 @@
-r"""α-entmax benchmark (AdaSplash-2, ICML 2026): ``lcjax bench entmax``.
+r"""α-entmax benchmark (AdaSplash-2, ICML 2026): ``python -m experiments.entmax.bench``.
 
     from lcjax.bench import EntmaxBenchConfig, run_entmax_benchmark
     result = run_entmax_benchmark(EntmaxBenchConfig.quick())
@@ -10,13 +10,14 @@ Five parts (``parts``; the first four by default), each reported in ``entmax.jso
 ``iterations`` (a)
     Solver steps until |Σp - 1| < tol (1e-5) of the α = 1.5 threshold, per row, for the
     histogram-initialised solver, bisection and the exact sort, counted by
-    ``lcjax.entmax.entmax_threshold`` (its ``iterations``: steps after the initialisation for
+    ``lcjax.attention.entmax.mapping.entmax_threshold`` (its ``iterations``: steps after the
+    initialisation for
     ``"histogram"``, halvings for ``"bisect"`` — the ``entmax`` package always runs 50 —, and
     0 for ``"sort"``, which is exact and is reported by its time instead). Rows are random
     scores ``σ·N(0, 1)`` of length ``row_len`` at several scales σ (σ is an inverse
     temperature), and attention score rows ``scale·q·kᵀ`` of a small ``lcjax.nn.DecoderLM``
     trained in-process through ``lcjax.train.train`` on the Shakespeare corpus for
-    ``train_steps`` steps (``lcjax.bench.trained``), on held-out text (first and last
+    ``train_steps`` steps (``experiments.entmax.trained``), on held-out text (first and last
     layer, q and k captured from the model's own forward pass, after RoPE;
     causal, masked keys -inf; the query rows of the second half of each window, so that each
     row has between ``model_row_len/2`` and ``model_row_len`` keys). Independently of the
@@ -46,8 +47,10 @@ Five parts (``parts``; the first four by default), each reported in ``entmax.jso
 ``peer`` (d)
     The PyPI ``entmax`` package (PyTorch, CPU; imported lazily — absent, the part is
     skipped with the install command) on the same ``peer_n``×``peer_n`` float32 input:
-    ``entmax15`` and ``sparsemax`` (sort-based) and ``entmax_bisect(α=1.5)`` against ours
-    (``lcjax.entmax``: histogram solver by default, bisection with an early stop), with the
+    ``entmax15`` and ``sparsemax`` (sort-based) and ``entmax_bisect(α=1.5)`` against
+    ours
+    (``lcjax.attention.entmax.mapping``: histogram solver by default, bisection with an early
+    stop), with the
     max abs difference of the outputs and time ratios; ``jax.nn.softmax`` and
     ``torch.softmax`` are timed in the same interleaved rounds. Targets: our entmax15 ≥ 5×
     faster than the package's; our histogram α = 1.5 mapping within 4× of
@@ -63,7 +66,7 @@ Five parts (``parts``; the first four by default), each reported in ``entmax.jso
     scale λ (:func:`locality_inputs`; λ = 0 is N(0, 1), a larger λ concentrates attention
     near the diagonal, so more tiles hold no weight), one point per λ in
     ``sweep_locality``; (2) q, k, v of each layer of a ``DecoderLM`` trained with α = 1.5
-    entmax attention for ``sweep_train_steps`` steps (``lcjax.bench.trained``), on a
+    entmax attention for ``sweep_train_steps`` steps (``experiments.entmax.trained``), on a
     held-out window of length T. Reported per T: the crossing point — the block sparsity at
     which the ratio crosses 1.0, linearly interpolated (:func:`crossing_point`) — and the
     worst fwd+bwd ratio among points at ≥ 60% block sparsity (target ≤ 1.0).
@@ -75,9 +78,11 @@ the machine's load is recorded by the caller (``uptime``) beside the reports.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import importlib.util
+import sys
 import time
 from collections.abc import Callable
 
@@ -85,8 +90,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.entmax import trained
 from lcjax import attention as attn
-from lcjax.bench import trained
+from lcjax.attention.entmax.mapping import (
+    entmax,
+    entmax15,
+    entmax_bisect,
+    entmax_threshold,
+    sparsemax,
+)
 from lcjax.bench.attention import AttentionBenchConfig, cases, row_command
 from lcjax.bench.harness import Case, format_records, make_inputs, plot_records, run_cases
 from lcjax.bench.report import (
@@ -102,7 +114,6 @@ from lcjax.bench.report import (
     write_report,
 )
 from lcjax.bench.timing import compile_fn, machine_info, time_compiled, time_interleaved
-from lcjax.entmax import entmax, entmax15, entmax_bisect, entmax_threshold, sparsemax
 
 __all__ = [
     "EntmaxBenchConfig",
@@ -390,7 +401,7 @@ def _entmax_available() -> str | None:
     if "entmax" in attn.available():
         return None
     return ("the 'entmax' attention variant is not registered in lcjax.attention "
-            "(lcjax/attention/entmax.py has not landed)")
+            "(lcjax/attention/entmax/ has not landed)")
 
 
 def _aux_fn(causal: bool, tile: int, scale: float | None = None):
@@ -933,7 +944,7 @@ def format_sweep(part: dict) -> str:
 
 
 def format_summary(result: dict, *, markdown: bool = False) -> str:
-    """Everything measured, as printed by ``lcjax bench entmax`` (``markdown``: with
+    """Everything measured, as printed by ``python -m experiments.entmax.bench`` (``markdown``: with
     section headings, for ``entmax.md``)."""
     h = "## " if markdown else ""
     blocks = []
@@ -1119,7 +1130,7 @@ def write_entmax_reports(result: dict, out_dir: str) -> dict[str, str]:
 
 
 # ----------------------------------------------------------------------------
-# Command line: ``lcjax bench entmax``
+# Command line: ``python -m experiments.entmax.bench``
 # ----------------------------------------------------------------------------
 def _tuple_of(kind):
     return lambda text: tuple(kind(x) for x in text.split(",") if x.strip())
@@ -1156,10 +1167,10 @@ def _dest(flag: str) -> str:
 
 
 def config_to_command(config: EntmaxBenchConfig) -> str:
-    """The ``lcjax bench entmax`` command line that reruns ``config``."""
+    """The ``python -m experiments.entmax.bench`` command line that reruns ``config``."""
     flags = [("--parts", config.parts)]
     flags += [(flag, getattr(config, _dest(flag))) for flag, _, _ in _FLAGS]
-    return command_line(["lcjax", "bench", "entmax"],
+    return command_line(["python", "-m", "experiments.entmax.bench"],
                         flags + [("--out", config.out_dir or "none")])
 
 
@@ -1192,10 +1203,27 @@ def config_from_args(args) -> EntmaxBenchConfig:
 
 
 def run_cli(args) -> int:
-    """``lcjax bench entmax``: run, print the summary and the verdicts; 0 on completion."""
+    """``python -m experiments.entmax.bench``: run, print the summary and the verdicts; 0 on
+    completion."""
     result = run_entmax_benchmark(config_from_args(args))
     print()
     print(format_summary(result))
     for path in result.get("files", {}).values():
         print(f"wrote {path}")
     return 0
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The flags of :func:`add_arguments`, parsed from ``argv`` (without the program name)."""
+    parser = argparse.ArgumentParser(prog="python -m experiments.entmax.bench")
+    add_arguments(parser.add_subparsers(dest="bench", required=True))
+    return parser.parse_args(["entmax", *argv])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m experiments.entmax.bench [flags]``: parse, run, print; 0 on completion."""
+    return run_cli(parse_args(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

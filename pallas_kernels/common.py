@@ -1,9 +1,11 @@
-"""One ``pallas_call`` for every target, shared by the kernels of this package.
+"""The helpers shared by the kernels of this package: one ``pallas_call`` for every target,
+the dot precision rule and the tile helpers (``nt``/``nn``/``tn`` float32 dots, ``iota``,
+``rowsum``, ``pad_to``, the smallest block ``min_block``). Imports only jax.
 
 ``pallas_call_per_platform`` returns either the interpret-mode call (CPU tests) or a
 function that picks the compiler parameters per lowering platform with
 ``lax.platform_dependent``: Mosaic on TPU (every grid axis ``"parallel"``) and Triton on
-GPU (``plgpu.CompilerParams``). Imports only jax.
+GPU (``plgpu.CompilerParams``).
 
 A kernel whose TPU form differs passes ``tpu=TpuCall(...)``, and the Mosaic branch uses its
 kernel, grid, specs, VMEM scratch and dimension semantics instead. Two shapes of TPU form
@@ -97,3 +99,52 @@ def dot_precision(a, b):
     if a.dtype == jnp.float32 and b.dtype == jnp.float32:
         return None
     return lax.Precision.DEFAULT
+
+
+# ----------------------------------------------------------------------------
+# Tile helpers
+# ----------------------------------------------------------------------------
+F32 = jnp.float32
+
+
+def nt(a, b, precision=None):
+    """a [m, d] · b [n, d]ᵀ -> [m, n] float32 (precision: :func:`dot_precision` by default)."""
+    return lax.dot_general(a, b, (((1,), (1,)), ((), ())),
+                           precision=dot_precision(a, b) if precision is None else precision,
+                           preferred_element_type=F32)
+
+
+def nn(a, b, precision=None):
+    """a [m, d] · b [d, n] -> [m, n] float32."""
+    return lax.dot_general(a, b, (((1,), (0,)), ((), ())),
+                           precision=dot_precision(a, b) if precision is None else precision,
+                           preferred_element_type=F32)
+
+
+def tn(a, b, precision=None):
+    """a [d, m]ᵀ · b [d, n] -> [m, n] float32."""
+    return lax.dot_general(a, b, (((0,), (0,)), ((), ())),
+                           precision=dot_precision(a, b) if precision is None else precision,
+                           preferred_element_type=F32)
+
+
+def iota(shape, dim):
+    """int32 indices along ``dim`` of ``shape``."""
+    return lax.broadcasted_iota(jnp.int32, shape, dim)
+
+
+def rowsum(x):
+    """Σ over axis 1, kept: [m, n] -> [m, 1]."""
+    return jnp.sum(x, axis=1, keepdims=True)
+
+
+def min_block(interpret: bool) -> int:
+    """The smallest tile: 16 compiled (Triton's dot needs 16), 8 in the interpreter."""
+    return 8 if interpret else 16
+
+
+def pad_to(x, axis: int, size: int):
+    """``x`` zero-padded at the end of ``axis`` to ``size``."""
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, widths)

@@ -70,7 +70,7 @@ one-hot outputs; ``-inf`` is a masked element; a row that is all ``-inf`` gives 
 (its threshold is reported as +inf); in a row holding +inf the +inf entries share the mass.
 ``entmax15`` and ``sparsemax`` default to the histogram solver: the exact sort
 (``method="sort"``) is kept for reference, but XLA:CPU sorts 4096-wide rows ~50x slower
-than it computes a softmax (``lcjax bench entmax``, part (d)).
+than it computes a softmax (``python -m experiments.entmax.bench``, part (d)).
 
 Gradient (``jax.custom_vjp``). On the support, ∂p_i/∂z_i-direction: with
 s_i = p_i^{2-α} (0 off the support) and c(α-1) = 1,

@@ -1,4 +1,4 @@
-"""``lcjax bench plash``: PLASH against blockwise softmax, Performer and Nyström.
+"""``python -m experiments.plash.bench``: PLASH against blockwise softmax, Performer and Nyström.
 
 Time (median of ``repeats`` compiled forward calls) and XLA's compiled temporary memory vs
 N (self-attention, T = S = N) for blockwise softmax, PLASH at several M, Performer FAVOR+
@@ -6,11 +6,12 @@ and Nyström; the log–log slope of each method's time from 4K to the longest N
 PLASH / blockwise time ratio at 32K; and PLASH's error against exact softmax, its
 certificate and the certificate's tightness (certificate ÷ true deviation) vs M, on random
 q/k at a short length and on the real q/k of every layer of a small ``DecoderLM`` trained
-in-process on Shakespeare (``--train-steps``; ``lcjax.bench.trained``: the model's own
+in-process on Shakespeare (``--train-steps``; ``experiments.entmax.trained``: the model's own
 post-RoPE attention inputs on a held-out window). Non-causal by default (Nyström has no
 causal form); ``--causal`` times the causal variants only.
 
-    lcjax bench plash [--seq-lens 1024,...,65536] [--prototypes 16,64] [--head-dim 64]
+    python -m experiments.plash.bench [--seq-lens 1024,...,65536] [--prototypes 16,64]
+    [--head-dim 64]
         [--repeats 3] [--causal] [--train-steps 300] [--model-len 512]
         [--out reports/bench/plash]
 """
@@ -18,6 +19,7 @@ causal form); ``--causal`` times the causal variants only.
 from __future__ import annotations
 
 import argparse
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -111,9 +113,9 @@ def quality_rows(q, k, v, ms, *, causal: bool, sketch_dim: int, chunk: int = 256
 
 def _trained_quality(args, ms):
     """Error and certificate vs M on the q/k/v of each layer of a small softmax DecoderLM
-    trained for ``args.train_steps`` steps (``lcjax.bench.trained``), on one held-out
+    trained for ``args.train_steps`` steps (``experiments.entmax.trained``), on one held-out
     window of ``args.model_len`` tokens."""
-    from lcjax.bench import trained
+    from experiments.entmax import trained
     from lcjax.data import VOCAB_SIZE
     from lcjax.nn import DecoderConfig
     from lcjax.train import TrainConfig
@@ -179,3 +181,19 @@ def run_cli(args) -> int:
               "args": cli_args(args)}
     write_results_json(result, args.out)
     return 0
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The flags of :func:`add_arguments`, parsed from ``argv`` (without the program name)."""
+    parser = argparse.ArgumentParser(prog="python -m experiments.plash.bench")
+    add_arguments(parser.add_subparsers(dest="bench", required=True))
+    return parser.parse_args(["plash", *argv])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m experiments.plash.bench [flags]``: parse, run, print; 0 on completion."""
+    return run_cli(parse_args(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,4 +1,5 @@
-"""``lcjax bench token_sparse``: prefill attention time of Token Sparse Attention, scoring
+"""``python -m experiments.token_sparse.bench``: prefill attention time of Token Sparse
+Attention, scoring
 included, against dense blockwise softmax, at several sequence lengths and coverages.
 
 For each T (random q, k, v [B, T, H, D], causal, shared by every row of that T):
@@ -18,8 +19,10 @@ speed-up dense / token-sparse. JSON + markdown + PNG under ``reports/bench/token
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
+import sys
 import time
 
 import jax
@@ -120,7 +123,7 @@ def _one_length(cfg: TokenSparseBenchConfig, t: int) -> list[dict]:
 
 
 def _command(cfg: TokenSparseBenchConfig) -> str:
-    return command_line(["lcjax", "bench", "token_sparse"], [
+    return command_line(["python", "-m", "experiments.token_sparse.bench"], [
         ("--seq-lens", cfg.seq_lens), ("--coverages", cfg.coverages), ("--batch", cfg.batch),
         ("--heads", cfg.heads), ("--kv-heads", cfg.kv_heads), ("--head-dim", cfg.head_dim),
         ("--dtype", cfg.dtype), ("--window", cfg.window), ("--min-tokens", cfg.min_tokens),
@@ -219,7 +222,7 @@ def add_arguments(sub) -> None:
 
 
 def run_cli(args) -> int:
-    """``lcjax bench token_sparse``: run, print the table; 0 on completion."""
+    """``python -m experiments.token_sparse.bench``: run, print the table; 0 on completion."""
     fields = [f.name for f in dataclasses.fields(TokenSparseBenchConfig)
               if f.name not in ("out_dir",)]
     given = {f: getattr(args, f) for f in fields if getattr(args, f, None) is not None}
@@ -232,3 +235,19 @@ def run_cli(args) -> int:
     for path in result.get("files", {}).values():
         print(f"wrote {path}")
     return 0
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The flags of :func:`add_arguments`, parsed from ``argv`` (without the program name)."""
+    parser = argparse.ArgumentParser(prog="python -m experiments.token_sparse.bench")
+    add_arguments(parser.add_subparsers(dest="bench", required=True))
+    return parser.parse_args(["token_sparse", *argv])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m experiments.token_sparse.bench [flags]``: parse, run, print; 0 on completion."""
+    return run_cli(parse_args(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

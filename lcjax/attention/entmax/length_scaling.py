@@ -30,7 +30,7 @@ implementation's own backward gives dq'). ``length_heads`` (bool [H]) limits the
 some heads (the others get factor 1): with NAPE positions the paper scales only the NoPE
 heads.
 
-Specs registered here: ``"asentmax"`` (implementations ``"pallas"`` and ``"xla"`` of
+Specs declared here: ``"asentmax"`` (implementations ``"pallas"`` and ``"xla"`` of
 ``"entmax"``, options ``alpha`` — default 1.5, a number or [H] —, ``length_beta``,
 ``length_gamma``, ``length_delta``, ``length_heads``, ALiBi as entmax) and ``"ssmax"``
 (blockwise softmax, options ``length_s``, ``length_heads``). ``docs/entmax.md`` has the
@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from lcjax.attention import softmax  # noqa: F401  (registered before entmax, as always)
+from lcjax.attention.base import AttentionSpec, Implementation, LearnedParams
 from lcjax.attention.core import (
     build_mask,
     dot_product_attention,
@@ -55,10 +55,9 @@ from lcjax.attention.core import (
     validate_qkv,
     window_size,
 )
-from lcjax.attention.entmax import ENTMAX, entmax_attention_reference
-from lcjax.attention.registry import register
+from lcjax.attention.entmax.method import ENTMAX
+from lcjax.attention.entmax.reference import entmax_attention_reference
 from lcjax.attention.softmax import BLOCKWISE
-from lcjax.attention.spec import AttentionSpec, Implementation
 
 __all__ = ["ASENTMAX", "ASENTMAX_DEFAULTS", "SSMAX", "SSMAX_DEFAULTS", "asentmax_factor",
            "asentmax_reference", "length_factor", "log_length", "scale_queries",
@@ -230,7 +229,7 @@ def asentmax_reference(q: Float[Array, "B T H D"], k: Float[Array, "B S Hkv D"],
                        alibi_slopes=None, alibi_offset=0,
                        local_window_size=None) -> Float[Array, "B T H Dv"]:
     """Dense ASEntmax: q_i · (δ + β (log n_i)^γ), n_i from the dense mask, then
-    :func:`lcjax.attention.entmax.entmax_attention_reference`."""
+    :func:`lcjax.attention.entmax.reference.entmax_attention_reference`."""
     validate_qkv(q, k, v, mask=mask, name="asentmax_reference")
     window = window_size(local_window_size, name="asentmax_reference")
     counts = _dense_counts(q, k, causal, mask, q_segment_ids, kv_segment_ids, window)
@@ -296,21 +295,21 @@ def _scaled(base: Implementation, kind: str, defaults: dict) -> Implementation:
                           check_vma=base.check_vma, skip_unless_named=base.skip_unless_named)
 
 
-ASENTMAX = register(AttentionSpec(
+ASENTMAX = AttentionSpec(
     "asentmax", reference=asentmax_reference,
     implementations=tuple(_scaled(impl, "asentmax", ASENTMAX_DEFAULTS)
                           for impl in ENTMAX.implementations),
     features=ENTMAX.features, aux=ENTMAX.aux,
-    params="lcjax.nn.variant_params:asentmax_params",
+    params=LearnedParams("asentmax_params"),
     test_options={**ENTMAX.test_options, "length_beta": 0.6, "length_gamma": 0.7,
                   "length_delta": 0.9},
-    description="ASEntmax: alpha-entmax with learned length scaling of the queries"))
+    description="ASEntmax: alpha-entmax with learned length scaling of the queries")
 
-SSMAX = register(AttentionSpec(
+SSMAX = AttentionSpec(
     "ssmax", reference=ssmax_reference,
     implementations=tuple(_scaled(impl, "ssmax", SSMAX_DEFAULTS)
                           for impl in BLOCKWISE.implementations),
     features=BLOCKWISE.features, aux=BLOCKWISE.aux,
-    params="lcjax.nn.variant_params:ssmax_params",
+    params=LearnedParams("ssmax_params"),
     test_options={**BLOCKWISE.test_options, "length_s": 0.8},
-    description="scalable softmax (SSMax): blockwise softmax of s·log(n)-scaled queries"))
+    description="scalable softmax (SSMax): blockwise softmax of s·log(n)-scaled queries")

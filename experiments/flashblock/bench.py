@@ -1,4 +1,5 @@
-"""``lcjax bench flashblock``: attention time per denoising step and sampling tokens/s of
+"""``python -m experiments.flashblock.bench``: attention time per denoising step and sampling
+tokens/s of
 block diffusion, with and without FlashBlock's reuse of the block-external attention.
 
 Attention (one layer's shapes: q [1, b, H, D] of the current block, a history of S keys):
@@ -23,7 +24,7 @@ tokens/s of ``num_blocks`` blocks (second runs, the first compiles; the time of 
 prompt's prefill), the fraction of generated tokens on which the two agree, and each
 sampler's mean log-probability of its tokens under the model.
 
-    lcjax bench flashblock [--histories 1024,...,16384] [--block-size 4] [--steps 4]
+    python -m experiments.flashblock.bench [--histories 1024,...,16384] [--block-size 4] [--steps 4]
         [--heads 8] [--head-dim 64] [--repeats 5] [--sample-histories 1024,4096]
         [--train-steps 0] [--out reports/bench/flashblock]
 
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 import jax
@@ -240,7 +242,7 @@ def _keep(value):
 
 def command(args) -> str:
     """The shell command that reruns this measurement."""
-    return command_line(["lcjax", "bench", "flashblock"], [
+    return command_line(["python", "-m", "experiments.flashblock.bench"], [
         ("--histories", args.histories), ("--block-size", args.block_size),
         ("--steps", args.steps), ("--heads", args.heads), ("--kv-heads", args.kv_heads),
         ("--head-dim", args.head_dim), ("--repeats", args.repeats),
@@ -320,3 +322,19 @@ def run_cli(args) -> int:
         files = write_report(result, args.out, "flashblock", markdown(result))
         print(f"wrote {files['json']} and {files['md']}")
     return 0
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The flags of :func:`add_arguments`, parsed from ``argv`` (without the program name)."""
+    parser = argparse.ArgumentParser(prog="python -m experiments.flashblock.bench")
+    add_arguments(parser.add_subparsers(dest="bench", required=True))
+    return parser.parse_args(["flashblock", *argv])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m experiments.flashblock.bench [flags]``: parse, run, print; 0 on completion."""
+    return run_cli(parse_args(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -11,8 +11,9 @@ Every attention method in lcjax declares one :class:`AttentionSpec` (see
 - ``features``: what the method supports (:class:`Features`);
 - ``aux``: the documented schema of the ``aux`` dict returned with ``return_aux=True``,
   the same keys for every implementation;
-- ``params``: optionally, a factory of the variant's learnable parameters for
-  ``lcjax.nn.Attention`` (a learnable α, prototypes, gates, ...).
+- ``params``: optionally, the variant's learnable parameters for ``lcjax.nn.Attention``
+  (a learnable α, prototypes, gates, ...): a :class:`LearnedParams` declaration, which
+  ``lcjax.nn`` turns into a module, or a factory callable.
 
 Calling a spec is calling the method under the attention contract::
 
@@ -91,6 +92,7 @@ __all__ = [
     "CONTRACT_ARGS",
     "AttentionSpec",
     "Features",
+    "LearnedParams",
     "Implementation",
     "keyword_names",
     "validate_segment_ids",
@@ -372,9 +374,10 @@ class Implementation:
     traced argument it needs static). ``features`` default to the spec's.
 
     ``config``: the frozen dataclass of this implementation's settings (block sizes,
-    ...), whose ``__post_init__`` validates them; its fields are keyword options of
-    ``fn``. A call may pass them one by one or as ``config=Config(...)``; they are
-    validated by building the config before ``fn`` runs.
+    ...), whose ``__post_init__`` validates them. A call may pass its fields one by one or
+    as ``config=Config(...)``; they are validated by building the config before ``fn``
+    runs. ``fn`` takes either the fields as keywords, or (when it has a ``config`` keyword
+    and none of the fields) the one config object, whole: ``fn(..., config=Config(...))``.
 
     ``check_vma``: whether ``fn`` type-checks under ``jax.shard_map`` with the default
     ``check_vma=True``. None means "unless the implementation is named ``"pallas"``":
@@ -411,7 +414,8 @@ class Implementation:
                             f"type, got {self.config!r}")
         names = keyword_names(self.fn)
         if names is not None:
-            missing = [a for a in CONTRACT_ARGS + self.config_fields if a not in names]
+            wanted = ("config",) if self.config_whole else self.config_fields
+            missing = [a for a in CONTRACT_ARGS + wanted if a not in names]
             if missing:
                 raise TypeError(f"Implementation {self.name!r}: `fn` must take the keywords "
                                 f"{missing} (the contract and its config fields)")
@@ -424,12 +428,23 @@ class Implementation:
         return tuple(f.name for f in dataclasses.fields(self.config))
 
     @property
+    def config_whole(self) -> bool:
+        """Whether ``fn`` takes the config object as ``config=`` (not its fields)."""
+        names = keyword_names(self.fn)
+        return (self.config is not None and names is not None and "config" in names
+                and not any(f in names for f in self.config_fields))
+
+    @property
     def options(self) -> frozenset[str] | None:
-        """Keyword options ``fn`` takes beyond the contract (None: any)."""
+        """Keyword options ``fn`` takes beyond the contract (None: any); for ``fn`` taking
+        the config whole, the config's fields (not ``config``, which every config takes)."""
         names = keyword_names(self.fn)
         if names is None:
             return None
-        return names - frozenset(CONTRACT_ARGS) - {"q", "k", "v"}
+        names = names - frozenset(CONTRACT_ARGS) - {"q", "k", "v"}
+        if self.config_whole:
+            names = (names - {"config"}) | frozenset(self.config_fields)
+        return names
 
     @property
     def target_dependent(self) -> bool:
@@ -467,8 +482,35 @@ class Implementation:
         if foreign:
             raise NotImplementedError(f"does not take option(s) {foreign}")
         if self.config is not None:
-            self.config(**{f: options[f] for f in self.config_fields if f in options})
+            config = self.config(**{f: options[f] for f in self.config_fields if f in options})
+            if self.config_whole:
+                options = {key: val for key, val in options.items()
+                           if key not in self.config_fields}
+                options["config"] = config
         return options
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnedParams:
+    """A spec's declaration of learnable parameters, as data: ``lcjax.nn`` builds them.
+
+    ``kind`` names the parameter module ``lcjax.nn.variant_params.build_variant_params``
+    builds (``"learnable_alpha"``: entmax's α per head; ``"asentmax_params"``: ASEntmax's
+    β, γ (and α); ``"ssmax_params"``: SSMax's s per head; ``"plash_prototypes"``: PLASH's
+    prototypes [Hkv, M, D]). The attention layer names what to learn; it never imports
+    ``lcjax.nn`` (which sits above it), not even through a string.
+    """
+
+    kind: str
+
+    def __post_init__(self):
+        if not isinstance(self.kind, str) or not self.kind:
+            raise ValueError(f"LearnedParams: `kind` must be a non-empty string, "
+                             f"got {self.kind!r}")
+
+    @property
+    def __name__(self) -> str:  # the name feature tables show for a spec's parameters
+        return self.kind
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -484,15 +526,19 @@ class AttentionSpec:
     pass (``experiments/gpu_check.py``); empty means each implementation's own defaults.
     ``tolerance`` / ``grad_tolerance``: absolute forward / gradient tolerance against
     ``reference`` per dtype name (scaled by max(1, max |reference|)).
-    ``params``: the variant's parameter factory, ``params(config, *, rngs) -> nnx.Module
-    | None`` (or ``"package.module:attr"`` naming it, imported on first use, so a spec
-    here can name a factory under ``lcjax.nn`` without an import cycle).
-    ``lcjax.nn.Attention`` calls it once per layer with a ``lcjax.nn.VariantConfig``
+    ``params``: the variant's learnable parameters: a :class:`LearnedParams` declaration
+    (built-in specs use these: the factory lives in ``lcjax.nn.variant_params``), or a
+    factory ``params(config, *, rngs) -> nnx.Module | None`` (or, for a user's spec,
+    ``"package.module:attr"`` naming one, imported on first use).
+    ``lcjax.nn.Attention`` calls the factory once per layer with a ``lcjax.nn.VariantConfig``
     (sizes, dtypes, static options, ``learn``: the names the user asked to learn) and
     keeps the module; on every call the module gets ``x=, q=, k=, v=, positions=`` as
     keywords and returns a dict of keyword options for the variant, overriding static
     options of the same name (entmax: ``{"alpha": α [H]}``). The full protocol is in
     ``lcjax.nn.variant_params``.
+    ``alias_of``: ``(method, implementation)`` for a spec that is an old name of one
+    implementation of another method (:meth:`alias`); the conformance suite runs that
+    implementation under its method, not again under the alias.
     """
 
     name: str
@@ -500,7 +546,7 @@ class AttentionSpec:
     implementations: tuple[Implementation, ...]
     features: Features = Features()
     aux: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    params: Callable[..., Any] | str | None = None
+    params: LearnedParams | Callable[..., Any] | str | None = None
     test_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     benchmark_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     tolerance: Mapping[str, float] = dataclasses.field(
@@ -510,6 +556,7 @@ class AttentionSpec:
     grad_tolerance: Mapping[str, float] = dataclasses.field(
         default_factory=lambda: {"float64": 1e-9, "float32": 1e-4, "bfloat16": 1e-1,
                                  "float16": 1e-2})
+    alias_of: tuple[str, str] | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -542,6 +589,23 @@ class AttentionSpec:
         for field in ("aux", "test_options", "benchmark_options", "tolerance",
                       "grad_tolerance"):
             object.__setattr__(self, field, MappingProxyType(dict(getattr(self, field))))
+
+    def alias(self, name: str, implementation: str, *, description: str = "") -> AttentionSpec:
+        """A spec called ``name`` that is implementation ``implementation`` of this method
+        alone, kept so the names of the methods merged into this one keep working (for a
+        release): the implementation is called ``"xla"`` there, as it was; its features,
+        config and the test options it takes are this method's for it."""
+        impl = self.implementation(implementation)
+        return AttentionSpec(
+            name, reference=self.reference,
+            implementations=(dataclasses.replace(impl, name="xla", features=None),),
+            features=self.features_of(implementation), aux=self.aux, params=self.params,
+            test_options=self.options_for(implementation, self.test_options),
+            benchmark_options=self.options_for(implementation, self.benchmark_options),
+            tolerance=self.tolerance, grad_tolerance=self.grad_tolerance,
+            description=description or f"alias of {self.name!r} implementation "
+                                       f"{implementation!r}",
+            alias_of=(self.name, implementation))
 
     @property
     def implementation_names(self) -> tuple[str, ...]:

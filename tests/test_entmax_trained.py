@@ -1,4 +1,4 @@
-"""`lcjax.bench.trained`: the q, k, v a DecoderLM's layers pass to attention (checked against
+"""`experiments.entmax.trained`: the q, k, v a DecoderLM's layers pass to attention (checked against
 the model's projections and RoPE recomputed by hand), score rows (against a numpy loop) and
 held-out windows (slices of the packed held-out stream)."""
 
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from lcjax.bench import trained
+from experiments.entmax import trained
 from lcjax.data import VOCAB_SIZE, pack_stream, shakespeare_split
 from lcjax.nn import DecoderConfig, DecoderLM
 from lcjax.rope import apply_rope
