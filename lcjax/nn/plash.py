@@ -10,14 +10,11 @@ independent, so causal PLASH stays causal (``docs/plash.md`` §4).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
-
-if TYPE_CHECKING:  # variant_params maps LearnedParams("plash_prototypes") to the factory here
-    from lcjax.nn.variant_params import VariantConfig
 
 __all__ = ["PlashAttention", "plash_prototypes"]
 
@@ -49,8 +46,10 @@ class PlashAttention(nnx.Module):
         return {"prototypes": self.prototypes[...]}
 
 
-def plash_prototypes(config: VariantConfig, *, rngs: nnx.Rngs) -> PlashAttention:
-    """Parameter factory of the ``"plash"`` spec: learned prototypes (``learn`` may be empty
+def plash_prototypes(config: Any, *, rngs: nnx.Rngs) -> PlashAttention:
+    """Parameter factory of the ``"plash"`` spec (``config``: a
+    :class:`lcjax.nn.variant_params.VariantConfig`, which maps ``LearnedParams("plash_prototypes")``
+    here): learned prototypes (``learn`` may be empty
     or ``("prototypes",)``; they are learned either way), M = ``options["num_prototypes"]``
     (default 32), initial scale ``options["init_scale"]`` (default 1)."""
     config.unknown_learn(("prototypes",), "plash")
