@@ -8,6 +8,7 @@ number says nothing about the claim. A claim whose precondition is unmet is neve
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -261,3 +262,20 @@ def copy_model(model):
 
     graphdef, state = nnx.split(model)
     return nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
+
+
+def parse_bench_args(name: str, add_arguments: Callable, argv: list[str]) -> argparse.Namespace:
+    """The flags of a paper benchmark, ``python -m experiments.<name>.bench [flags]``, parsed
+    from ``argv`` (without the program name): ``add_arguments`` adds them to a subcommand
+    ``name`` (the form `lcjax bench <name>` had, which the benchmarks' code still reads)."""
+    parser = argparse.ArgumentParser(prog=f"python -m experiments.{name}.bench")
+    add_arguments(parser.add_subparsers(dest="bench", required=True))
+    return parser.parse_args([name, *argv])
+
+
+def print_bench_result(result: dict, format_summary: Callable[[dict], str]) -> None:
+    """Prints a benchmark's summary and the files it wrote (``result["files"]``)."""
+    print()
+    print(format_summary(result))
+    for path in result.get("files", {}).values():
+        print(f"wrote {path}")

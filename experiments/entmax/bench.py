@@ -90,6 +90,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.common import parse_bench_args, print_bench_result
 from experiments.entmax import trained
 from lcjax import attention as attn
 from lcjax.attention.entmax.mapping import (
@@ -1206,18 +1207,13 @@ def run_cli(args) -> int:
     """``python -m experiments.entmax.bench``: run, print the summary and the verdicts; 0 on
     completion."""
     result = run_entmax_benchmark(config_from_args(args))
-    print()
-    print(format_summary(result))
-    for path in result.get("files", {}).values():
-        print(f"wrote {path}")
+    print_bench_result(result, format_summary)
     return 0
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The flags of :func:`add_arguments`, parsed from ``argv`` (without the program name)."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.entmax.bench")
-    add_arguments(parser.add_subparsers(dest="bench", required=True))
-    return parser.parse_args(["entmax", *argv])
+    return parse_bench_args("entmax", add_arguments, argv)
 
 
 def main(argv: list[str] | None = None) -> int:

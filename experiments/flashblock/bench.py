@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.common import parse_bench_args
 from lcjax.attention.core import dot_product_attention
 from lcjax.attention.flashblock import (
     FlashBlockConfig,
@@ -326,9 +327,7 @@ def run_cli(args) -> int:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The flags of :func:`add_arguments`, parsed from ``argv`` (without the program name)."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.flashblock.bench")
-    add_arguments(parser.add_subparsers(dest="bench", required=True))
-    return parser.parse_args(["flashblock", *argv])
+    return parse_bench_args("flashblock", add_arguments, argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.common import parse_bench_args
 from lcjax.attention.core import blockwise_attention, dot_product_attention
 from lcjax.attention.nystrom import nystrom_attention
 from lcjax.attention.performer import performer_attention
@@ -185,9 +186,7 @@ def run_cli(args) -> int:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The flags of :func:`add_arguments`, parsed from ``argv`` (without the program name)."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.plash.bench")
-    add_arguments(parser.add_subparsers(dest="bench", required=True))
-    return parser.parse_args(["plash", *argv])
+    return parse_bench_args("plash", add_arguments, argv)
 
 
 def main(argv: list[str] | None = None) -> int:

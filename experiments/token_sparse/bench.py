@@ -28,6 +28,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from experiments.common import parse_bench_args, print_bench_result
 from lcjax.attention import blockwise_attention
 from lcjax.attention.token_sparse import select_tokens, token_scores, token_sparse_attention
 from lcjax.bench.report import command_line, figure_title, log_axes, machine_line, write_report
@@ -230,18 +231,13 @@ def run_cli(args) -> int:
     cfg = (TokenSparseBenchConfig.quick(**given) if args.quick
            else TokenSparseBenchConfig(**given))
     result = run_token_sparse_benchmark(cfg)
-    print()
-    print(format_summary(result))
-    for path in result.get("files", {}).values():
-        print(f"wrote {path}")
+    print_bench_result(result, format_summary)
     return 0
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The flags of :func:`add_arguments`, parsed from ``argv`` (without the program name)."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.token_sparse.bench")
-    add_arguments(parser.add_subparsers(dest="bench", required=True))
-    return parser.parse_args(["token_sparse", *argv])
+    return parse_bench_args("token_sparse", add_arguments, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
