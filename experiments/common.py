@@ -192,20 +192,29 @@ def write_json(path: Path, payload) -> None:
     path.write_text(json.dumps(payload, indent=2, default=json_default))
 
 
-def main(experiment: Experiment, argv=None) -> Result:
-    """The command line of one experiment (``python -m experiments.<name>.experiment``):
-    ``--full`` (else quick) and ``--out DIR``; runs it, prints its notes and every claim
-    with its verdict, and returns the :class:`Result`."""
-    import argparse
-
+def experiment_parser(experiment: Experiment) -> argparse.ArgumentParser:
+    """The flags every experiment's command line has (``python -m
+    experiments.<name>.experiment``): ``--full`` (else quick) and ``--out DIR`` (default
+    ``runs/reports/<name>``, untracked); an experiment adds its own before parsing."""
     parser = argparse.ArgumentParser(description=experiment.summary)
     parser.add_argument("--full", action="store_true", help="the full setting (else quick)")
-    parser.add_argument("--out", type=Path, default=Path(f"/tmp/{experiment.name}_experiment"))
-    args = parser.parse_args(argv)
-    res = experiment.run(not args.full, args.out)
+    parser.add_argument("--out", type=Path, default=QUICK_REPORTS / experiment.name)
+    return parser
+
+
+def print_result(res: Result) -> None:
+    """Prints an experiment's notes, then every claim with its verdict."""
     print(res.notes)
     for c in res.claims:
         print(claim_line(c))
+
+
+def main(experiment: Experiment, argv=None) -> Result:
+    """The command line of one experiment with only the shared flags
+    (:func:`experiment_parser`); runs it, prints its result and returns the :class:`Result`."""
+    args = experiment_parser(experiment).parse_args(argv)
+    res = experiment.run(not args.full, args.out)
+    print_result(res)
     return res
 
 

@@ -49,8 +49,9 @@ from experiments.common import (
     Claim,
     Experiment,
     Result,
-    claim_line,
+    experiment_parser,
     not_tested,
+    print_result,
     records_dir,
 )
 
@@ -606,10 +607,7 @@ EXPERIMENT = Experiment(
 
 
 if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(description=EXPERIMENT.summary)
-    parser.add_argument("--full", action="store_true", help="the full setting (else quick)")
+    parser = experiment_parser(EXPERIMENT)
     parser.add_argument("--steps", type=int, help="the step cap (default: the setting's)")
     parser.add_argument("--eval-items", type=int, help="items per length")
     parser.add_argument("--tasks", help="comma-separated tasks (default: the setting's)")
@@ -617,7 +615,6 @@ if __name__ == "__main__":
     parser.add_argument("--seeds", help="comma-separated seeds (default: the setting's); runs "
                         "of other seeds in --out are left alone, so seeds can train in "
                         "parallel processes")
-    parser.add_argument("--out", type=Path, default=Path("runs/reports/entmax"))
     args = parser.parse_args()
     base = FULL if args.full else QUICK
     over = {k: v for k, v in {
@@ -627,6 +624,4 @@ if __name__ == "__main__":
         "seeds": tuple(int(x) for x in args.seeds.split(",")) if args.seeds else None}.items()
         if v is not None}
     result = run(not args.full, args.out, setting=dataclasses.replace(base, **over))
-    for c in result.claims:
-        print(claim_line(c))
-    print(result.notes)
+    print_result(result)

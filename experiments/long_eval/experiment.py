@@ -74,7 +74,14 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.common import Claim, Experiment, Result, claim_line, machine_info
+from experiments.common import (
+    Claim,
+    Experiment,
+    Result,
+    experiment_parser,
+    machine_info,
+    print_result,
+)
 from lcjax.data import ruler
 from lcjax.data.suites import Suite, SuiteTask
 
@@ -364,14 +371,9 @@ EXPERIMENT = Experiment(
 
 
 if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(description=EXPERIMENT.summary)
-    parser.add_argument("--full", action="store_true", help="the full setting (else quick)")
+    parser = experiment_parser(EXPERIMENT)
     parser.add_argument("--steps", type=int, help="training steps (default: the setting's)")
     parser.add_argument("--n-per-cell", type=int, help="items per (task, length, depth)")
-    parser.add_argument("--out", type=Path, default=Path("runs/reports/long_eval"))
     args = parser.parse_args()
     res = run(not args.full, args.out, steps=args.steps, n_per_cell=args.n_per_cell)
-    for c in res.claims:
-        print(claim_line(c))
+    print_result(res)

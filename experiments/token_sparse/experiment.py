@@ -84,7 +84,14 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.common import Claim, Experiment, Result, machine_info
+from experiments.common import (
+    Claim,
+    Experiment,
+    Result,
+    experiment_parser,
+    machine_info,
+    print_result,
+)
 from lcjax.data import ruler
 from lcjax.data.suites import Suite, SuiteTask
 from lcjax.eval.sparse_prefill import (  # noqa: F401 (re-exported: the experiment's generator)
@@ -580,18 +587,11 @@ EXPERIMENT = Experiment(
 
 
 if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(description=EXPERIMENT.summary)
-    parser.add_argument("--full", action="store_true", help="the full setting (else quick)")
+    parser = experiment_parser(EXPERIMENT)
     parser.add_argument("--steps", type=int, help="training steps (default: the setting's)")
     parser.add_argument("--length", type=int, help="L in bytes (default: the setting's)")
     parser.add_argument("--n-per-cell", type=int, help="items per (task, depth)")
-    parser.add_argument("--out", type=Path, default=Path("/tmp/token_sparse_experiment"))
     args = parser.parse_args()
     res = run(not args.full, args.out, steps=args.steps, length=args.length,
               n_per_cell=args.n_per_cell)
-    print(res.notes)
-    for c in res.claims:
-        print(f"[{'HOLDS' if c.holds else 'FAILS'}] {c.claim}: ours {c.ours} "
-              f"(target {c.target})")
+    print_result(res)
