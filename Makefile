@@ -32,17 +32,11 @@ corpora:
 # two pytest workers (pytest-xdist): the suite is dominated by single-threaded XLA
 # compilation, so the 2 CPUs of the development machine and CI run it nearly twice as fast
 # The TPU compile gate (tests marked tpu_compile: they load libtpu) runs in its own pytest
-# process after the rest, and so do the PyTorch peer tests: importing torch (which
-# test_hf_peer.py does when it is collected) into the processes that compile XLA CPU programs
-# went with native crashes inside XLA's compiler in 3 of 3 full runs on 2026-12-06 (a segfault
-# and an abort in `backend_compile_and_load`, after torch joined `make test`'s install).
-TORCH_PEER_TESTS := tests/test_hf_peer.py tests/test_hf_export_tokenizer.py
-NO_TORCH := $(addprefix --ignore=,$(TORCH_PEER_TESTS))
+# process after the rest.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest tests --nbmake notebooks -n $(TEST_WORKERS) -m "not tpu_compile" $(NO_TORCH)
-	$(PY) -m pytest tests -n $(TEST_WORKERS) -m tpu_compile $(NO_TORCH)
-	$(PY) -m pytest $(TORCH_PEER_TESTS)
+	$(PY) -m pytest tests --nbmake notebooks -n $(TEST_WORKERS) -m "not tpu_compile"
+	$(PY) -m pytest tests -n $(TEST_WORKERS) -m tpu_compile
 
 # tensorflow-datasets is an optional extra (~200 MB); tests/test_tfds.py tests the adapter
 # on a stand-in without it, and on a tiny dataset it prepares itself with it
@@ -55,7 +49,7 @@ test-tfds: $(STAMP)
 # Qwen3ForCausalLM and tests/test_hf_export_tokenizer.py generates with transformers from a
 # save_hf export (both skip, saying so, where the extra is absent)
 test-hf: $(STAMP)
-	$(PY) -m pytest $(TORCH_PEER_TESTS)
+	$(PY) -m pytest tests/test_hf_peer.py tests/test_hf_export_tokenizer.py
 
 # every experiment's quick run (each prints its wall time against its quick budget;
 # 25 minutes in all on 2 CPUs); extra flags in ARGS, e.g. ARGS="--only lm_demo" or ARGS=--list.

@@ -67,12 +67,15 @@ def pytest_collection_modifyitems(session, config, items):
 
 # --- a pytest-xdist worker that dies takes its test with it -----------------------------------
 # CI of 2026-12-06 lost a run to "worker 'gw1' crashed while running
-# tests/test_token_sparse.py::test_jit_vmap_grad" (the test passes alone, and did in every local
-# full run); the process was gone without a Python error. Each worker now writes its
-# faulthandler dump (a segfault or abort in native code: its Python stack) to a file, the
-# controller records why a worker went down, and a crashed test runs ONCE more on a fresh
-# worker: a second crash fails it. Every crash is listed at the end of the run with the
-# worker's error and dump, whether or not the rerun passed, so a crash is never hidden.
+# tests/test_token_sparse.py::test_jit_vmap_grad" (the test passes alone). Three full runs here
+# that day crashed once each, natively, inside XLA's CPU compiler (`backend_compile_and_load`):
+# a segfault compiling that same test's token_sparse call, a segfault compiling a `randint` in
+# the next test of test_token_sparse.py, an abort in test_train_loop.py — with and without torch
+# in the workers; the cause is not found. Each worker now writes its faulthandler dump (a
+# segfault or abort in native code: its Python stack) to a file, the controller records why a
+# worker went down, and a crashed test runs ONCE more on a fresh worker: a second crash fails
+# it. Every crash is listed at the end of the run with the worker's error and dump, whether or
+# not the rerun passed, so a crash is never hidden.
 
 _CRASH_DIR = os.environ.setdefault(
     "LCJAX_TEST_CRASH_DIR", os.path.join(os.environ.get("TMPDIR", "/tmp"),
