@@ -2,7 +2,7 @@
 
 The statistics (bootstrap, longest length at 90%, the verdict) are checked on hand-made
 cells whose answer is known; the eval hook against ``ruler.answer_accuracy``; the pipeline
-(train through ``lcjax.train.train`` with the early-stop checks, score at 1×–16× L, figure,
+(train through ``lcjax.train.train`` for a fixed budget with held-out checks, score at 1×–16× L, figure,
 claims, not-run reporting) on a one-layer model with an 8-byte task and a 4-step cap.
 """
 
@@ -20,18 +20,12 @@ from experiments.entmax import experiment as E
 from lcjax.data import ruler, synthetic
 
 
-def _cell(exact: dict[int, np.ndarray]) -> dict:
-    arr = {m: np.asarray(v, float) for m, v in exact.items()}
-    rng = np.random.default_rng(0)
-    return {"learned_seeds": list(range(len(arr[1]))), "seeds": list(range(len(arr[1]))),
-            "mean": {m: float(a.mean()) for m, a in arr.items()},
-            "ci": {m: E.interval(E.bootstrap_mean(a, rng)) for m, a in arr.items()},
-            "long": np.concatenate([arr[m] for m in E.EVAL_MULTS[1:]], axis=1)}
-
-
-def _runs(p: dict[int, float], seeds=3, n=200, seed=0) -> dict[int, np.ndarray]:
+def _runs(variant: str, p: dict[int, float], seeds=4, n=200, seed=0) -> list[dict]:
+    """Run records of ``variant`` (NAPE) with exact-match rate ``p[m]`` at each multiple."""
     rng = np.random.default_rng(seed)
-    return {m: rng.random((seeds, n)) < p[m] for m in E.EVAL_MULTS}
+    return [{"variant": variant, "position": "nape", "seed": s, "steps": 10, "params": 1,
+             "checks": [{"exact": p[1]}],
+             "exact": {m: rng.random(n) < p[m] for m in E.EVAL_MULTS}} for s in range(seeds)]
 
 
 def test_bootstrap_interval_covers_the_mean_and_shrinks_with_items():
@@ -54,29 +48,40 @@ def test_longest_ok():
     assert E.longest_ok(dict.fromkeys(E.EVAL_MULTS, 1.0)) == 16
 
 
-def test_verdict_holds_only_for_a_real_gain_after_a_match():
+def test_paired_verdict_follows_the_t_interval_of_per_seed_differences():
+    from scipy import stats
+
     task = E.TASKS["mqmtar"]
     rng = np.random.default_rng(2)
     base = {1: 0.98, 2: 0.6, 4: 0.3, 8: 0.1, 16: 0.0}
     better = {1: 0.97, 2: 0.8, 4: 0.6, 8: 0.4, 16: 0.2}
-    cells = {("softmax", "rope"): _cell(_runs(base, seed=1)),
-             ("entmax", "rope"): _cell(_runs(better, seed=2)),
-             ("asentmax", "rope"): _cell(_runs(base, seed=3))}  # same curve: no gain
-    held = E.verdict(task, "rope", "entmax", cells, rng)
-    same = E.verdict(task, "rope", "asentmax", cells, rng)
-    assert held.holds and "gain +" in held.ours
-    n_e, n_s = (len(cells[v, "rope"]["seeds"]) for v in ("entmax", "softmax"))
-    assert f"learned seeds {n_e}/{n_e} vs {n_s}/{n_s}" in held.ours
-    assert not same.holds
+    soft = _runs("softmax", base, seed=1)
+    same = [dict(r, variant="asentmax") for r in soft]  # the softmax runs: Δ = 0 on every seed
+    cells = E.summarize(soft + _runs("entmax", better, seed=2) + same, rng)
+    held = E.verdict(task, "nape", "entmax", cells)
+    assert held.holds and "4 seeds" in held.ours and "equal steps" in held.claim
+    # the per-seed differences, by hand: seed s's mean over items, entmax minus softmax
+    ent = {r["seed"]: r for r in _runs("entmax", better, seed=2)}
+    long = [np.mean([ent[s]["exact"][m].mean() - r["exact"][m].mean()
+                     for m in E.EVAL_MULTS[1:]]) for s, r in enumerate(soft)]
+    d = E.paired_differences(cells["entmax", "nape"], cells["softmax", "nape"])
+    np.testing.assert_allclose(d["long"], long)
+    half = stats.t.ppf(0.975, 3) * np.std(long, ddof=1) / 2
+    assert f"Δ {100 * np.mean(long):+.1f} [{100 * (np.mean(long) - half):+.1f}, " in held.ours
+    # no difference at all: the interval is [0, 0], not above 0
+    assert E.verdict(task, "nape", "asentmax", cells).holds is False
     # a gain at long context without a match at 1× does not hold
-    cells[("entmax", "rope")] = _cell(_runs({**better, 1: 0.90}, seed=4))
-    assert not E.verdict(task, "rope", "entmax", cells, rng).holds
-    # a variant that did not learn: not tested (never "fails"); one that did not run: no claim
-    cells[("entmax", "rope")] = {**cells[("entmax", "rope")], "learned_seeds": []}
-    c = E.verdict(task, "rope", "entmax", cells, rng)
-    assert c.holds is None and c.verdict == "not tested"
-    assert c.ours.startswith("not tested") and "entmax" in c.ours and "learned" in c.precondition
-    assert E.verdict(task, "nape", "entmax", cells, rng) is None
+    cells = E.summarize(soft + _runs("entmax", {**better, 1: 0.80}, seed=4), rng)
+    assert E.verdict(task, "nape", "entmax", cells).holds is False
+    # softmax never learned the task, or one paired seed: not tested (never "fails")
+    cells = E.summarize(_runs("softmax", {**base, 1: 0.5}) + _runs("entmax", better), rng)
+    c = E.verdict(task, "nape", "entmax", cells)
+    assert c.holds is None and c.verdict == "not tested" and "softmax 1×" in c.ours
+    assert "learned" in c.precondition
+    cells = E.summarize(_runs("softmax", base, seeds=1) + _runs("entmax", better), rng)
+    assert E.verdict(task, "nape", "entmax", cells).holds is None
+    # a cell that did not run: no claim
+    assert E.verdict(task, "rope", "entmax", cells) is None
 
 
 def test_exact_eval_hook_matches_answer_accuracy():
@@ -124,7 +129,7 @@ def test_tiny_run_end_to_end(tmp_path, monkeypatch, tiny_task):
     assert res.numbers["variants_run"] == ["softmax"]
     assert res.numbers["variants_not_run"] == ["ghost"] and "Not run" in res.notes
     (run,) = res.numbers["runs"]
-    assert run["steps"] == 4 and run["learned_at"] == 4 and len(run["checks"]) == 1
+    assert run["steps"] == 4 and len(run["checks"]) == 1 and run["checks"][0]["step"] == 4
     assert set(run["exact"]) == set(E.EVAL_MULTS)
     assert all(0.0 <= v <= 1.0 for v in run["exact"].values())
     assert res.figures[0].exists() and res.figures[0].stat().st_size > 1000
@@ -136,7 +141,7 @@ def test_tiny_run_end_to_end(tmp_path, monkeypatch, tiny_task):
 
 def test_full_run_keeps_records_and_resumes_from_them(tmp_path, monkeypatch, tiny_task):
     """The full path saves each finished run; a rerun with the same setting reuses it (no
-    training: train_until_learned would raise) with the same per-item scores, a rerun with
+    training: train_fixed would raise) with the same per-item scores, a rerun with
     another step cap does not, and the quick path keeps nothing."""
     setting = dataclasses.replace(E.FULL, seeds=(0,), tasks=("tiny",), variants=("softmax",),
                                   positions=("rope",), max_steps=4, eval_items=16)
@@ -148,8 +153,8 @@ def test_full_run_keeps_records_and_resumes_from_them(tmp_path, monkeypatch, tin
     def no_training(*a, **k):
         raise AssertionError("a kept run was trained again")
 
-    real = E.train_until_learned
-    monkeypatch.setattr(E, "train_until_learned", no_training)
+    real = E.train_fixed
+    monkeypatch.setattr(E, "train_fixed", no_training)
     lines = []
     again = E.run(False, tmp_path, setting=setting, log=lambda *a, **k: lines.append(a[0]))
     assert any("kept from" in line for line in lines)
@@ -159,6 +164,6 @@ def test_full_run_keeps_records_and_resumes_from_them(tmp_path, monkeypatch, tin
     assert E.load_run_record(path, other) is None
     with pytest.raises(AssertionError, match="trained again"):
         E.run(False, tmp_path, setting=other, log=lambda *a, **k: None)
-    monkeypatch.setattr(E, "train_until_learned", real)
+    monkeypatch.setattr(E, "train_fixed", real)
     E.run(True, tmp_path / "quick", setting=setting, log=lambda *a, **k: None)
     assert not (tmp_path / "quick" / "runs").exists()
