@@ -564,7 +564,9 @@ def run(quick: bool, out_dir: Path, *, setting: Setting | None = None, log=print
             r["exact"] = {m: float(a.mean()) for m, a in r["exact"].items()}
         runs += task_runs
     seconds = time.perf_counter() - t_start
-    notes = _notes(setting, ran, not_run, positions, pos_not_run, per_task, seconds)
+    train_seconds = sum(r["train_seconds"] for r in runs)
+    notes = _notes(setting, ran, not_run, positions, pos_not_run, per_task, seconds,
+                   train_seconds)
     return Result(claims=claims, figures=figures, notes=notes, numbers={
         "setting": dataclasses.asdict(setting), "variants_run": ran, "variants_not_run": not_run,
         "positions_run": positions, "positions_not_run": pos_not_run, "model": MODEL,
@@ -573,17 +575,20 @@ def run(quick: bool, out_dir: Path, *, setting: Setting | None = None, log=print
         "tasks": {t: {"train_len": TASKS[t].train_len, "describe": TASKS[t].describe,
                       "lr": TASKS[t].lr}
                   for t in setting.tasks},
-        "per_task": per_task, "runs": runs, "seconds": seconds})
+        "per_task": per_task, "runs": runs, "seconds": seconds,
+        "train_seconds": train_seconds})
 
 
-def _notes(setting, ran, not_run, positions, pos_not_run, per_task, seconds) -> str:
+def _notes(setting, ran, not_run, positions, pos_not_run, per_task, seconds,
+           train_seconds) -> str:
     lines = [f"Byte-level DecoderLM ({MODEL['num_layers']} layers, d={MODEL['d_model']}, "
              f"{MODEL['num_heads']} heads) per variant; every run exactly {setting.max_steps} "
              f"steps × {BATCH} rows, no early stop (AdamW, peak lr per task, answer bytes "
              f"weight 1, others {OTHER_WEIGHT}; held-out exact match at 1× L recorded every "
              f"{CHECK_EVERY} steps on {VALID_ITEMS} items); the same seeds "
              f"{list(setting.seeds)} for every variant; {setting.eval_items} fresh items per "
-             f"length; {seconds:.0f} s in all."]
+             f"length; {train_seconds:.0f} s of training over {len(setting.seeds)} seeds "
+             f"(kept runs included), {seconds:.0f} s this invocation."]
     if not_run:
         lines.append("Not run (not registered): " + ", ".join(not_run) + ".")
     if pos_not_run:
