@@ -72,12 +72,14 @@ SETTINGS = {
     True: dict(tools=2, args=(2, 3), candidates=1, train=8, eval=2, batch=4, rank=2,
                steps=(2, 1, 1), targets=TARGETS, warm_train=8, warm_steps=2, warm_lr=1e-3,
                probe=0),  # no before/after probe: its decodes cost ~15 s, over the budget
-    # full: most steps go to stage 1, where each module must learn the call format from its
-    # own tool's rows (240 * 4 / 16 = 60 each). Not yet run to the end: on 2026-12-04 (load
-    # ~15) it was stopped after 926 CPU-s (57 min) inside the docs baseline's training
-    # (ParaTool's stages done); the baseline's 1,024-token rows dominate the cost
+    # full: the warm start (80 bare + 80 docs steps) teaches the call syntax, so stage 1
+    # (each module on its own tool's rows: 160 * 4 / 16 = 40 each) gets 160 steps, not the
+    # 240 it had without one (when each module had to learn the format alone); the 80 steps
+    # taken from each method pay for the warm start and keep the run near 45 min on one
+    # core (the 2026-12-04 run, (240, 40, 40) and no warm start, took 2,729 s; the
+    # baseline's ~1,500-token docs rows dominate the cost)
     False: dict(tools=16, args=(2, 3), candidates=2, train=800, eval=32, batch=4, rank=8,
-                steps=(240, 40, 40), targets=TARGETS, warm_train=800, warm_steps=160,
+                steps=(160, 40, 40), targets=TARGETS, warm_train=800, warm_steps=160,
                 warm_lr=1e-3, probe=16),
 }
 SPLITS = ("seen", "heldout")
@@ -163,7 +165,9 @@ def _finetune(base, data: list, lr: float):
     result = train(model.config, _cfg(len(data), lr), dataset=data,
                    model_fn=lambda *_: model, loss_fn=_call_loss())
     log = {"steps": len(data), "lr": lr, "first_loss": result.history[0]["loss"],
-           "last_loss": result.history[-1]["loss"]}
+           "last_loss": result.history[-1]["loss"],
+           "losses_at_tenths": [round(float(result.history[i]["loss"]), 4) for i in
+                                np.linspace(0, len(result.history) - 1, 11).astype(int)]}
     return result.model, log
 
 
