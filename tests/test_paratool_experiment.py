@@ -89,3 +89,117 @@ def test_a_tie_at_zero_is_not_matching_the_baseline():
     assert ex.matches_or_beats(split(0.5, 0.5), "call_acc")
     assert ex.matches_or_beats(split(0.6, 0.5), "call_acc")
     assert not ex.matches_or_beats(split(0.4, 0.5), "call_acc")
+
+
+def test_accuracy_claim_is_not_tested_with_its_reason_below_answers():
+    def split(ours, base):
+        return {"paratool": {"call_acc": ours}, "docs": {"call_acc": base}}
+
+    low = ex.accuracy_claim("c", split(0.0, 0.03), "call_acc")
+    assert low.verdict == "not tested" and "0.000 vs 0.030" in low.ours
+    assert str(ex.ANSWERS) in low.precondition
+    assert ex.accuracy_claim("c", split(0.0, 0.2), "call_acc").verdict == "fails"
+    assert ex.accuracy_claim("c", split(0.3, 0.2), "call_acc").verdict == "holds"
+
+
+def test_warm_start_data_never_holds_an_evaluated_tool_or_a_heldout_wording(world):
+    from lcjax.tools.world import max_tools
+
+    tools, _ = world
+    warm = ex.warm_tools(tools, (2, 3))
+    names = {t.name for t in warm}
+    assert len(names) == len(warm) == max_tools() - len(tools)
+    assert not names & {t.name for t in tools}
+    rows = make_examples(warm, 12, seed=ex.WARM_SEED, candidates=2)
+    assert {e.split for e in rows} == {"seen"} and {e.tool for e in rows} <= names
+    assert all(set(e.candidates) <= names for e in rows)
+    with pytest.raises(ValueError, match="no other tool"):
+        ex.warm_tools(make_tools(max_tools(), seed=0), (2, 3))
+
+
+def test_warm_batches_alternate_bare_and_docs_prompts(world):
+    tools, _ = world
+    warm = ex.warm_tools(tools, (2, 3))
+    rows = make_examples(warm, 8, seed=ex.WARM_SEED, candidates=2)
+    tools_bytes = np.frombuffer(b"Tools:", np.uint8)
+
+    def has_docs(b):  # every row's prompt starts (after BOS) with the docs header
+        return all(np.array_equal(r[1:7], tools_bytes) for r in np.asarray(b["inputs"]))
+
+    def no_docs(b):
+        return not any(np.array_equal(r[1:7], tools_bytes) for r in np.asarray(b["inputs"]))
+
+    batches = ex.warm_batches(rows, warm, 5, 4, seed=0)
+    assert [has_docs(b) for b in batches] == [False, True, False, True, False]
+    assert all(no_docs(b) for b in batches[::2])
+    assert batches[0]["inputs"].shape[1] < batches[1]["inputs"].shape[1]
+    one = ex.warm_batches(rows, warm, 4, 4, seed=0, one_length=True)
+    assert {b["inputs"].shape for b in one} == {(4, batches[1]["inputs"].shape[1])}
+
+
+def test_warm_start_lowers_the_call_nll_of_evaluated_tools(world):
+    """On a tiny random base, 40 warm-start steps on the *other* tools' calls lower the
+    call NLL of the evaluated tools' held-out queries by > 1 nat per byte in both prompt
+    formats (the syntax transfers); the base itself is left as it was."""
+    from flax import nnx
+
+    tools, _ = world
+    base = DecoderLM(CFG, rngs=nnx.Rngs(0))
+    before_params = jax_leaves(base)
+    s = dict(ex.SETTINGS[True], warm_train=48, warm_steps=40, warm_lr=1e-2, batch=4,
+             candidates=2)
+    warm, log, _ = ex.warm_start(base, tools, s)
+    assert log["steps"] == 40 and log["last_loss"] < log["first_loss"]
+    held = make_examples(tools, 4, seed=7, split="heldout", candidates=2)
+    for docs in (None, tools):
+        pre, post = ex.call_nll(base, held, docs), ex.call_nll(warm, held, docs)
+        assert post < pre - 1.0, (docs is None, pre, post)
+    assert all(np.array_equal(a, b) for a, b in zip(before_params, jax_leaves(base),
+                                                    strict=True))
+
+
+def test_answer_format_counts_call_openings_and_parses(world):
+    _, exs = world
+    good = call_text(exs[0].call)
+    got = ex.answer_format([good, good[:-3], ' {"name":"x"', "hello", f"{good}\n"])
+    assert got["format"] == pytest.approx(4 / 5)  # the opening, wherever the text ends
+    assert got["parse"] == pytest.approx(2 / 5)   # only the complete calls parse
+
+
+def jax_leaves(model):
+    import jax
+    from flax import nnx
+
+    return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
+
+
+def test_both_methods_start_from_the_same_warm_started_parameters(world, monkeypatch,
+                                                                  tmp_path):
+    """``run`` hands one warm-started model (not the base) to both methods."""
+    from flax import nnx
+
+    base = DecoderLM(CFG, rngs=nnx.Rngs(0))
+    seen = {}
+
+    def record(name):
+        def fn(model, tools, train_ex, s):
+            seen[name] = jax_leaves(model)
+            return model, {"steps": 0}, 0.0
+        return fn
+
+    def fake_eval(para, docs, tools, evals, max_new):
+        arm = {"call_acc": 0.0, "select_acc": 0.0, "gate_top1": 0.0, "context_tokens": 1.0}
+        return {sp: {"paratool": arm, "docs": arm, "token_saving": 0.5} for sp in evals}
+
+    monkeypatch.setattr(ex, "shakespeare_base", lambda quick: (base, {}))
+    monkeypatch.setattr(ex, "train_paratool", record("paratool"))
+    monkeypatch.setattr(ex, "train_docs_baseline", record("docs"))
+    monkeypatch.setattr(ex, "evaluate_methods", fake_eval)
+    monkeypatch.setattr(ex, "plot", lambda res, path: path)
+    res = ex.run(True, tmp_path)
+    assert res.numbers["warm_start"]["steps"] == ex.SETTINGS[True]["warm_steps"] > 0
+    assert all(np.array_equal(a, b) for a, b in zip(seen["paratool"], seen["docs"],
+                                                    strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(seen["paratool"], jax_leaves(base),
+                                                        strict=True))
+    assert [c.verdict for c in res.claims[1:]] == ["not tested"] * 3
