@@ -62,6 +62,7 @@ from experiments.common import (
     Claim,
     Experiment,
     Result,
+    copy_model,
     machine_info,
     not_tested,
     shakespeare_base,
@@ -76,6 +77,9 @@ EVAL_BUCKET = 512  # eval prompts padded to 512 (RULER / NoLiMa) or 1024 (TableL
 SHORT_WIDTH = 576  # answer-NLL rows of the RULER / NoLiMa items (BOS + prompt + answer)
 EVAL_SEED = 0
 DATA_SEED = 19  # RL items; the evaluator draws its own seed sequences
+WARM_SEED = 23  # warm-start items (and their order): disjoint from DATA_SEED and EVAL_SEED's
+WARM_WIDTH = PROMPT_WIDTH + 32  # warm-start rows: BOS + prompt + answer (<= 31 bytes) + EOS
+WARM_LR = 1e-3
 MIN_SPREAD_STEPS = 5  # precondition of the RL claims: GRPO steps whose rewards differed
 NEWLINE = 10
 BOOTSTRAP = 2000
@@ -89,12 +93,14 @@ SETTINGS = {
     True: dict(seeds=(0,), steps=1, prompts_per_step=2, group_size=2, max_new_tokens=6,
                train_items=4, ruler_tasks=("niah_single_1",), nolima_tasks=("nolima_1hop",),
                table_tasks=("lookup", "count"), depths=(0.5,), n_per_cell=2,
-               table_n_per_cell=1, mi_text_bytes=100_000, mi_table_bytes=8_192),
+               table_n_per_cell=1, mi_text_bytes=100_000, mi_table_bytes=8_192,
+               warm_steps=2, warm_batch=2, warm_items=2),
     False: dict(seeds=(0, 1, 2), steps=6, prompts_per_step=2, group_size=8, max_new_tokens=10,
                 train_items=64, ruler_tasks=("niah_single_1", "niah_single_2"),
                 nolima_tasks=("nolima_1hop", "nolima_control"), table_tasks=None,
                 depths=(0.25, 0.75), n_per_cell=4, table_n_per_cell=2,
-                mi_text_bytes=1_000_000, mi_table_bytes=65_536),
+                mi_text_bytes=1_000_000, mi_table_bytes=65_536,
+                warm_steps=150, warm_batch=8, warm_items=600),
 }
 # skip_flat_steps: no update on a step whose groups all have equal rewards (all advantages 0;
 # with this base that is most steps) — the update would be AdamW normalising rounding noise
@@ -105,16 +111,20 @@ GRPO = dict(lr=3e-4, kl_beta=0.04, clip_eps=0.2, updates_per_batch=2, temperatur
 # --- RL items -------------------------------------------------------------------------------
 
 
-def table_items(n: int, seed: int = DATA_SEED) -> list[dict]:
+def table_items(n: int, seed: int = DATA_SEED, *, with_answer: bool = False) -> list[dict]:
     """``n`` TableLong items (contexts of :data:`TABLE_LEN` bytes; every task, language and
-    format) whose BOS + prompt fits :data:`PROMPT_WIDTH`."""
+    format) whose BOS + prompt fits :data:`PROMPT_WIDTH` — with ``with_answer``, whose whole
+    warm-start row (BOS + prompt + answer + EOS, :func:`warm_rows`) fits
+    :data:`WARM_WIDTH` + 1 as well."""
     from lcjax.data.tablelong import generate_item, item_prompt
 
     out, index = [], 0
     while len(out) < n:
         item = generate_item(seed, index, min_len=TABLE_LEN[0], max_len=TABLE_LEN[1])
         index += 1
-        if 1 + len(item_prompt(item).encode()) <= PROMPT_WIDTH:
+        prompt = 1 + len(item_prompt(item).encode())
+        if prompt <= PROMPT_WIDTH and (not with_answer or
+                                       prompt + len(answer_ids(item)) <= WARM_WIDTH + 1):
             out.append(item)
     return out
 
@@ -161,6 +171,136 @@ def counting_reward(reward_fn, verifier):
 
     fn.hits, fn.samples = 0, 0
     return fn
+
+
+# --- warm start -----------------------------------------------------------------------------
+
+
+def answer_ids(item: dict) -> np.ndarray:
+    """The reference answer as the verifier and the evaluator write it
+    (:func:`lcjax.train.rewards.reference_text`: a list joined with ``", "``, reals with
+    ``repr``), then EOS: the bytes a warm-start row is trained on."""
+    from lcjax.data import tokenizer as tok
+    from lcjax.train.rewards import reference_text
+
+    return tok.encode(reference_text(item["answer"]), eos=True)
+
+
+def warm_items(n: int, seed: int = WARM_SEED) -> list[dict]:
+    """``2 n`` warm-start items, alternating: ``n`` TableLong items of ``seed`` whose row fits
+    :data:`WARM_WIDTH` (:func:`table_items`) and ``n`` arithmetic items of ``seed`` with the
+    same prompt lengths (:func:`arithmetic_items`), so both RL arms' answer formats get the
+    same number of rows and prompt bytes. ``seed`` must differ from :data:`DATA_SEED` (the
+    RL items); the evaluator's items come from other seed sequences
+    (``[EVAL_SEED, crc32(task), length, depth, i]``).
+
+    Raises:
+      ValueError: ``seed`` equal to :data:`DATA_SEED`.
+    """
+    if seed == DATA_SEED:
+        raise ValueError(f"warm_items: seed {seed} is the RL items' DATA_SEED; the warm start "
+                         "must not see the RL items")
+    tables = table_items(n, seed, with_answer=True)
+    texts = arithmetic_items([len(rl_prompt(it)) - 1 for it in tables], seed)
+    return [it for pair in zip(tables, texts) for it in pair]
+
+
+def warm_rows(items: list[dict], width: int = WARM_WIDTH) -> dict[str, np.ndarray]:
+    """Teacher-forcing rows of ``items``: ``row = [BOS] + prompt + answer + [EOS]``
+    (:func:`rl_prompt`, :func:`answer_ids`), ``inputs = row[:-1]``, ``targets = row[1:]``,
+    PAD to ``width``; ``loss_mask`` True on the targets that are answer bytes or EOS — the
+    rows of ``lcjax.train.losses.answer_weighted_nll``. All three ``[len(items), width]``.
+
+    Raises:
+      ValueError: a row longer than ``width + 1`` tokens.
+    """
+    from lcjax.data import tokenizer as tok
+
+    n = len(items)
+    out = {"inputs": np.full((n, width), tok.PAD, np.int32),
+           "targets": np.full((n, width), tok.PAD, np.int32),
+           "loss_mask": np.zeros((n, width), bool)}
+    for i, item in enumerate(items):
+        prompt, answer = rl_prompt(item), answer_ids(item)
+        row = np.concatenate([prompt, answer])
+        if len(row) > width + 1:
+            raise ValueError(f"warm_rows: item {i}'s row has {len(row)} tokens > width + 1 = "
+                             f"{width + 1}")
+        out["inputs"][i, :len(row) - 1] = row[:-1]
+        out["targets"][i, :len(row) - 1] = row[1:]
+        out["loss_mask"][i, len(prompt) - 1:len(row) - 1] = True
+    return out
+
+
+def warm_batches(rows: dict[str, np.ndarray], steps: int, batch: int, seed: int
+                 ) -> list[dict[str, np.ndarray]]:
+    """``steps`` batches of ``batch`` rows: passes over ``rows`` in a fresh permutation of
+    ``seed`` each (every row once per pass; the last pass cut short)."""
+    n = len(rows["inputs"])
+    rng = np.random.default_rng([seed, 2])
+    order = np.concatenate([rng.permutation(n) for _ in range(-(-steps * batch // n))])
+    return [{k: v[order[i * batch:(i + 1) * batch]] for k, v in rows.items()}
+            for i in range(steps)]
+
+
+def warm_start(base, items: list[dict], *, steps: int, batch: int, lr: float = WARM_LR,
+               seed: int = WARM_SEED) -> tuple[object, dict]:
+    """A copy of ``base`` fine-tuned by ``lcjax.train.train`` on :func:`warm_rows` of
+    ``items`` for ``steps`` AdamW steps of ``batch`` rows (cosine schedule, 10% warm-up),
+    the loss on the answer bytes and EOS only (``answer_weighted_loss(0)``); ``base`` is
+    left as it was. Returns the model and ``{"steps", "batch", "lr", "rows", "tasks",
+    "answer_nll_first", "answer_nll_last", "wall_s", "cpu_s"}`` (the training answer NLL,
+    nats per answer byte, of the first and the last step's batch)."""
+    from lcjax.train import TrainConfig, answer_weighted_loss, train
+
+    rows = warm_rows(items)
+    cfg = TrainConfig(steps=steps, batch_size=batch, seq_len=WARM_WIDTH, lr=lr,
+                      warmup_steps=steps // 10, seed=seed, log_every=max(1, steps // 10),
+                      eval_batches=0, progress=False)
+    model = copy_model(base)
+    t0, c0 = time.perf_counter(), time.process_time()
+    result = train(base.config, cfg, dataset=warm_batches(rows, steps, batch, seed),
+                   model_fn=lambda *_: model, loss_fn=answer_weighted_loss(0.0))
+    hist = result.history
+    info = {"steps": steps, "batch": batch, "lr": lr, "rows": len(items), "seed": seed,
+            "tasks": {t: sum(it["task"] == t for it in items)
+                      for t in dict.fromkeys(it["task"] for it in items)},
+            "answer_nll_first": float(hist[0]["answer_nll"]),
+            "answer_nll_last": float(hist[-1]["answer_nll"]),
+            "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
+    return result.model, info
+
+
+def param_digest(model) -> str:
+    """sha1 of every parameter's bytes (in the state's leaf order): equal digests, equal
+    parameters."""
+    import hashlib
+
+    import jax
+    from flax import nnx
+
+    h = hashlib.sha1()
+    for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)):
+        h.update(np.asarray(jax.device_get(leaf)).tobytes())
+    return h.hexdigest()
+
+
+def rl_arms(start, data: dict[str, list[dict]], s: dict, rl_fn=None) -> dict:
+    """Every RL arm and seed from a fresh copy of ``start`` (``rl_fn(model, items, seed, s)
+    -> (model, info)``, default :func:`run_rl`): ``{arm: {seed: (model, info)}}``, each
+    ``info`` with ``start_digest`` (:func:`param_digest` of the copy it started from), so the
+    report shows that every arm started from the same parameters whatever an RL run does to
+    the model it is given."""
+    rl_fn = run_rl if rl_fn is None else rl_fn
+    out = {}
+    for arm, items in data.items():
+        out[arm] = {}
+        for sd in s["seeds"]:
+            model = copy_model(start)
+            digest = param_digest(model)
+            trained, info = rl_fn(model, items, sd, s)
+            out[arm][sd] = (trained, {**info, "start_digest": digest})
+    return out
 
 
 def run_rl(base, items: list[dict], seed: int, s: dict) -> tuple[object, dict]:
@@ -231,9 +371,12 @@ def answer_nll(model, items, *, batch_size: int, width: int) -> np.ndarray:
 
 
 def evaluate_model(model, s: dict) -> dict[str, dict]:
-    """Per suite: ``string_match_all`` per item (fraction), answer NLL per item, tasks."""
+    """Per suite: ``string_match_all`` per item (fraction), answer NLL per item, tasks; for
+    TableLong also ``verified``: ``answer_reward`` of the greedy answer cut at its first
+    newline (GRPO's stop) against the item (1 / 0 per item)."""
     from lcjax.data.items import build_items
     from lcjax.eval import evaluate
+    from lcjax.train.rewards import answer_reward
 
     out = {}
     for name, spec in eval_specs(s).items():
@@ -249,6 +392,10 @@ def evaluate_model(model, s: dict) -> dict[str, dict]:
                      "nll": nll.tolist(),
                      "tasks": [r["task"] for r in res.records],
                      "predictions": [r["prediction"] for r in res.records[:4]]}
+        if suite == "tablelong":
+            out[name]["verified"] = [
+                answer_reward((r["prediction"] or "").split("\n")[0], it.sample.info)
+                for r, it in zip(res.records, items, strict=True)]
     return out
 
 
@@ -343,6 +490,21 @@ def _fmt(v: dict, scale: float = 1.0, unit: str = "") -> str:
             f"{scale * v['hi']:+.3g}]")
 
 
+def warm_record(evals: dict, warm_digest: str, start_digests: set[str]) -> dict:
+    """The warm start's effect on the held-out TableLong items (the ``tablelong`` suite):
+    answer NLL and verified greedy answers of the base (``evals["base"]``) and of the warm
+    start (``evals["none"]``), and whether every RL run started from the warm start's
+    parameters (``start_digests`` == {``warm_digest``})."""
+    b, w = evals["base"]["tablelong"], evals["none"]["tablelong"]
+    return {"heldout_items": len(w["nll"]),
+            "heldout_nll_base": float(np.mean(b["nll"])),
+            "heldout_nll_warm": float(np.mean(w["nll"])),
+            "heldout_verified_base": int(np.sum(b["verified"])),
+            "heldout_verified_warm": int(np.sum(w["verified"])),
+            "predictions_warm": w["predictions"],
+            "arms_start_from_warm": start_digests == {warm_digest}}
+
+
 def rl_signal_claim(name: str, target: str, ours: str, holds: bool, arms, counts: dict
                     ) -> Claim:
     """An RL claim, not tested unless every arm in ``arms`` had a learning signal: verified
@@ -368,15 +530,21 @@ def run(quick: bool, out_dir: Path) -> Result:
     tables = table_items(s["train_items"])
     texts = arithmetic_items([len(rl_prompt(it)) - 1 for it in tables])
     data = {"table": tables, "text": texts}
-    rl, evals = {"table": {}, "text": {}}, {"table": {}, "text": {}}
     timing = {"base_s": time.perf_counter() - t0}
-    evals["none"] = evaluate_model(base, s)
-    timing["eval_none_s"] = time.perf_counter() - t0 - sum(timing.values())
-    for arm in ("table", "text"):
-        for sd in s["seeds"]:
-            model, rl[arm][sd] = run_rl(base, data[arm], sd, s)
-            evals[arm][sd] = evaluate_model(model, s)
+    warm, warm_info = warm_start(base, warm_items(s["warm_items"]), steps=s["warm_steps"],
+                                 batch=s["warm_batch"])
+    timing["warm_start_s"] = time.perf_counter() - t0 - sum(timing.values())
+    evals = {"base": evaluate_model(base, s), "none": evaluate_model(warm, s)}
+    timing["eval_base_and_none_s"] = time.perf_counter() - t0 - sum(timing.values())
+    runs = rl_arms(warm, data, s)  # every RL arm from a copy of the warm start ("none")
+    rl = {a: {sd: info for sd, (_, info) in r.items()} for a, r in runs.items()}
+    for arm, by_seed in runs.items():
+        evals[arm] = {sd: evaluate_model(model, s) for sd, (model, _) in by_seed.items()}
     timing["rl_and_eval_s"] = time.perf_counter() - t0 - sum(timing.values())
+    warm_info |= warm_record(evals, param_digest(warm),
+                             {r["start_digest"] for a in rl for r in rl[a].values()})
+    if not warm_info["arms_start_from_warm"]:  # the deltas would not measure RL alone
+        raise RuntimeError("tablelong: an RL arm did not start from the warm-started model")
     rng = np.random.default_rng(0)
     d = deltas(evals, s["seeds"], rng)
     m = means(evals, s["seeds"])
@@ -428,6 +596,8 @@ def run(quick: bool, out_dir: Path) -> Result:
         "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
         "grpo": GRPO, "table_len": TABLE_LEN, "prompt_width": PROMPT_WIDTH,
         "eval_len": EVAL_LEN, "table_eval_len": TABLE_EVAL_LEN, "base": base_info,
+        "warm_start": warm_info, "means_base": {k: {m: float(np.mean(evals["base"][k][m]))
+                                                    for m in ("match", "nll")} for k in SUITES},
         "means": m, "deltas": d,
         "rl": {a: {str(sd): {k: v for k, v in r.items()} for sd, r in rl[a].items()}
                for a in rl},
@@ -440,7 +610,14 @@ def run(quick: bool, out_dir: Path) -> Result:
         "cpu_s": time.process_time() - c0,
         "machine": machine_info(),
     }
-    notes = (f"RL: {len(s['seeds'])} seed(s) x {s['steps']} GRPO steps x "
+    w = warm_info
+    notes = (f"Warm start (every arm's start, 'none' included): {w['steps']} steps x "
+             f"{w['batch']} rows of TableLong + arithmetic answers (seed {WARM_SEED}); training "
+             f"answer NLL {w['answer_nll_first']:.2f} -> {w['answer_nll_last']:.2f} nats/byte; "
+             f"held-out TableLong ({w['heldout_items']} items) answer NLL "
+             f"{w['heldout_nll_base']:.2f} (base) -> {w['heldout_nll_warm']:.2f}, verified "
+             f"greedy answers {w['heldout_verified_base']} -> {w['heldout_verified_warm']}. "
+             f"RL: {len(s['seeds'])} seed(s) x {s['steps']} GRPO steps x "
              f"{s['prompts_per_step']}x{s['group_size']} samples per arm; verified answers "
              f"sampled: table {hits['table']}/{samples['table']}, text {hits['text']}/"
              f"{samples['text']}; steps that updated the policy (the others' rewards were "
