@@ -6,9 +6,24 @@ information; GRPO with exact-match rewards on programmatically verified table qu
 headline +8.24 on long-context benchmarks, +8.06 out of domain). Protocol:
 
 1. **Base.** ``experiments.common.shakespeare_base(quick)``: the cached Shakespeare-pretrained
-   byte LM (``BASE_MODEL``: 4 layers, d = 128, RoPE, trained at T = 128 bytes). Every arm
-   starts from it; nothing here trains a base of its own.
-2. **Three arms**, the RL ones through ``lcjax.train.rl.train_grpo`` with the same
+   byte LM (``BASE_MODEL``: 4 layers, d = 128, RoPE, trained at T = 128 bytes); nothing
+   here pretrains a base of its own.
+2. **Warm start** (:func:`warm_start`): the base never produces a verified answer (0 in the
+   288 GRPO samples of the run without it), so GRPO had no signal and the RL claims were
+   "not tested". A short supervised fine-tune (``lcjax.train.train``, loss on the answer
+   bytes and EOS only, ``answer_weighted_loss(0)``) on rows ``[BOS] + prompt + answer +
+   [EOS]`` teaches the answer format: a short value in the verifier's spelling, then stop.
+   Its items (:func:`warm_items`, seed :data:`WARM_SEED`) are half TableLong items and half
+   arithmetic items of the same prompt lengths — the answer formats of *both* RL arms, in
+   equal parts, so neither RL arm starts with a format advantage and both can earn verified
+   rewards (a table-only warm start would leave the text arm without signal and tilt the
+   table-vs-text comparison). Its seed is disjoint from the RL items' (:data:`DATA_SEED`)
+   and from the evaluator's seed sequences. **Every arm starts from this one model**
+   (:func:`rl_arms` gives each run its own copy; the report checks the parameter digests),
+   so the deltas measure RL alone. The report records its steps, its answer NLL before and
+   after, and the verified greedy answers of the base and of the warm start on the held-out
+   TableLong items.
+3. **Three arms**, the RL ones through ``lcjax.train.rl.train_grpo`` with the same
    :class:`~lcjax.train.rl.GRPOConfig` (steps, prompts per step P, group size G, new tokens,
    learning rate, β, ε, μ) and the same prompt width (one compile serves both):
 
@@ -19,36 +34,38 @@ headline +8.24 on long-context benchmarks, +8.06 out of domain). Protocol:
        passage (held-out works) followed by ``What is a plus b?`` (two-digit a, b) —
        each item's prompt as long as a table item's (:func:`arithmetic_items`), so the two
        arms sample, score and update the same number of prompt and completion tokens;
-   (c) ``none``: the base itself.
+   (c) ``none``: the warm-started model itself (no RL).
 
    Completions stop at EOS or a newline. The reward is :func:`lcjax.train.rewards.
    prefix_credit` over the verifier ``answer_reward`` (1 for a verified answer — numeric or
    exact match, TableLong's ``decimals`` honoured — else 0.5 × the fraction of the reference
-   that the completion starts with). The paper's pure exact-match reward gives this base
-   a reward of 0 on every sample (it never answers a table question right: the
-   ``exact_hits`` column of the report counts the verified answers sampled during RL), and
-   GRPO learns nothing from a group of equal rewards; the shaped reward is the smallest
-   change that gives the groups a spread. ``seeds`` RL runs per arm (GRPO sampling seed and
-   prompt order).
-3. **Evaluation** of every model through ``lcjax.eval.evaluate`` (greedy decoding of
-   ``[BOS] + prompt`` up to EOS, RULER's ``string_match_all``): the RULER-style suite
-   (``lcjax.data.ruler``) and the NoLiMa-style suite (``lcjax.data.nolima``) at
-   :data:`EVAL_LEN` bytes — the shortest length at which their standard templates fit; the
-   base was trained at 128, so this is already 4× its training length — and held-out
-   TableLong items (the registered ``"tablelong"`` suite at :data:`TABLE_EVAL_LEN`, whose
-   contexts are 450–600 bytes, near the RL items' 300–600, from other seeds). Because accuracy
-   is ~0 for every arm at this scale, each item is also scored by the **answer NLL**
-   (nats per answer byte of the reference after ``[BOS] + prompt``, teacher forced), a
-   continuous measure of the same items.
-4. **Deltas** vs (c): per item, ``score(arm, seed) − score(none)``; the mean over seeds and
+   that the completion starts with). The paper's pure exact-match reward gives a policy
+   that rarely answers right a reward of 0 on most samples (the ``exact_hits`` column of
+   the report counts the verified answers sampled during RL), and GRPO learns nothing from
+   a group of equal rewards; the shaped reward is the smallest change that gives the groups
+   a spread. ``seeds`` RL runs per arm (GRPO sampling seed and prompt order).
+4. **Evaluation** of every model (the base too, for the warm start's record) through
+   ``lcjax.eval.evaluate`` (greedy decoding of ``[BOS] + prompt`` up to EOS, RULER's
+   ``string_match_all``): the RULER-style suite (``lcjax.data.ruler``) and the NoLiMa-style
+   suite (``lcjax.data.nolima``) at :data:`EVAL_LEN` bytes — the shortest length at which
+   their standard templates fit; the base was trained at 128, so this is already 4× its
+   training length — and held-out TableLong items (the registered ``"tablelong"`` suite at
+   :data:`TABLE_EVAL_LEN`, whose contexts are 450–600 bytes, near the RL items' 300–600,
+   from other seeds). Because accuracy is ~0 for every arm at this scale, each item is also
+   scored by the **answer NLL** (nats per answer byte of the reference after ``[BOS] +
+   prompt``, teacher forced), a continuous measure of the same items.
+5. **Deltas** vs (c): per item, ``score(arm, seed) − score(none)``; the mean over seeds and
    items with a 95% bootstrap interval (seeds resampled, then items), and the same for
    (a) − (b).
-5. **Mutual information** (``lcjax.analysis.mutual_info.text_vs_table_mi``): byte MI vs lag
+6. **Mutual information** (``lcjax.analysis.mutual_info.text_vs_table_mi``): byte MI vs lag
    for Shakespeare and a markdown TableLong context, plotted with the row period's peaks.
 
 The claims are the paper's direction (RL on tables helps out of domain) and the MI
-argument; at this scale (a 1M-parameter byte LM trained for minutes) the RL deltas are
-expected to be near zero and are reported as measured.
+argument. Each RL claim's precondition is that RL had a signal (verified answers sampled
+during RL, and at least :data:`MIN_SPREAD_STEPS` GRPO steps with reward spread, for every
+arm the claim compares); where it is unmet the verdict is "not tested" with the counts.
+At this scale (a 1M-parameter byte LM trained for minutes) the RL deltas are expected to
+be near zero and are reported as measured.
 """
 
 from __future__ import annotations
