@@ -237,3 +237,18 @@ def test_every_rl_arm_starts_from_the_same_parameters():
     assert digests == {digest} and tl.param_digest(start) == digest
     assert runs["text"][1][1] == {"seed": 1, "n": 1, "start_digest": digest}
     assert tl.param_digest(runs["table"][0][0]) != digest  # the runs' own models moved
+
+
+def test_warm_record_reports_before_and_after_and_a_start_mismatch():
+    def ev(nll, verified):
+        return {"tablelong": {"nll": nll, "verified": verified, "predictions": ["x"]}}
+
+    evals = {"base": ev([9.0, 7.0, 8.0], [0.0, 0.0, 0.0]), "none": ev([3.0, 2.0, 4.0],
+                                                                       [1.0, 0.0, 1.0])}
+    rec = tl.warm_record(evals, "abc", {"abc"})
+    assert rec["heldout_nll_base"] == pytest.approx(8.0)
+    assert rec["heldout_nll_warm"] == pytest.approx(3.0)
+    assert (rec["heldout_verified_base"], rec["heldout_verified_warm"]) == (0, 2)
+    assert rec["heldout_items"] == 3 and rec["arms_start_from_warm"] is True
+    assert tl.warm_record(evals, "abc", {"abc", "abd"})["arms_start_from_warm"] is False
+    assert tl.warm_record(evals, "abc", {"abd"})["arms_start_from_warm"] is False
