@@ -146,3 +146,109 @@ def test_rl_claims_need_a_learning_signal():
     assert both.holds is None and "text RL: 0 verified of 288 samples" in both.ours
     few = {**counts, "updated": {"table": tl.MIN_SPREAD_STEPS - 1, "text": 9}}
     assert tl.rl_signal_claim("c", "t", "x", True, ("table",), few).verdict == "not tested"
+
+
+# --- the warm start -------------------------------------------------------------------------
+
+
+def test_warm_rows_mask_exactly_the_answer_and_eos():
+    from lcjax.data.tablelong import item_prompt
+    from lcjax.train.rewards import reference_text
+
+    items = tl.warm_items(2, seed=tl.WARM_SEED)
+    rows = tl.warm_rows(items)
+    assert [it["task"] == "add" for it in items] == [False, True, False, True]
+    for i, it in enumerate(items):
+        text = it["prompt"] if it["task"] == "add" else item_prompt(it)
+        prompt = tok.encode(text, bos=True)
+        ids = rows["inputs"][i]
+        assert ids[0] == tok.BOS and np.array_equal(ids[:len(prompt)], prompt)
+        # targets are the inputs shifted by one, and the masked targets spell answer + EOS
+        real = rows["targets"][i] != tok.PAD
+        assert np.array_equal(rows["targets"][i][real][:-1], ids[1:real.sum()])
+        answer = rows["targets"][i][rows["loss_mask"][i]]
+        assert answer[-1] == tok.EOS
+        assert tok.decode(answer[:-1]) == reference_text(it["answer"])
+        assert answer_reward(tok.decode(answer[:-1]), it) == 1.0  # the verifier accepts it
+    with pytest.raises(ValueError, match="width"):
+        tl.warm_rows(items, width=64)
+    with pytest.raises(ValueError, match="DATA_SEED"):
+        tl.warm_items(2, seed=tl.DATA_SEED)
+
+
+def test_warm_items_are_disjoint_from_the_rl_items():
+    warm = tl.warm_items(8)
+    rl = tl.table_items(8) + tl.arithmetic_items([700] * 8)
+    assert not {it["prompt"] if "prompt" in it else it["context"] for it in warm} & {
+        it["prompt"] if "prompt" in it else it["context"] for it in rl}
+    assert {it["seed"] for it in warm if "seed" in it} == {tl.WARM_SEED}
+
+
+def test_warm_batches_cover_every_row_once_per_pass():
+    rows = {"inputs": np.arange(10)[:, None], "targets": np.arange(10)[:, None],
+            "loss_mask": np.ones((10, 1), bool)}
+    batches = tl.warm_batches(rows, steps=7, batch=3, seed=1)  # 21 rows: 2 passes + 1
+    seen = np.concatenate([b["inputs"][:, 0] for b in batches])
+    assert len(batches) == 7 and all(len(b["inputs"]) == 3 for b in batches)
+    assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:20]) == list(range(10))
+    assert all(np.array_equal(b["inputs"], b["targets"]) for b in batches)  # rows kept whole
+
+
+def _heldout(n: int) -> list:
+    from lcjax.train.rewards import reference_text
+
+    items = tl.table_items(n, seed=97, with_answer=True)
+    items += tl.arithmetic_items([len(tl.rl_prompt(it)) - 1 for it in items], seed=97)
+    return [_Item(tok.decode(tl.rl_prompt(it)[1:]), reference_text(it["answer"]))
+            for it in items]
+
+
+def test_warm_start_lowers_the_heldout_answer_nll_and_leaves_the_base_alone():
+    base = tiny_model(3)
+    before = tl.param_digest(base)
+    heldout = _heldout(4)
+    nll_base = tl.answer_nll(base, heldout, batch_size=4, width=tl.WARM_WIDTH)
+    warm, info = tl.warm_start(base, tl.warm_items(16), steps=24, batch=4, lr=1e-2)
+    nll_warm = tl.answer_nll(warm, heldout, batch_size=4, width=tl.WARM_WIDTH)
+    assert tl.param_digest(base) == before != tl.param_digest(warm)
+    assert info["steps"] == 24 and info["rows"] == 32
+    assert info["answer_nll_last"] < info["answer_nll_first"]
+    # items of another seed: the answer format, not the items, was learned (a random init
+    # spreads ~ln 259 = 5.6 nats over the bytes; answers are digits, names, EOS)
+    assert nll_warm.mean() < nll_base.mean() - 1.0, (nll_base.mean(), nll_warm.mean())
+
+
+def test_every_rl_arm_starts_from_the_same_parameters():
+    """rl_arms hands each run its own copy of the start: an RL run that changes the model
+    it is given in place must not move the next arm's start."""
+    import jax
+    from flax import nnx
+
+    start = tiny_model(4)
+    digest = tl.param_digest(start)
+
+    def clobber(model, items, seed, s):  # an "RL run" that updates its model in place
+        state = nnx.state(model, nnx.Param)
+        nnx.update(model, jax.tree.map(lambda x: x + 1.0, state))
+        return model, {"seed": seed, "n": len(items)}
+
+    runs = tl.rl_arms(start, {"table": [1, 2], "text": [3]}, {"seeds": (0, 1)}, rl_fn=clobber)
+    digests = {info["start_digest"] for r in runs.values() for _, info in r.values()}
+    assert digests == {digest} and tl.param_digest(start) == digest
+    assert runs["text"][1][1] == {"seed": 1, "n": 1, "start_digest": digest}
+    assert tl.param_digest(runs["table"][0][0]) != digest  # the runs' own models moved
+
+
+def test_warm_record_reports_before_and_after_and_a_start_mismatch():
+    def ev(nll, verified):
+        return {"tablelong": {"nll": nll, "verified": verified, "predictions": ["x"]}}
+
+    evals = {"base": ev([9.0, 7.0, 8.0], [0.0, 0.0, 0.0]), "none": ev([3.0, 2.0, 4.0],
+                                                                       [1.0, 0.0, 1.0])}
+    rec = tl.warm_record(evals, "abc", {"abc"})
+    assert rec["heldout_nll_base"] == pytest.approx(8.0)
+    assert rec["heldout_nll_warm"] == pytest.approx(3.0)
+    assert (rec["heldout_verified_base"], rec["heldout_verified_warm"]) == (0, 2)
+    assert rec["heldout_items"] == 3 and rec["arms_start_from_warm"] is True
+    assert tl.warm_record(evals, "abc", {"abc", "abd"})["arms_start_from_warm"] is False
+    assert tl.warm_record(evals, "abc", {"abd"})["arms_start_from_warm"] is False

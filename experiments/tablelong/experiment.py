@@ -6,9 +6,24 @@ information; GRPO with exact-match rewards on programmatically verified table qu
 headline +8.24 on long-context benchmarks, +8.06 out of domain). Protocol:
 
 1. **Base.** ``experiments.common.shakespeare_base(quick)``: the cached Shakespeare-pretrained
-   byte LM (``BASE_MODEL``: 4 layers, d = 128, RoPE, trained at T = 128 bytes). Every arm
-   starts from it; nothing here trains a base of its own.
-2. **Three arms**, the RL ones through ``lcjax.train.rl.train_grpo`` with the same
+   byte LM (``BASE_MODEL``: 4 layers, d = 128, RoPE, trained at T = 128 bytes); nothing
+   here pretrains a base of its own.
+2. **Warm start** (:func:`warm_start`): the base never produces a verified answer (0 in the
+   288 GRPO samples of the run without it), so GRPO had no signal and the RL claims were
+   "not tested". A short supervised fine-tune (``lcjax.train.train``, loss on the answer
+   bytes and EOS only, ``answer_weighted_loss(0)``) on rows ``[BOS] + prompt + answer +
+   [EOS]`` teaches the answer format: a short value in the verifier's spelling, then stop.
+   Its items (:func:`warm_items`, seed :data:`WARM_SEED`) are half TableLong items and half
+   arithmetic items of the same prompt lengths — the answer formats of *both* RL arms, in
+   equal parts, so neither RL arm starts with a format advantage and both can earn verified
+   rewards (a table-only warm start would leave the text arm without signal and tilt the
+   table-vs-text comparison). Its seed is disjoint from the RL items' (:data:`DATA_SEED`)
+   and from the evaluator's seed sequences. **Every arm starts from this one model**
+   (:func:`rl_arms` gives each run its own copy; the report checks the parameter digests),
+   so the deltas measure RL alone. The report records its steps, its answer NLL before and
+   after, and the verified greedy answers of the base and of the warm start on the held-out
+   TableLong items.
+3. **Three arms**, the RL ones through ``lcjax.train.rl.train_grpo`` with the same
    :class:`~lcjax.train.rl.GRPOConfig` (steps, prompts per step P, group size G, new tokens,
    learning rate, β, ε, μ) and the same prompt width (one compile serves both):
 
@@ -19,36 +34,38 @@ headline +8.24 on long-context benchmarks, +8.06 out of domain). Protocol:
        passage (held-out works) followed by ``What is a plus b?`` (two-digit a, b) —
        each item's prompt as long as a table item's (:func:`arithmetic_items`), so the two
        arms sample, score and update the same number of prompt and completion tokens;
-   (c) ``none``: the base itself.
+   (c) ``none``: the warm-started model itself (no RL).
 
    Completions stop at EOS or a newline. The reward is :func:`lcjax.train.rewards.
    prefix_credit` over the verifier ``answer_reward`` (1 for a verified answer — numeric or
    exact match, TableLong's ``decimals`` honoured — else 0.5 × the fraction of the reference
-   that the completion starts with). The paper's pure exact-match reward gives this base
-   a reward of 0 on every sample (it never answers a table question right: the
-   ``exact_hits`` column of the report counts the verified answers sampled during RL), and
-   GRPO learns nothing from a group of equal rewards; the shaped reward is the smallest
-   change that gives the groups a spread. ``seeds`` RL runs per arm (GRPO sampling seed and
-   prompt order).
-3. **Evaluation** of every model through ``lcjax.eval.evaluate`` (greedy decoding of
-   ``[BOS] + prompt`` up to EOS, RULER's ``string_match_all``): the RULER-style suite
-   (``lcjax.data.ruler``) and the NoLiMa-style suite (``lcjax.data.nolima``) at
-   :data:`EVAL_LEN` bytes — the shortest length at which their standard templates fit; the
-   base was trained at 128, so this is already 4× its training length — and held-out
-   TableLong items (the registered ``"tablelong"`` suite at :data:`TABLE_EVAL_LEN`, whose
-   contexts are 450–600 bytes, near the RL items' 300–600, from other seeds). Because accuracy
-   is ~0 for every arm at this scale, each item is also scored by the **answer NLL**
-   (nats per answer byte of the reference after ``[BOS] + prompt``, teacher forced), a
-   continuous measure of the same items.
-4. **Deltas** vs (c): per item, ``score(arm, seed) − score(none)``; the mean over seeds and
+   that the completion starts with). The paper's pure exact-match reward gives a policy
+   that rarely answers right a reward of 0 on most samples (the ``exact_hits`` column of
+   the report counts the verified answers sampled during RL), and GRPO learns nothing from
+   a group of equal rewards; the shaped reward is the smallest change that gives the groups
+   a spread. ``seeds`` RL runs per arm (GRPO sampling seed and prompt order).
+4. **Evaluation** of every model (the base too, for the warm start's record) through
+   ``lcjax.eval.evaluate`` (greedy decoding of ``[BOS] + prompt`` up to EOS, RULER's
+   ``string_match_all``): the RULER-style suite (``lcjax.data.ruler``) and the NoLiMa-style
+   suite (``lcjax.data.nolima``) at :data:`EVAL_LEN` bytes — the shortest length at which
+   their standard templates fit; the base was trained at 128, so this is already 4× its
+   training length — and held-out TableLong items (the registered ``"tablelong"`` suite at
+   :data:`TABLE_EVAL_LEN`, whose contexts are 450–600 bytes, near the RL items' 300–600,
+   from other seeds). Because accuracy is ~0 for every arm at this scale, each item is also
+   scored by the **answer NLL** (nats per answer byte of the reference after ``[BOS] +
+   prompt``, teacher forced), a continuous measure of the same items.
+5. **Deltas** vs (c): per item, ``score(arm, seed) − score(none)``; the mean over seeds and
    items with a 95% bootstrap interval (seeds resampled, then items), and the same for
    (a) − (b).
-5. **Mutual information** (``lcjax.analysis.mutual_info.text_vs_table_mi``): byte MI vs lag
+6. **Mutual information** (``lcjax.analysis.mutual_info.text_vs_table_mi``): byte MI vs lag
    for Shakespeare and a markdown TableLong context, plotted with the row period's peaks.
 
 The claims are the paper's direction (RL on tables helps out of domain) and the MI
-argument; at this scale (a 1M-parameter byte LM trained for minutes) the RL deltas are
-expected to be near zero and are reported as measured.
+argument. Each RL claim's precondition is that RL had a signal (verified answers sampled
+during RL, and at least :data:`MIN_SPREAD_STEPS` GRPO steps with reward spread, for every
+arm the claim compares); where it is unmet the verdict is "not tested" with the counts.
+At this scale (a 1M-parameter byte LM trained for minutes) the RL deltas are expected to
+be near zero and are reported as measured.
 """
 
 from __future__ import annotations
@@ -62,6 +79,7 @@ from experiments.common import (
     Claim,
     Experiment,
     Result,
+    copy_model,
     machine_info,
     not_tested,
     shakespeare_base,
@@ -76,6 +94,9 @@ EVAL_BUCKET = 512  # eval prompts padded to 512 (RULER / NoLiMa) or 1024 (TableL
 SHORT_WIDTH = 576  # answer-NLL rows of the RULER / NoLiMa items (BOS + prompt + answer)
 EVAL_SEED = 0
 DATA_SEED = 19  # RL items; the evaluator draws its own seed sequences
+WARM_SEED = 23  # warm-start items (and their order): disjoint from DATA_SEED and EVAL_SEED's
+WARM_WIDTH = PROMPT_WIDTH + 32  # warm-start rows: BOS + prompt + answer (<= 31 bytes) + EOS
+WARM_LR = 1e-3
 MIN_SPREAD_STEPS = 5  # precondition of the RL claims: GRPO steps whose rewards differed
 NEWLINE = 10
 BOOTSTRAP = 2000
@@ -89,12 +110,14 @@ SETTINGS = {
     True: dict(seeds=(0,), steps=1, prompts_per_step=2, group_size=2, max_new_tokens=6,
                train_items=4, ruler_tasks=("niah_single_1",), nolima_tasks=("nolima_1hop",),
                table_tasks=("lookup", "count"), depths=(0.5,), n_per_cell=2,
-               table_n_per_cell=1, mi_text_bytes=100_000, mi_table_bytes=8_192),
+               table_n_per_cell=1, mi_text_bytes=100_000, mi_table_bytes=8_192,
+               warm_steps=2, warm_batch=2, warm_items=2, base_suites=("tablelong",)),
     False: dict(seeds=(0, 1, 2), steps=6, prompts_per_step=2, group_size=8, max_new_tokens=10,
                 train_items=64, ruler_tasks=("niah_single_1", "niah_single_2"),
                 nolima_tasks=("nolima_1hop", "nolima_control"), table_tasks=None,
                 depths=(0.25, 0.75), n_per_cell=4, table_n_per_cell=2,
-                mi_text_bytes=1_000_000, mi_table_bytes=65_536),
+                mi_text_bytes=1_000_000, mi_table_bytes=65_536,
+                warm_steps=120, warm_batch=8, warm_items=480, base_suites=SUITES),
 }
 # skip_flat_steps: no update on a step whose groups all have equal rewards (all advantages 0;
 # with this base that is most steps) — the update would be AdamW normalising rounding noise
@@ -105,16 +128,20 @@ GRPO = dict(lr=3e-4, kl_beta=0.04, clip_eps=0.2, updates_per_batch=2, temperatur
 # --- RL items -------------------------------------------------------------------------------
 
 
-def table_items(n: int, seed: int = DATA_SEED) -> list[dict]:
+def table_items(n: int, seed: int = DATA_SEED, *, with_answer: bool = False) -> list[dict]:
     """``n`` TableLong items (contexts of :data:`TABLE_LEN` bytes; every task, language and
-    format) whose BOS + prompt fits :data:`PROMPT_WIDTH`."""
+    format) whose BOS + prompt fits :data:`PROMPT_WIDTH` — with ``with_answer``, whose whole
+    warm-start row (BOS + prompt + answer + EOS, :func:`warm_rows`) fits
+    :data:`WARM_WIDTH` + 1 as well."""
     from lcjax.data.tablelong import generate_item, item_prompt
 
     out, index = [], 0
     while len(out) < n:
         item = generate_item(seed, index, min_len=TABLE_LEN[0], max_len=TABLE_LEN[1])
         index += 1
-        if 1 + len(item_prompt(item).encode()) <= PROMPT_WIDTH:
+        prompt = 1 + len(item_prompt(item).encode())
+        if prompt <= PROMPT_WIDTH and (not with_answer or
+                                       prompt + len(answer_ids(item)) <= WARM_WIDTH + 1):
             out.append(item)
     return out
 
@@ -161,6 +188,136 @@ def counting_reward(reward_fn, verifier):
 
     fn.hits, fn.samples = 0, 0
     return fn
+
+
+# --- warm start -----------------------------------------------------------------------------
+
+
+def answer_ids(item: dict) -> np.ndarray:
+    """The reference answer as the verifier and the evaluator write it
+    (:func:`lcjax.train.rewards.reference_text`: a list joined with ``", "``, reals with
+    ``repr``), then EOS: the bytes a warm-start row is trained on."""
+    from lcjax.data import tokenizer as tok
+    from lcjax.train.rewards import reference_text
+
+    return tok.encode(reference_text(item["answer"]), eos=True)
+
+
+def warm_items(n: int, seed: int = WARM_SEED) -> list[dict]:
+    """``2 n`` warm-start items, alternating: ``n`` TableLong items of ``seed`` whose row fits
+    :data:`WARM_WIDTH` (:func:`table_items`) and ``n`` arithmetic items of ``seed`` with the
+    same prompt lengths (:func:`arithmetic_items`), so both RL arms' answer formats get the
+    same number of rows and prompt bytes. ``seed`` must differ from :data:`DATA_SEED` (the
+    RL items); the evaluator's items come from other seed sequences
+    (``[EVAL_SEED, crc32(task), length, depth, i]``).
+
+    Raises:
+      ValueError: ``seed`` equal to :data:`DATA_SEED`.
+    """
+    if seed == DATA_SEED:
+        raise ValueError(f"warm_items: seed {seed} is the RL items' DATA_SEED; the warm start "
+                         "must not see the RL items")
+    tables = table_items(n, seed, with_answer=True)
+    texts = arithmetic_items([len(rl_prompt(it)) - 1 for it in tables], seed)
+    return [it for pair in zip(tables, texts) for it in pair]
+
+
+def warm_rows(items: list[dict], width: int = WARM_WIDTH) -> dict[str, np.ndarray]:
+    """Teacher-forcing rows of ``items``: ``row = [BOS] + prompt + answer + [EOS]``
+    (:func:`rl_prompt`, :func:`answer_ids`), ``inputs = row[:-1]``, ``targets = row[1:]``,
+    PAD to ``width``; ``loss_mask`` True on the targets that are answer bytes or EOS — the
+    rows of ``lcjax.train.losses.answer_weighted_nll``. All three ``[len(items), width]``.
+
+    Raises:
+      ValueError: a row longer than ``width + 1`` tokens.
+    """
+    from lcjax.data import tokenizer as tok
+
+    n = len(items)
+    out = {"inputs": np.full((n, width), tok.PAD, np.int32),
+           "targets": np.full((n, width), tok.PAD, np.int32),
+           "loss_mask": np.zeros((n, width), bool)}
+    for i, item in enumerate(items):
+        prompt, answer = rl_prompt(item), answer_ids(item)
+        row = np.concatenate([prompt, answer])
+        if len(row) > width + 1:
+            raise ValueError(f"warm_rows: item {i}'s row has {len(row)} tokens > width + 1 = "
+                             f"{width + 1}")
+        out["inputs"][i, :len(row) - 1] = row[:-1]
+        out["targets"][i, :len(row) - 1] = row[1:]
+        out["loss_mask"][i, len(prompt) - 1:len(row) - 1] = True
+    return out
+
+
+def warm_batches(rows: dict[str, np.ndarray], steps: int, batch: int, seed: int
+                 ) -> list[dict[str, np.ndarray]]:
+    """``steps`` batches of ``batch`` rows: passes over ``rows`` in a fresh permutation of
+    ``seed`` each (every row once per pass; the last pass cut short)."""
+    n = len(rows["inputs"])
+    rng = np.random.default_rng([seed, 2])
+    order = np.concatenate([rng.permutation(n) for _ in range(-(-steps * batch // n))])
+    return [{k: v[order[i * batch:(i + 1) * batch]] for k, v in rows.items()}
+            for i in range(steps)]
+
+
+def warm_start(base, items: list[dict], *, steps: int, batch: int, lr: float = WARM_LR,
+               seed: int = WARM_SEED) -> tuple[object, dict]:
+    """A copy of ``base`` fine-tuned by ``lcjax.train.train`` on :func:`warm_rows` of
+    ``items`` for ``steps`` AdamW steps of ``batch`` rows (cosine schedule, 10% warm-up),
+    the loss on the answer bytes and EOS only (``answer_weighted_loss(0)``); ``base`` is
+    left as it was. Returns the model and ``{"steps", "batch", "lr", "rows", "tasks",
+    "answer_nll_first", "answer_nll_last", "wall_s", "cpu_s"}`` (the training answer NLL,
+    nats per answer byte, of the first and the last step's batch)."""
+    from lcjax.train import TrainConfig, answer_weighted_loss, train
+
+    rows = warm_rows(items)
+    cfg = TrainConfig(steps=steps, batch_size=batch, seq_len=WARM_WIDTH, lr=lr,
+                      warmup_steps=steps // 10, seed=seed, log_every=max(1, steps // 10),
+                      eval_batches=0, progress=False)
+    model = copy_model(base)
+    t0, c0 = time.perf_counter(), time.process_time()
+    result = train(base.config, cfg, dataset=warm_batches(rows, steps, batch, seed),
+                   model_fn=lambda *_: model, loss_fn=answer_weighted_loss(0.0))
+    hist = result.history
+    info = {"steps": steps, "batch": batch, "lr": lr, "rows": len(items), "seed": seed,
+            "tasks": {t: sum(it["task"] == t for it in items)
+                      for t in dict.fromkeys(it["task"] for it in items)},
+            "answer_nll_first": float(hist[0]["answer_nll"]),
+            "answer_nll_last": float(hist[-1]["answer_nll"]),
+            "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
+    return result.model, info
+
+
+def param_digest(model) -> str:
+    """sha1 of every parameter's bytes (in the state's leaf order): equal digests, equal
+    parameters."""
+    import hashlib
+
+    import jax
+    from flax import nnx
+
+    h = hashlib.sha1()
+    for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)):
+        h.update(np.asarray(jax.device_get(leaf)).tobytes())
+    return h.hexdigest()
+
+
+def rl_arms(start, data: dict[str, list[dict]], s: dict, rl_fn=None) -> dict:
+    """Every RL arm and seed from a fresh copy of ``start`` (``rl_fn(model, items, seed, s)
+    -> (model, info)``, default :func:`run_rl`): ``{arm: {seed: (model, info)}}``, each
+    ``info`` with ``start_digest`` (:func:`param_digest` of the copy it started from), so the
+    report shows that every arm started from the same parameters whatever an RL run does to
+    the model it is given."""
+    rl_fn = run_rl if rl_fn is None else rl_fn
+    out = {}
+    for arm, items in data.items():
+        out[arm] = {}
+        for sd in s["seeds"]:
+            model = copy_model(start)
+            digest = param_digest(model)
+            trained, info = rl_fn(model, items, sd, s)
+            out[arm][sd] = (trained, {**info, "start_digest": digest})
+    return out
 
 
 def run_rl(base, items: list[dict], seed: int, s: dict) -> tuple[object, dict]:
@@ -230,13 +387,18 @@ def answer_nll(model, items, *, batch_size: int, width: int) -> np.ndarray:
     return out
 
 
-def evaluate_model(model, s: dict) -> dict[str, dict]:
-    """Per suite: ``string_match_all`` per item (fraction), answer NLL per item, tasks."""
+def evaluate_model(model, s: dict, suites=SUITES) -> dict[str, dict]:
+    """Per suite of ``suites``: ``string_match_all`` per item (fraction), answer NLL per
+    item, tasks; for TableLong also ``verified``: ``answer_reward`` of the greedy answer cut
+    at its first newline (GRPO's stop) against the item (1 / 0 per item)."""
     from lcjax.data.items import build_items
     from lcjax.eval import evaluate
+    from lcjax.train.rewards import answer_reward
 
     out = {}
     for name, spec in eval_specs(s).items():
+        if name not in suites:
+            continue
         spec = dict(spec)
         suite = spec.pop("suite")
         rows = s["prompts_per_step"] * s["group_size"]
@@ -249,6 +411,10 @@ def evaluate_model(model, s: dict) -> dict[str, dict]:
                      "nll": nll.tolist(),
                      "tasks": [r["task"] for r in res.records],
                      "predictions": [r["prediction"] for r in res.records[:4]]}
+        if suite == "tablelong":
+            out[name]["verified"] = [
+                answer_reward((r["prediction"] or "").split("\n")[0], it.sample.info)
+                for r, it in zip(res.records, items, strict=True)]
     return out
 
 
@@ -343,6 +509,21 @@ def _fmt(v: dict, scale: float = 1.0, unit: str = "") -> str:
             f"{scale * v['hi']:+.3g}]")
 
 
+def warm_record(evals: dict, warm_digest: str, start_digests: set[str]) -> dict:
+    """The warm start's effect on the held-out TableLong items (the ``tablelong`` suite):
+    answer NLL and verified greedy answers of the base (``evals["base"]``) and of the warm
+    start (``evals["none"]``), and whether every RL run started from the warm start's
+    parameters (``start_digests`` == {``warm_digest``})."""
+    b, w = evals["base"]["tablelong"], evals["none"]["tablelong"]
+    return {"heldout_items": len(w["nll"]),
+            "heldout_nll_base": float(np.mean(b["nll"])),
+            "heldout_nll_warm": float(np.mean(w["nll"])),
+            "heldout_verified_base": int(np.sum(b["verified"])),
+            "heldout_verified_warm": int(np.sum(w["verified"])),
+            "predictions_warm": w["predictions"],
+            "arms_start_from_warm": start_digests == {warm_digest}}
+
+
 def rl_signal_claim(name: str, target: str, ours: str, holds: bool, arms, counts: dict
                     ) -> Claim:
     """An RL claim, not tested unless every arm in ``arms`` had a learning signal: verified
@@ -368,15 +549,21 @@ def run(quick: bool, out_dir: Path) -> Result:
     tables = table_items(s["train_items"])
     texts = arithmetic_items([len(rl_prompt(it)) - 1 for it in tables])
     data = {"table": tables, "text": texts}
-    rl, evals = {"table": {}, "text": {}}, {"table": {}, "text": {}}
     timing = {"base_s": time.perf_counter() - t0}
-    evals["none"] = evaluate_model(base, s)
-    timing["eval_none_s"] = time.perf_counter() - t0 - sum(timing.values())
-    for arm in ("table", "text"):
-        for sd in s["seeds"]:
-            model, rl[arm][sd] = run_rl(base, data[arm], sd, s)
-            evals[arm][sd] = evaluate_model(model, s)
+    warm, warm_info = warm_start(base, warm_items(s["warm_items"]), steps=s["warm_steps"],
+                                 batch=s["warm_batch"])
+    timing["warm_start_s"] = time.perf_counter() - t0 - sum(timing.values())
+    evals = {"base": evaluate_model(base, s, s["base_suites"]), "none": evaluate_model(warm, s)}
+    timing["eval_base_and_none_s"] = time.perf_counter() - t0 - sum(timing.values())
+    runs = rl_arms(warm, data, s)  # every RL arm from a copy of the warm start ("none")
+    rl = {a: {sd: info for sd, (_, info) in r.items()} for a, r in runs.items()}
+    for arm, by_seed in runs.items():
+        evals[arm] = {sd: evaluate_model(model, s) for sd, (model, _) in by_seed.items()}
     timing["rl_and_eval_s"] = time.perf_counter() - t0 - sum(timing.values())
+    warm_info |= warm_record(evals, param_digest(warm),
+                             {r["start_digest"] for a in rl for r in rl[a].values()})
+    if not warm_info["arms_start_from_warm"]:  # the deltas would not measure RL alone
+        raise RuntimeError("tablelong: an RL arm did not start from the warm-started model")
     rng = np.random.default_rng(0)
     d = deltas(evals, s["seeds"], rng)
     m = means(evals, s["seeds"])
@@ -428,6 +615,9 @@ def run(quick: bool, out_dir: Path) -> Result:
         "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
         "grpo": GRPO, "table_len": TABLE_LEN, "prompt_width": PROMPT_WIDTH,
         "eval_len": EVAL_LEN, "table_eval_len": TABLE_EVAL_LEN, "base": base_info,
+        "warm_start": warm_info,
+        "means_base": {k: {m: float(np.mean(v[m])) for m in ("match", "nll")}
+                       for k, v in evals["base"].items()},
         "means": m, "deltas": d,
         "rl": {a: {str(sd): {k: v for k, v in r.items()} for sd, r in rl[a].items()}
                for a in rl},
@@ -440,7 +630,14 @@ def run(quick: bool, out_dir: Path) -> Result:
         "cpu_s": time.process_time() - c0,
         "machine": machine_info(),
     }
-    notes = (f"RL: {len(s['seeds'])} seed(s) x {s['steps']} GRPO steps x "
+    w = warm_info
+    notes = (f"Warm start (every arm's start, 'none' included): {w['steps']} steps x "
+             f"{w['batch']} rows of TableLong + arithmetic answers (seed {WARM_SEED}); training "
+             f"answer NLL {w['answer_nll_first']:.2f} -> {w['answer_nll_last']:.2f} nats/byte; "
+             f"held-out TableLong ({w['heldout_items']} items) answer NLL "
+             f"{w['heldout_nll_base']:.2f} (base) -> {w['heldout_nll_warm']:.2f}, verified "
+             f"greedy answers {w['heldout_verified_base']} -> {w['heldout_verified_warm']}. "
+             f"RL: {len(s['seeds'])} seed(s) x {s['steps']} GRPO steps x "
              f"{s['prompts_per_step']}x{s['group_size']} samples per arm; verified answers "
              f"sampled: table {hits['table']}/{samples['table']}, text {hits['text']}/"
              f"{samples['text']}; steps that updated the policy (the others' rewards were "
@@ -463,7 +660,10 @@ EXPERIMENT = Experiment(
     summary="GRPO on TableLong vs non-table items vs no RL from the Shakespeare base; "
             "RULER/NoLiMa/TableLong deltas with bootstrap CIs; table vs text MI",
     run=run,
-    quick_budget_s=40,  # 40 s quiet (2026-12-02 12:53 UTC, 57 CPU s): at its budget, not half
+    # 40 s quiet before the warm start (2026-12-02, 57 CPU s). With it (a train-step compile
+    # and the base's TableLong eval), 2026-12-06 on the loaded host (load ~11): reproduce
+    # --quick 38 s; back to back with the old code 35 vs 37 s and 60-66 vs 47-51 s (noisy)
+    quick_budget_s=40,
 )
 
 if __name__ == "__main__":
