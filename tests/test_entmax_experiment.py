@@ -2,8 +2,9 @@
 
 The statistics (bootstrap, longest length at 90%, the verdict) are checked on hand-made
 cells whose answer is known; the eval hook against ``ruler.answer_accuracy``; the pipeline
-(train through ``lcjax.train.train`` for a fixed budget with held-out checks, score at 1×–16× L, figure,
-claims, not-run reporting) on a one-layer model with an 8-byte task and a 4-step cap.
+(train through ``lcjax.train.train`` for a fixed budget with held-out checks, score at
+1×–16× L, figure, claims, not-run reporting) on a one-layer model with an 8-byte task and
+a 4-step budget.
 """
 
 from __future__ import annotations
