@@ -130,9 +130,9 @@ class Setting:
 
 # The full run: 4 paired seeds at one fixed budget of 2,000 steps (the former cap) on MQMTAR
 # with NAPE, where the early-stop run's largest gains were claimed. Flip-flop (NAPE), the RoPE
-# cells and niah are left out of the full run for its cost (~0.1 / 0.2 core-seconds per
-# softmax / entmax step at L = 64 on the 2-core host: one task × 4 seeds × 3 variants is
-# ~3 core-hours with scoring); run them into the same folder with
+# cells and niah are left out of the full run for its cost (one task × 4 seeds × 3 variants:
+# 7,841 s of training wall time, 380–1,070 s per run, on the 2-core host shared with other
+# runs, 2026-12-06); run them into the same folder with
 # ``python -m experiments.entmax.experiment --full --out reports/entmax --tasks flip_flop``
 # (``--positions rope``, ``--tasks niah``) and add the task to ``tasks`` below.
 FULL = Setting(seeds=(0, 1, 2, 3), tasks=("mqmtar",),
