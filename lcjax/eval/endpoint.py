@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from lcjax.interrupts import sigint_latch
 from lcjax.optional import require
 
 with require("eval", "lcjax.eval.endpoint"):
@@ -304,14 +305,16 @@ def endpoint_runner(cfg: EndpointConfig, *, max_tokens: int,
         for _ in range(min(cfg.concurrency, len(prompts))):
             threading.Thread(target=worker, name="lcjax-eval", daemon=True).start()
         try:
-            for _ in range(len(prompts)):
-                while True:  # a bounded wait, so Ctrl-C is seen at once
-                    try:
-                        result = done.get(timeout=0.2)
-                        break
-                    except queue.Empty:
-                        continue
-                yield result
+            with sigint_latch() as latch:
+                for _ in range(len(prompts)):
+                    while True:  # bounded waits, so Ctrl-C is seen at once, even one that
+                        latch.check()  # a garbage-collection callback swallowed
+                        try:
+                            result = done.get(timeout=0.2)
+                            break
+                        except queue.Empty:
+                            continue
+                    yield result
         finally:
             stop.set()
 

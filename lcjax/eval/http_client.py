@@ -32,6 +32,7 @@ import time
 import urllib.parse
 from typing import Any
 
+from lcjax.interrupts import sigint_latch
 from lcjax.optional import require
 
 with require("eval", "lcjax.eval.http_client"):
@@ -196,9 +197,13 @@ def post_json(session: requests.Session, url: str, body: Any, *, headers: dict |
             done.set()
 
     threading.Thread(target=work, name="lcjax-http", daemon=True).start()
-    if not done.wait(max(0.0, end - time.monotonic()) + 0.05):
-        raise HttpError(f"deadline of {limits.deadline:g} s passed before the reply was "
-                        "complete", transient=True)
+    with sigint_latch() as latch:  # bounded waits: a swallowed Ctrl-C is raised again
+        while not done.wait(min(0.2, max(0.0, end - time.monotonic()) + 0.05)):
+            latch.check()
+            if time.monotonic() > end + 0.05:
+                raise HttpError(f"deadline of {limits.deadline:g} s passed before the reply "
+                                "was complete", transient=True)
+        latch.check()
     if "error" in box:
         raise box["error"]
     status, raw, retry_after = box["value"]
