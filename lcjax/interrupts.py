@@ -5,9 +5,8 @@ check falls inside a ``gc.callbacks`` function the ``KeyboardInterrupt`` the han
 is printed as "Exception ignored in ..." and dropped. jax registers such a callback
 (``jax._src.lib._xla_gc_callback``, run at the start and the end of every collection), so a
 Ctrl-C that arrives during a garbage collection is swallowed and a waiting loop goes on
-waiting — ``lcjax eval`` against an endpoint kept running after one Ctrl-C in 2 of 3 full test
-runs on a loaded host (2026-12-06), and a loop that collects repeatedly loses it every time
-(``tests/test_interrupts.py``).
+waiting: a loop that collects again and again with jax imported lost the Ctrl-C in 6 of 6
+tries (2026-12-06; ``tests/test_interrupts.py`` shows it with a callback of its own).
 
 :func:`sigint_latch` installs, for the duration of a ``with`` block in the main thread, a
 SIGINT handler that records the interrupt before handing it to the previous handler; a

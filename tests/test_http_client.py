@@ -220,7 +220,12 @@ def test_the_key_is_sent_only_where_the_user_says(monkeypatch):
               "--api-key-env", "OPENAI_API_KEY", "--lengths", "1k", "--out", "/nonexistent"])
 
 
+# A pytest-xdist worker restarted after a crash ignores SIGINT and its children inherit the
+# ignored signal (both fresh-clone failures of the Ctrl-C test below ran on such a worker);
+# a user's shell starts Python with the default handler, so the script installs it.
 INTERRUPTED_RUN = """
+import signal
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import sys
 from lcjax.data import ruler
 from lcjax.data.suites import Suite, SuiteTask

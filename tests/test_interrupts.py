@@ -16,7 +16,11 @@ import pytest
 
 from lcjax.interrupts import sigint_latch
 
-LOOP = """
+# A pytest-xdist worker restarted after a crash ignores SIGINT and its children inherit the
+# ignored signal; a shell starts Python with the default handler, so the scripts install it.
+DEFAULT_SIGINT = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+LOOP = DEFAULT_SIGINT + """
 import gc, os, signal, sys, threading, time
 from lcjax.interrupts import sigint_latch
 gc.callbacks.append(lambda *a: None)   # what jax's _xla_gc_callback is to Python
@@ -54,7 +58,16 @@ def test_a_ctrl_c_during_collection_is_swallowed_without_the_check_and_raised_wi
 
 
 def test_handler_restored_and_ignored_sigint_respected():
-    before = signal.getsignal(signal.SIGINT)
+    inherited = signal.getsignal(signal.SIGINT)  # SIG_IGN in a restarted xdist worker
+    before = signal.default_int_handler
+    signal.signal(signal.SIGINT, before)
+    try:
+        _restored_and_ignored(before)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
+
+
+def _restored_and_ignored(before):
     with sigint_latch() as latch:
         assert signal.getsignal(signal.SIGINT) is not before
         assert not latch.interrupted
