@@ -192,6 +192,29 @@ def write_json(path: Path, payload) -> None:
     path.write_text(json.dumps(payload, indent=2, default=json_default))
 
 
+def keep_record(path: Path | None, record: dict, fingerprint: dict) -> None:
+    """Write ``record`` with its ``fingerprint`` (what it was made with) to ``path``
+    atomically (a temporary file, then a rename), so a full run can resume from it; None:
+    nothing. :func:`kept_record` reads it back."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({**record, "fingerprint": fingerprint}, indent=1,
+                              default=json_default))
+    tmp.replace(path)
+
+
+def kept_record(path: Path | None, fingerprint: dict) -> dict | None:
+    """The record :func:`keep_record` wrote at ``path``, without its fingerprint; None when
+    there is none or it was made with another ``fingerprint`` (compared as JSON)."""
+    if path is None or not path.exists():
+        return None
+    body = json.loads(path.read_text())
+    kept = body.pop("fingerprint", None)
+    return body if kept == json.loads(json.dumps(fingerprint, default=json_default)) else None
+
+
 def experiment_parser(experiment: Experiment) -> argparse.ArgumentParser:
     """The flags every experiment's command line has (``python -m
     experiments.<name>.experiment``): ``--full`` (else quick) and ``--out DIR`` (default

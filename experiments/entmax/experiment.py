@@ -51,6 +51,8 @@ from experiments.common import (
     Experiment,
     Result,
     experiment_parser,
+    keep_record,
+    kept_record,
     mean_interval,
     not_tested,
     print_result,
@@ -483,15 +485,9 @@ def record_fingerprint(setting: Setting, task: str) -> dict:
 
 def save_run_record(path: Path | None, rec: dict, setting: Setting) -> None:
     """Write ``rec`` (its exact arrays as 0/1 lists) with its fingerprint; None: nothing."""
-    if path is None:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
     body = dict(rec, exact={str(m): np.asarray(a, dtype=int).tolist()
-                            for m, a in rec["exact"].items()},
-                fingerprint=record_fingerprint(setting, rec["task"]))
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(body, indent=1))
-    tmp.replace(path)
+                            for m, a in rec["exact"].items()})
+    keep_record(path, body, record_fingerprint(setting, rec["task"]))
 
 
 def load_run_record(path: Path | None, setting: Setting) -> dict | None:
@@ -499,8 +495,9 @@ def load_run_record(path: Path | None, setting: Setting) -> dict | None:
     or it was made with another setting (:func:`record_fingerprint`)."""
     if path is None or not path.exists():
         return None
-    body = json.loads(path.read_text())
-    if body.pop("fingerprint", None) != record_fingerprint(setting, body["task"]):
+    task = json.loads(path.read_text())["task"]
+    body = kept_record(path, record_fingerprint(setting, task))
+    if body is None:
         return None
     body["exact"] = {int(m): np.asarray(a, dtype=bool) for m, a in body["exact"].items()}
     return body

@@ -84,7 +84,6 @@ every layer sparse collapses (64.0% at coverage 0.01, 0% at 0.5).
 from __future__ import annotations
 
 import functools
-import json
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -96,12 +95,13 @@ from experiments.common import (
     Experiment,
     Result,
     experiment_parser,
+    keep_record,
+    kept_record,
     machine_info,
     mean_interval,
     not_tested,
     print_result,
     records_dir,
-    write_json,
 )
 from lcjax.data import ruler
 from lcjax.data.suites import Suite, SuiteTask
@@ -451,9 +451,8 @@ def seed_fingerprint(setting: Mapping) -> dict:
     data seed."""
     keep = {k: v for k, v in setting.items()
             if k not in ("seeds", "repeats", "diagnose_per_cell")}
-    return json.loads(json.dumps({**keep, "model": dict(setting.get("model") or MODEL),
-                                  "lr": LR, "data_seed": DATA_SEED, "pool": POOL,
-                                  "other_weight": OTHER_WEIGHT}))
+    return {**keep, "model": dict(setting.get("model") or MODEL), "lr": LR,
+            "data_seed": DATA_SEED, "pool": POOL, "other_weight": OTHER_WEIGHT}
 
 
 def seed_record_path(out_dir: Path, seed: int) -> Path:
@@ -562,19 +561,17 @@ def seed_records(setting: Mapping, out_dir: Path, *, keep: bool, only=None, comm
         if only is not None and seed not in only:
             continue
         path = seed_record_path(out_dir, seed) if keep else None
-        if path is not None and path.exists():
-            body = json.loads(path.read_text())
-            if body.pop("fingerprint", None) == fingerprint:
-                log(f"   seed {seed}: kept from {path}")
-                records.append(body)
-                continue
+        body = kept_record(path, fingerprint)
+        if body is not None:
+            log(f"   seed {seed}: kept from {path}")
+            records.append(body)
+            continue
         first = seed == setting["seeds"][0]
         rec = run_seed(seed, dict(setting, diagnose_per_cell=setting["diagnose_per_cell"]
                                   if first else 0),
                        eval_report_dir=Path(out_dir) / "eval_dense" if first else None,
                        command=command, log=log)
-        if path is not None:
-            write_json(path, {**rec, "fingerprint": fingerprint})
+        keep_record(path, rec, fingerprint)
         records.append(rec)
     return records
 
