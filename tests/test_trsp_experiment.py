@@ -149,3 +149,30 @@ def test_gate_values_follow_the_gate_formula():
     phi = np.log1p(np.exp(float(g.kappa[...])))
     got = exp.gate_values(model, 2)
     np.testing.assert_allclose(got, [sig(mlp(-1.0)) * 0.5 ** phi, sig(mlp(0.0))], rtol=1e-5)
+
+
+def test_full_run_keeps_each_arm_and_resumes_from_the_records(tmp_path, monkeypatch):
+    """The full path keeps every (seed, arm) as JSON: ``only_seeds`` trains and keeps them
+    and returns None; the run without it rebuilds the whole result from the records alone
+    (no training), the same accuracies and stable ranks; another setting is not reused."""
+    _, setting = _tiny_model()
+    assert exp.run(False, tmp_path, setting=setting, only_seeds={0},
+                   log=lambda *a, **k: None) is None
+    kept = sorted(p.name for p in (tmp_path / "arms").iterdir())
+    assert kept == ["seed0-baseline.json", "seed0-trsp.json"]
+    first = {k: exp.kept_record(tmp_path / "arms" / f"seed0-{k}.json",
+                                exp.arm_fingerprint(setting)) for k in exp.ARMS}
+
+    def no_training(*a, **k):
+        raise AssertionError("trained although a record was kept")
+
+    monkeypatch.setattr(exp, "train_and_evaluate", no_training)
+    res = exp.run(False, tmp_path, setting=setting, log=lambda *a, **k: None)
+    runs = res.numbers["runs"]
+    assert runs["baseline"][0]["accuracy"] == first["baseline"]["baseline"]["accuracy"]
+    kept_rank = np.nanmean(first["trsp"][exp.GAMMA0]["spectral"]["2x"]["stable_rank"][-1])
+    assert res.numbers["last_layer_stable_rank_top"][exp.GAMMA0] == [pytest.approx(kept_rank)]
+    assert len(res.claims) == 3
+    with pytest.raises(AssertionError, match="trained although"):
+        exp.run(False, tmp_path, setting=dataclasses.replace(setting, items=2),
+                log=lambda *a, **k: None)

@@ -51,14 +51,16 @@ of the paper (lcjax has neither attention variant).
 
 Quick mode (``make reproduce``, 40 s budget) is a smoke run of the whole pipeline: one
 seed, a 2-layer d = 32 model, 10 steps of 4 rows, 4 items at 1× and 2× L: its numbers mean
-nothing. The full mode: 3 seeds × 2 arms, 6 layers, d = 64, :data:`FULL_STEPS` = 320 steps
-of :data:`FULL_BATCH` = 32 rows (the budget in which the 3-layer model of
-``experiments/entmax`` learns this task), 48 items per length, 2 spectral rows. A first try
-at 400 steps × 16 rows left the 6-layer baseline of seed 0 on the format plateau (answer
+nothing. The full mode: 3 seeds × 2 arms, 6 layers, d = 64, :data:`FULL_STEPS` = 960 steps
+of :data:`FULL_BATCH` = 32 rows (three times the budget in which the 3-layer model of
+``experiments/entmax`` learns this task: at 320 steps three of the six 6-layer models had not
+learned it), 48 items per length, 2 spectral rows; each finished (seed, arm) is kept under
+``runs/records/trsp/arms/`` (``--seeds 1`` trains one seed alone, for parallel processes).
+A first try at 400 steps × 16 rows left the 6-layer baseline of seed 0 on the format plateau (answer
 NLL 1.83 nats at step 400, exact match 0 at every length; 540 s of training at ~15% of one
-CPU on the loaded shared machine, 2026-12-06). At 320 × 32 one arm takes about 300 CPU-s to
-train and score, so the full run is about 30 CPU-minutes — on the loaded shared 2-CPU
-machine (10–20% of a CPU for a niced run) several hours of wall time.
+CPU on the loaded shared machine, 2026-12-06). At 320 × 32 one arm took about 300 CPU-s to
+train and score (the 320-step full run: 4,708 s wall on the loaded 2-CPU machine); at 960
+steps the full run is about 90 CPU-minutes.
 """
 
 from __future__ import annotations
@@ -76,9 +78,12 @@ from experiments.common import (
     Result,
     exact_match,
     interval_verdict,
+    keep_record,
+    kept_record,
     machine_info,
     mean_interval,
     not_tested,
+    records_dir,
     task_rows,
 )
 from lcjax.data import ruler
@@ -102,7 +107,10 @@ GAMMA0 = "trsp_gamma0"  # the TRSP model's weights without the side path
 LEARNED = 0.9  # precondition: mean exact match at 1× L at least this (and the 8x room)
 GATE_OPEN = 0.01  # precondition of claim 2: some layer's trained γ at least this
 PRACTICAL_MARGIN = 0.01  # claim 3: relative stable-rank gain whose interval must clear this
-FULL_STEPS = 320
+# 320 steps (the first full run, 2026-12-06) left 3 of the 6 models below 90% at 1× L: the
+# answer NLL of baseline and TRSP seed 2 was still falling (0.61, 0.94) when the schedule
+# ended, TRSP seed 1 sat on the format plateau (1.51); three times the budget
+FULL_STEPS = 960
 FULL_BATCH = 32
 
 
@@ -359,8 +367,57 @@ def evaluate_model(model, s: Setting, lengths, rows_by_length) -> dict:
     return {"accuracy": acc, "spectral": spectra(model, s)}
 
 
-def run(quick: bool, out_dir: Path, *, setting: Setting | None = None, log=None) -> Result:
-    """The experiment in the quick or full setting (``setting`` overrides it)."""
+def arm_fingerprint(s: Setting) -> dict:
+    """What a kept (seed, arm) record must have been made with to be reused: the setting
+    without its seed list, and the constants of training and scoring."""
+    return {**{k: v for k, v in dataclasses.asdict(s).items() if k != "seeds"}, "lr": LR,
+            "other_weight": OTHER_WEIGHT, "train_len": TRAIN_LEN, "data_seed": DATA_SEED,
+            "eval_seed": EVAL_SEED, "spectral_seed": SPECTRAL_SEED}
+
+
+def arm_record_path(out_dir: Path, seed: int, arm: str) -> Path:
+    """Where the full run keeps one finished (seed, arm): ``arms/seed<seed>-<arm>.json`` in
+    the untracked twin of ``out_dir`` (:func:`experiments.common.records_dir`)."""
+    return records_dir(out_dir) / "arms" / f"seed{seed}-{arm}.json"
+
+
+def train_and_evaluate(s: Setting, name: str, seed: int, lengths, rows_by_length, *,
+                       log=print) -> dict[str, dict]:
+    """Train arm ``name`` of seed ``seed`` and score it (the TRSP arm also with γ = 0):
+    ``{key: record}`` with key ``name`` (and :data:`GAMMA0` for TRSP); a record holds the
+    exact match per length, the spectra, the gates (TRSP) and the training history."""
+    trsp = ARMS[name]
+    tr = train_arm(s, trsp, seed)
+    t0 = time.perf_counter()
+    models = {name: tr["model"]}
+    if trsp:
+        models[GAMMA0] = without_side_path(tr["model"])
+    out = {}
+    for key, model in models.items():
+        out[key] = {"seed": seed, **evaluate_model(model, s, lengths, rows_by_length),
+                    "params": tr["params"], "train_seconds": tr["seconds"],
+                    "train_cpu_s": tr["cpu_s"], "history": tr["history"],
+                    "gate": ({f"{m}x": gate_values(model, m * TRAIN_LEN) for m in s.mults}
+                             if key == "trsp" else None)}
+    ev = time.perf_counter() - t0
+    for rec in out.values():
+        rec["eval_seconds"] = ev
+    log(f"   seed {seed} {name}: {tr['params']} params, {s.steps} steps in "
+        f"{tr['seconds']:.0f} s, answer nll {tr['history'][-1]['answer_nll']:.3f}; "
+        + "; ".join(f"{k} exact " + " ".join(f"{a:.2f}" for a in out[k]["accuracy"])
+                    for k in out) + f" ({ev:.0f} s eval)")
+    return out
+
+
+def run(quick: bool, out_dir: Path, *, setting: Setting | None = None, log=None,
+        only_seeds=None) -> Result | None:
+    """The experiment in the quick or full setting (``setting`` overrides it).
+
+    The full run keeps each finished (seed, arm) under :func:`arm_record_path` and reuses
+    the ones made with the same setting (:func:`arm_fingerprint`), so an interrupted run
+    resumes; with ``only_seeds`` it trains those seeds only and returns None (seeds in
+    parallel processes: ``python -m experiments.trsp.experiment --full --out reports/trsp
+    --seeds 1``), and the run without it assembles the report."""
     log = log or functools.partial(print, flush=True)
     s = setting or SETTINGS[quick]
     out_dir = Path(out_dir)
@@ -370,28 +427,22 @@ def run(quick: bool, out_dir: Path, *, setting: Setting | None = None, log=None)
     rows_by_length = {n: scoring_rows(n, s.items) for n in lengths}
     start = time.perf_counter()
     runs = {name: [] for name in (*ARMS, GAMMA0)}
+    fingerprint = arm_fingerprint(s)
     for seed in s.seeds:
-        for name, trsp in ARMS.items():
-            tr = train_arm(s, trsp, seed)
-            t0 = time.perf_counter()
-            models = {name: tr["model"]}
-            if trsp:
-                models[GAMMA0] = without_side_path(tr["model"])
-            for key, model in models.items():
-                rec = {"seed": seed, **evaluate_model(model, s, lengths, rows_by_length),
-                       "params": tr["params"], "train_seconds": tr["seconds"],
-                       "train_cpu_s": tr["cpu_s"], "history": tr["history"],
-                       "gate": ({f"{m}x": gate_values(model, m * TRAIN_LEN) for m in s.mults}
-                                if key == "trsp" else None)}
+        if only_seeds is not None and seed not in only_seeds:
+            continue
+        for name in ARMS:
+            path = None if quick else arm_record_path(out_dir, seed, name)
+            recs = kept_record(path, fingerprint)
+            if recs is None:
+                recs = train_and_evaluate(s, name, seed, lengths, rows_by_length, log=log)
+                keep_record(path, recs, fingerprint)
+            else:
+                log(f"   seed {seed} {name}: kept from {path}")
+            for key, rec in recs.items():
                 runs[key].append(rec)
-            ev = time.perf_counter() - t0
-            for key in models:
-                runs[key][-1]["eval_seconds"] = ev
-            log(f"   seed {seed} {name}: {tr['params']} params, {s.steps} steps in "
-                f"{tr['seconds']:.0f} s, answer nll {tr['history'][-1]['answer_nll']:.3f}; "
-                + "; ".join(f"{k} exact " + " ".join(f"{a:.2f}" for a in runs[k][-1]["accuracy"])
-                            for k in models) + f" ({ev:.0f} s eval)")
-            del tr, models
+    if only_seeds is not None:
+        return None
     seconds = time.perf_counter() - start
     return _result(quick, s, out_dir, lengths, runs, seconds)
 
@@ -524,6 +575,14 @@ EXPERIMENT = Experiment(
 
 
 if __name__ == "__main__":
-    from experiments.common import main
+    from experiments.common import experiment_parser, print_result
 
-    main(EXPERIMENT)
+    parser = experiment_parser(EXPERIMENT)
+    parser.add_argument("--seeds", help="comma-separated seeds: only train and score these and "
+                        "keep their records (seeds in parallel processes); the run without "
+                        "--seeds then reuses them and writes the report")
+    args = parser.parse_args()
+    only = None if not args.seeds else {int(x) for x in args.seeds.split(",")}
+    res = run(not args.full, args.out, only_seeds=only)
+    if res is not None:
+        print_result(res)
