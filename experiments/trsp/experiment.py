@@ -443,7 +443,10 @@ def run(quick: bool, out_dir: Path, *, setting: Setting | None = None, log=None,
                 runs[key].append(rec)
     if only_seeds is not None:
         return None
-    seconds = time.perf_counter() - start
+    # the arms' own training and scoring seconds (kept records included: a resumed or
+    # assembled run's wall time omits them)
+    seconds = sum(r["train_seconds"] + r["eval_seconds"] for name in ARMS for r in runs[name])
+    log(f"   {time.perf_counter() - start:.0f} s this invocation")
     return _result(quick, s, out_dir, lengths, runs, seconds)
 
 
@@ -523,7 +526,8 @@ def _result(quick, s, out_dir, lengths, runs, seconds) -> Result:
              f"no early stop) at L = {TRAIN_LEN} on RULER-style single-needle retrieval (noise "
              f"haystack, 4-digit value), lr {LR}, seeds {list(s.seeds)}; exact match of the "
              f"greedy answer (teacher-forced argmax) on {s.items} fresh items per length; "
-             f"{seconds:.0f} s in all. {GAMMA0} = the TRSP model's weights with the side path "
+             f"{seconds:.0f} s of training and scoring in all (wall, each arm in its own "
+             f"process or in turn). {GAMMA0} = the TRSP model's weights with the side path "
              "removed (γ = 0). Mean over seeds [95% t-interval]:\n\n" + "\n".join(rows)
              + "\n\nPaired per-seed differences of exact match, mean [95% t-interval]:\n\n"
              + "\n".join(diff_rows)
