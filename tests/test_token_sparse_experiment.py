@@ -170,9 +170,18 @@ def test_claims_follow_the_paired_interval_over_seeds():
     paper, _ = exp.claims_from(dense, [_pt(4.0, 0.3, wide)], ["t"])
     assert paper.holds is False and paper.verdict == "fails"
     one = exp.claims_from({"t": [99.0]}, [_pt(4.0, 0.3, [99.0])], ["t"])
-    assert all(c.holds is None and "1 seed" in c.ours for c in one)
+    assert all(c.holds is None and "1 of 1 seeds learned t" in c.ours for c in one)
     unlearned = exp.claims_from({"t": [80.0, 95.0]}, [_pt(4.0, 0.3, [80.0, 95.0])], ["t"])
-    assert all(c.holds is None and "dense 87.5%" in c.ours for c in unlearned)
+    assert all(c.holds is None and "1 of 2 seeds learned t (dense 80.0, 95.0%)" in c.ours
+               for c in unlearned)
+    # a seed whose dense model never learned the task is left out of the pairing: its
+    # 0 − 0 would pull the interval toward 0
+    paper, _ = exp.claims_from({"t": [99.0, 0.0, 98.0]}, [_pt(4.0, 0.3, [98.0, 0.0, 60.0])],
+                               ["t"])
+    assert paper.holds is False and "over seeds [0, 2] (per seed -1.0, -38.0)" in paper.ours
+    paper, _ = exp.claims_from({"t": [99.0, 0.0, 98.0]}, [_pt(4.0, 0.3, [98.9, 0.0, 97.9])],
+                               ["t"])
+    assert paper.holds is True and "2 of 3 seeds learned t" in paper.ours
     paper, kept = exp.claims_from(dense, [_pt(1.2, 0.6, sparse)], ["t"], seq_len=125)
     assert paper.holds is None and "no coverage reaches 3.23x at T = 125" in paper.ours
     assert kept.holds is None and "no coverage keeps ≤ 0.5" in kept.ours
