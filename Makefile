@@ -32,11 +32,12 @@ corpora:
 # two pytest workers (pytest-xdist): the suite is dominated by single-threaded XLA
 # compilation, so the 2 CPUs of the development machine and CI run it nearly twice as fast
 # The TPU compile gate (tests marked tpu_compile: they load libtpu) runs in its own pytest
-# process after the rest.
+# process after the rest. --durations: the log says where the time went (a test that hangs
+# fails after pytest-timeout's 300 s, pyproject.toml).
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest tests --nbmake notebooks -n $(TEST_WORKERS) -m "not tpu_compile"
-	$(PY) -m pytest tests -n $(TEST_WORKERS) -m tpu_compile
+	$(PY) -m pytest tests --nbmake notebooks -n $(TEST_WORKERS) -m "not tpu_compile" --durations=25
+	$(PY) -m pytest tests -n $(TEST_WORKERS) -m tpu_compile --durations=10
 
 # tensorflow-datasets is an optional extra (~200 MB); tests/test_tfds.py tests the adapter
 # on a stand-in without it, and on a tiny dataset it prepares itself with it
