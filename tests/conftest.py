@@ -124,7 +124,9 @@ def pytest_handlecrashitem(crashitem, report, sched):
 # alone and on their rerun in a fresh worker. Compiling each program on one thread
 # (--xla_cpu_parallel_codegen_split_count=1) did not stop them (two aborts in the next full
 # run). A worker keeps every executable it ever compiled in jax's caches; after each test
-# module they are dropped, so a late worker holds no more than a young one.
+# module they are dropped, so a late worker holds no more than a young one. No cost measured:
+# test_generate, _sliding_window, _trsp, _nn, _prefill_sparse, _eval at -n 2 took 313 CPU-s
+# with it and 351 without (2026-12-06).
 @pytest.fixture(autouse=True, scope="module")
 def _drop_compiled_programs_after_each_module():
     yield
