@@ -32,8 +32,8 @@ corpora:
 # two pytest workers (pytest-xdist): the suite is dominated by single-threaded XLA
 # compilation, so the 2 CPUs of the development machine and CI run it nearly twice as fast
 # The TPU compile gate (tests marked tpu_compile: they load libtpu) runs in its own pytest
-# process after the rest. --durations: the log says where the time went (a test that hangs
-# fails after pytest-timeout's 300 s, pyproject.toml).
+# process after the rest. --durations: the log says where the time went (a hanging test fails
+# at the time limit that pyproject.toml sets).
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest tests --nbmake notebooks -n $(TEST_WORKERS) -m "not tpu_compile" --durations=25
