@@ -50,7 +50,8 @@ MARGIN = 0.10  # the student "keeps" the teacher's success: difference interval 
 DISTIL = {True: dict(steps=20, batch=2, d_model=32, layers=1, seq_len=1024, eval_tasks=2),
           # full: every row fits 640 bytes (compressor prompts 398-598 bytes + a <= 29-byte
           # reply under the optimised guideline); 500 steps (1,038 s loaded) left the reply
-          # NLL still falling 12% per tenth of the run (not converged): 2,000 steps
+          # NLL still falling 12% per tenth of the run (not converged): 2,000 steps (827 s,
+          # 2026-12-07) lowered it to 0.040 nats/byte, still falling 13% (not converged)
           False: dict(steps=2000, batch=8, d_model=64, layers=2, seq_len=640, eval_tasks=10)}
 
 
