@@ -26,6 +26,37 @@ def test_recall_batch_answers_are_the_paired_values_beyond_the_chunk():
             assert p - src > PE.RECALL_CHUNK and p // PE.RECALL_CHUNK != src // PE.RECALL_CHUNK
 
 
+def _value_predictor(right_at):
+    """A stand-in model: logits that name, at the query positions ``right_at(j)`` says, the
+    value paired with the query's key (read from the sequence's first chunk), and a byte
+    that is never a value elsewhere."""
+    q0 = PE.RECALL_SEQ - PE.RECALL_CHUNK + 2
+
+    def model(inputs):
+        x = np.asarray(inputs)
+        logits = np.zeros((*x.shape, 256), np.float32)
+        logits[..., ord("q")] = 1.0
+        for r in range(x.shape[0]):
+            pairs = {int(x[r, i]): int(x[r, i + 1]) for i in range(0, 2 * PE.PAIRS, 2)}
+            for j in range(PE.PAIRS):
+                if right_at(j):
+                    logits[r, q0 + 2 * j, pairs[int(x[r, q0 + 2 * j])]] = 2.0
+        return logits
+
+    return model
+
+
+def test_recall_accuracy_scores_retrieval_not_elimination():
+    """The last query's value is the one not yet given, so a model right only there (what
+    elimination achieves) scores 0; right at every query scores 1; right at the first query
+    only scores 1 / (PAIRS - 1)."""
+    assert PE.PAIRS >= 2
+    assert PE.recall_accuracy(_value_predictor(lambda j: j == PE.PAIRS - 1), 70, 3) == 0.0
+    assert PE.recall_accuracy(_value_predictor(lambda j: True), 70, 3) == 1.0
+    assert np.isclose(PE.recall_accuracy(_value_predictor(lambda j: j == 0), 70, 3),
+                      1 / (PE.PAIRS - 1))
+
+
 def test_chunk_local_model_sees_only_its_chunk():
     """Changing the tokens of earlier chunks changes no logit of the last chunk (and does
     change them in the plain model)."""
@@ -77,3 +108,24 @@ def test_standard_attention_only_transformer_is_causal():
     out2 = m(tok.at[:, 10:].set((tok[:, 10:] + 1) % 4))
     np.testing.assert_allclose(out[:, :10], out2[:, :10], atol=1e-6)
     assert float(jnp.max(jnp.abs(out[:, 10:] - out2[:, 10:]))) > 1e-4
+
+
+def test_recall_claims_pair_only_the_seeds_where_softmax_learned():
+    """Seed 1's softmax never learned (0.40), so only seeds 0 and 2 are paired: PLASH −
+    chunk-local is +0.85 and +0.81 (holds), PLASH 4 and 8 points under softmax is not
+    "within 5" (fails: the interval's upper end is 0.31), 1-1.2 points under is; with a
+    single learned seed every claim is not tested."""
+    acc = {0: (0.99, 0.95, 0.85, 0.10), 1: (0.40, 0.20, 0.20, 0.10),
+           2: (0.97, 0.89, 0.88, 0.08)}
+    rec = {s: {n: {"accuracy": a} for n, a in zip(("softmax", "plash", "plash_deg0",
+                                                    "chunk_local"), v)} for s, v in acc.items()}
+    local, enrich, close = PE.recall_claims(rec, (0, 1, 2))
+    assert local.holds is True and "seeds [0, 2]" in local.ours and "+0.830" in local.ours
+    assert enrich.holds is False  # +0.10 and +0.01: the interval reaches below 0
+    assert close.holds is False and "+0.060" in close.ours  # softmax - plash 0.04, 0.08
+    for s, gap in ((0, 0.010), (2, 0.012)):  # mean 0.011, 95% upper bound 0.024
+        rec[s]["plash"]["accuracy"] = rec[s]["softmax"]["accuracy"] - gap
+    assert PE.recall_claims(rec, (0, 1, 2))[2].holds is True
+    rec[2]["softmax"]["accuracy"] = 0.5
+    assert all(c.holds is None and "learned in 1 of 3" in c.ours
+               for c in PE.recall_claims(rec, (0, 1, 2)))
