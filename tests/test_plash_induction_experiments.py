@@ -30,7 +30,7 @@ def _value_predictor(right_at):
     """A stand-in model: logits that name, at the query positions ``right_at(j)`` says, the
     value paired with the query's key (read from the sequence's first chunk), and a byte
     that is never a value elsewhere."""
-    q0 = PE.RECALL_SEQ - PE.RECALL_CHUNK + 2
+    q0 = PE.FIRST_QUERY
 
     def model(inputs):
         x = np.asarray(inputs)

@@ -38,9 +38,10 @@ At batch 64 and lr 1e-3 the same model binds: all four queries at 100% by step 1
 
 Claims are paired comparisons over :data:`SEEDS` (the same seed for every variant): the
 per-seed difference's mean and Student-t 95% interval decide (``interval_verdict``), never
-"every seed". Preconditions: the LM claims need softmax below the order-1 Markov level;
-the recall claims need softmax to have learned the task (mean accuracy >= 90%), else
-"not tested".
+"every seed". Preconditions: the LM claims need softmax below the order-1 Markov level
+(the controls also need softmax below chunk-local at 1×: context beyond the chunk helps);
+the recall claims need softmax to have learned the task (retrieval accuracy >= 90%) in >= 2
+seeds, and pair only those seeds; else "not tested".
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ PAIRS = 4
 # the recall models: sequences of RECALL_SEQ bytes cut into RECALL_CHUNK-byte chunks (PLASH's
 # chunk and the chunk-local mask), half the LM's, so the task trains in the time there is
 RECALL_SEQ, RECALL_CHUNK = 64, 16
+FIRST_QUERY = RECALL_SEQ - RECALL_CHUNK + 2  # input position of the first query key
 RECALL_BATCH = 64
 RECALL_EVAL = {True: 64, False: 512}
 RECALL_LEARNED = 0.9
@@ -127,10 +129,10 @@ def recall_batch(rng: np.random.Generator, n: int) -> dict:
     """``n`` recall sequences of RECALL_SEQ + 1 bytes -> ``{"inputs", "targets",
     "loss_mask"}`` [n, RECALL_SEQ]: pairs ``k_i v_i`` at positions 0..2P-1 (distinct keys),
     filler, then the keys again in a shuffled order with their values from position
-    RECALL_SEQ - RECALL_CHUNK + 2 on (the last chunk); ``loss_mask`` marks the targets that
+    FIRST_QUERY on (the last chunk); ``loss_mask`` marks the targets that
     are the queried values."""
     seq = rng.choice(FILLER, size=(n, RECALL_SEQ + 1))
-    q0 = RECALL_SEQ - RECALL_CHUNK + 2  # first query key (inputs position), last chunk
+    q0 = FIRST_QUERY
     mask = np.zeros((n, RECALL_SEQ), bool)
     for r in range(n):
         keys = rng.choice(KEYS, PAIRS, replace=False)
@@ -156,8 +158,7 @@ class RecallData:
 def retrieval_positions() -> np.ndarray:
     """Input positions of the scored queries: every query key but the last (whose value
     elimination gives away), [PAIRS - 1]."""
-    q0 = RECALL_SEQ - RECALL_CHUNK + 2
-    return q0 + 2 * np.arange(PAIRS - 1)
+    return FIRST_QUERY + 2 * np.arange(PAIRS - 1)
 
 
 def recall_accuracy(model, n: int, seed: int) -> float:
