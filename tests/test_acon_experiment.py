@@ -43,3 +43,20 @@ def test_truncation_claim_follows_the_interval():
     assert c.holds is True and "95% CI" in c.ours
     assert ex.truncation_claim([1.0, 0.0] * 10, [0.0, 1.0] * 10, (1, 1)).holds is False
     assert ex.truncation_claim([1.0], [0.0], (1, 1)).verdict == "not tested"
+
+
+def test_call_agreement_compares_replies_with_the_teachers():
+    """The scripted compressor replies exactly as the teacher (it is the teacher); the
+    truncating one replies to the same prompts with something else."""
+    from lcjax.agents import make_tasks
+    from lcjax.agents.scripted import ThreadedServer, create_scripted_app
+
+    states = ex.teacher_part("keep every code", make_tasks(2, seed=5, num_steps=8))
+    calls = sum(len(s.compressions) for s in states)
+    assert calls >= 3
+    with ThreadedServer(create_scripted_app()) as same, \
+            ThreadedServer(ex.create_truncation_app()) as other:
+        ok = ex.call_agreement(ex._endpoint(same.url, "scripted"), states)
+        cut = ex.call_agreement(ex._endpoint(other.url, "truncate"), states, limit=2)
+    assert ok["calls"] == calls and ok["exact"] == 1.0
+    assert cut["calls"] == 2 and cut["exact"] < 1.0

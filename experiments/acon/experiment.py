@@ -23,6 +23,10 @@ per-task paired success differences with a 95% t interval.
 mean reply NLL of the last 10% of steps within :data:`FLAT` of the 10% before, and the loss
 at most :data:`CONVERGED` of its start); the student keeps the teacher's success when the
 95% interval of the per-task difference (student − teacher) lies above −:data:`MARGIN`.
+Beside it, the student is checked teacher-forced (:func:`call_agreement`): on the teacher's
+own prompts, how often its greedy reply is exactly the teacher's, on training calls and on
+held-out ones (the teacher's runs of the evaluation tasks). A served run fails at the first
+wrong fact line, so task success needs nearly every call exact.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ from experiments.common import (
 
 T_OBS, T_HIST = 160, 260
 TRUNC_KEEP = 128  # bytes a truncating compressor keeps (the default compress_max_tokens)
+COMPRESS_MAX_TOKENS = 48  # the reply budget of the teacher and the student compressor
+AGREEMENT_TRAIN_CALLS = 200  # training calls the student is checked on (teacher-forced)
 FLAT = 0.05  # last-10%-of-steps reply NLL within this share of the previous 10%
 MARGIN = 0.10  # the student "keeps" the teacher's success: difference interval above -MARGIN
 # (steps, batch, lr, d_model, layers, seq_len, eval tasks) of the distillation
@@ -56,8 +62,9 @@ DISTIL = {True: dict(steps=20, batch=2, lr=3e-3, d_model=32, layers=1, seq_len=1
           # the student kept no code: the reply copies fact lines out of the prompt, which
           # needs an induction head; the PLASH recall model of this size formed one at batch
           # 64 and lr 1e-3, never at batch 16 and lr 3e-3: batch 32 at lr 1e-3 (6,335 s,
-          # 2026-12-07: reply NLL 0.0056, still falling 31%; success still 0.00)
-          False: dict(steps=2000, batch=32, lr=1e-3, d_model=64, layers=2, seq_len=640,
+          # 2026-12-07: reply NLL 0.0056, still falling 31%; success still 0.00): 4,000
+          # steps, the teacher-forced reply check beside the served one
+          False: dict(steps=4000, batch=32, lr=1e-3, d_model=64, layers=2, seq_len=640,
                       eval_tasks=10)}
 
 
@@ -151,17 +158,37 @@ def truncation_part(tasks) -> tuple[dict, list]:
     return _summary(states), states
 
 
-def teacher_part(guideline: str, tasks) -> list[float]:
-    """Per-task success of the scripted agent with the scripted compressor under
-    ``guideline`` (the distillation's teacher) on ``tasks``."""
+def teacher_part(guideline: str, tasks) -> list:
+    """The scripted agent with the scripted compressor under ``guideline`` (the
+    distillation's teacher) on ``tasks``: one finished state per task."""
     from lcjax.agents import AconAgent, AconConfig, run_task
     from lcjax.agents.scripted import ThreadedServer, create_scripted_app
 
     with ThreadedServer(create_scripted_app()) as server:
         agent = AconAgent(_endpoint(server.url, "scripted"),
                           AconConfig(t_obs=T_OBS, t_hist=T_HIST, guideline=guideline,
-                                     compress_max_tokens=48))
-        return [float(run_task(agent, t).success) for t in tasks]
+                                     compress_max_tokens=COMPRESS_MAX_TOKENS))
+        return [run_task(agent, t) for t in tasks]
+
+
+def call_agreement(compressor, states, *, limit: int | None = None, seed: int = 0) -> dict:
+    """How often ``compressor`` (an endpoint) replies to the teacher's own compressor prompts
+    exactly as the teacher did (both stripped; greedy, :data:`COMPRESS_MAX_TOKENS`): the
+    calls of ``states``, at most ``limit`` of them drawn without replacement (seeded).
+
+    Teacher-forced: every prompt is the teacher's, so an error does not feed the next call
+    as it does in a served run, where one wrong fact line ends the task. Returns ``calls``,
+    ``exact`` (the share replied exactly) and ``per_call`` (0/1)."""
+    from lcjax.eval.endpoint import complete
+
+    calls = [c for s in states for c in s.compressions]
+    if limit is not None and len(calls) > limit:
+        picks = np.random.default_rng(seed).choice(len(calls), size=limit, replace=False)
+        calls = [calls[i] for i in sorted(picks)]
+    hits = [float(complete(compressor, c["prompt"], COMPRESS_MAX_TOKENS).strip()
+                  == c["output"].strip()) for c in calls]
+    return {"calls": len(hits), "exact": float(np.mean(hits)) if hits else float("nan"),
+            "per_call": hits}
 
 
 def serve_part(tasks) -> dict:
@@ -188,8 +215,12 @@ def _lm(cfg, rngs):
     return DecoderLM(cfg, rngs=rngs)
 
 
-def distil_part(teacher_states, guideline: str, tasks, *, quick: bool) -> dict:
-    """Train a byte student on the teacher's compressor calls; serve it as the compressor."""
+def distil_part(teacher_states, guideline: str, tasks, held_out_states, *,
+                quick: bool) -> dict:
+    """Train a byte student on the teacher's compressor calls (``teacher_states``); serve it
+    as the compressor on ``tasks``, and check it teacher-forced (:func:`call_agreement`) on
+    a sample of its training calls and on every call of ``held_out_states`` (the teacher's
+    runs of ``tasks``)."""
     from lcjax.agents import (
         AconAgent,
         AconConfig,
@@ -212,11 +243,15 @@ def distil_part(teacher_states, guideline: str, tasks, *, quick: bool) -> dict:
     student = ServedModel(result.model, ByteTokenizer(), "student", max_len)
     app = create_app(student, batch_window_ms=1, max_batch=1, min_bucket=max_len)
     with ThreadedServer(create_scripted_app()) as teacher, ThreadedServer(app) as served:
+        student_endpoint = _endpoint(served.url, "student")
         agent = AconAgent(_endpoint(teacher.url, "scripted"),
                           AconConfig(t_obs=T_OBS, t_hist=T_HIST, guideline=guideline,
-                                     compress_max_tokens=48),
-                          compressor=_endpoint(served.url, "student"))
+                                     compress_max_tokens=COMPRESS_MAX_TOKENS),
+                          compressor=student_endpoint)
         states = [run_task(agent, t) for t in tasks]
+        on_train = call_agreement(student_endpoint, teacher_states,
+                                  limit=AGREEMENT_TRAIN_CALLS)
+        on_held_out = call_agreement(student_endpoint, held_out_states)
     nll = [float(r["answer_nll"]) for r in result.history]
     w = max(1, len(nll) // 10)
     return {**_summary(states), "docs": docs, "train_steps": steps, "train_s": train_s,
@@ -224,7 +259,9 @@ def distil_part(teacher_states, guideline: str, tasks, *, quick: bool) -> dict:
             "reply_nll_last": float(np.mean(nll[-w:])),
             "reply_nll_prev": float(np.mean(nll[-2 * w:-w])) if len(nll) >= 2 * w else None,
             "reply_nll_curve": nll[::max(1, len(nll) // 50)],
-            "per_task_success": [float(s.success) for s in states]}
+            "per_task_success": [float(s.success) for s in states],
+            "call_exact_train": on_train["exact"], "call_exact_held_out": on_held_out["exact"],
+            "calls_train": on_train["calls"], "calls_held_out": on_held_out["calls"]}
 
 
 CONVERGED = 0.5  # precondition: the distillation loss fell to at most this share of its start
@@ -236,6 +273,16 @@ def converged(distil: dict) -> bool:
     prev = distil.get("reply_nll_prev")
     flat = prev is not None and abs(distil["reply_nll_last"] - prev) <= FLAT * max(prev, 1e-9)
     return bool(flat and distil["last_loss"] <= CONVERGED * distil["first_loss"])
+
+
+def agreement_text(distil: dict) -> str:
+    """``"; teacher-forced exact replies: ..."`` (:func:`call_agreement`), or "" when the
+    run did not measure it."""
+    if "call_exact_train" not in distil:
+        return ""
+    return (f"; teacher-forced exact replies: {100 * distil['call_exact_train']:.0f}% of "
+            f"{distil['calls_train']} training calls, {100 * distil['call_exact_held_out']:.0f}%"
+            f" of {distil['calls_held_out']} held-out calls")
 
 
 def distil_claim(distil: dict, teacher: list[float]) -> Claim:
@@ -254,7 +301,8 @@ def distil_claim(distil: dict, teacher: list[float]) -> Claim:
     ours = (f"{distil['success']:.2f} vs teacher {np.mean(teacher):.2f}: {mean:+.2f} "
             f"[95% CI {lo:+.2f}, {hi:+.2f}] over {diff.size} tasks, after "
             f"{distil['train_steps']} steps (loss {distil['first_loss']:.2f} -> "
-            f"{distil['last_loss']:.2f}; reply NLL {prev:.3f} -> {distil['reply_nll_last']:.3f})")
+            f"{distil['last_loss']:.2f}; reply NLL {prev:.3f} -> {distil['reply_nll_last']:.3f})"
+            + agreement_text(distil))
     if not converged(distil):
         return not_tested(name, target, ours, pre)
     if np.isnan(lo):
@@ -289,8 +337,10 @@ def run(quick: bool, out_dir: Path) -> Result:
                                    long_every=2, short_lines=1, long_lines=3))
     truncation, trunc_states = truncation_part(tasks)
     eval_tasks = make_tasks(DISTIL[quick]["eval_tasks"], seed=3000, num_steps=steps)
-    distil = distil_part(teacher_states, guideline, eval_tasks, quick=quick)
-    teacher_eval = teacher_part(guideline, eval_tasks)
+    teacher_eval_states = teacher_part(guideline, eval_tasks)
+    teacher_eval = [float(s.success) for s in teacher_eval_states]
+    distil = distil_part(teacher_states, guideline, eval_tasks, teacher_eval_states,
+                         quick=quick)
     full, opt = scripted["full"], scripted["optimised"]
     cut = 1 - opt["peak_context_tokens"] / full["peak_context_tokens"]
     o = scripted["optimiser"]
@@ -328,7 +378,8 @@ def run(quick: bool, out_dir: Path) -> Result:
              f"{distil['train_steps']} steps in {distil['train_s']:.0f} s; loss "
              f"{distil['first_loss']:.2f} -> {distil['last_loss']:.2f}; reply NLL of the "
              f"last 10% of steps {distil['reply_nll_last']:.3f}, the 10% before "
-             f"{distil.get('reply_nll_prev') or float('nan'):.3f})")
+             f"{distil.get('reply_nll_prev') or float('nan'):.3f}"
+             f"{agreement_text(distil)})")
     return Result(claims=claims, numbers=numbers, notes=notes)
 
 
