@@ -63,7 +63,8 @@ DISTIL = {True: dict(steps=20, batch=2, lr=3e-3, d_model=32, layers=1, seq_len=1
           # needs an induction head; the PLASH recall model of this size formed one at batch
           # 64 and lr 1e-3, never at batch 16 and lr 3e-3: batch 32 at lr 1e-3 (6,335 s,
           # 2026-12-07: reply NLL 0.0056, still falling 31%; success still 0.00): 4,000
-          # steps, the teacher-forced reply check beside the served one
+          # steps (7,686 s loaded, 2026-12-07): converged (reply NLL 0.00092, flat), exact
+          # on 100% of training calls and 46% of held-out ones, success 0.00: memorised
           False: dict(steps=4000, batch=32, lr=1e-3, d_model=64, layers=2, seq_len=640,
                       eval_tasks=10)}
 
