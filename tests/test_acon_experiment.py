@@ -56,7 +56,7 @@ def test_call_agreement_compares_replies_with_the_teachers():
     assert calls >= 3
     with ThreadedServer(create_scripted_app()) as same, \
             ThreadedServer(ex.create_truncation_app()) as other:
-        ok = ex.call_agreement(ex._endpoint(same.url, "scripted"), states)
-        cut = ex.call_agreement(ex._endpoint(other.url, "truncate"), states, limit=2)
+        ok = ex.call_agreement(ex.chat_endpoint(same.url, "scripted"), states)
+        cut = ex.call_agreement(ex.chat_endpoint(other.url, "truncate"), states, limit=2)
     assert ok["calls"] == calls and ok["exact"] == 1.0
     assert cut["calls"] == 2 and cut["exact"] < 1.0

@@ -76,7 +76,8 @@ def _summary(states) -> dict:
             "compressions": float(np.mean([m["compressions"] for m in ms]))}
 
 
-def _endpoint(url: str, model: str, timeout: float = 300.0):
+def chat_endpoint(url: str, model: str, timeout: float = 300.0):
+    """The chat endpoint of ``model`` at ``url`` (a local server: one retry, no API key)."""
     from lcjax.eval.endpoint import EndpointConfig
 
     return EndpointConfig(url, model=model, chat=True, api_key_env=None, timeout=timeout,
@@ -89,7 +90,7 @@ def scripted_part(tasks) -> tuple[dict, list, str]:
     from lcjax.agents.scripted import ThreadedServer, create_scripted_app
 
     with ThreadedServer(create_scripted_app()) as server:
-        agent = AconAgent(_endpoint(server.url, "scripted"), AconConfig(t_obs=T_OBS,
+        agent = AconAgent(chat_endpoint(server.url, "scripted"), AconConfig(t_obs=T_OBS,
                                                                         t_hist=T_HIST))
         opt = optimise_guideline(agent, tasks, rounds=2)
         runs = {"full": [run_task(agent.replace(t_obs=None, t_hist=None), t) for t in tasks],
@@ -152,9 +153,9 @@ def truncation_part(tasks) -> tuple[dict, list]:
 
     with ThreadedServer(create_scripted_app()) as agent_srv, \
             ThreadedServer(create_truncation_app()) as trunc_srv:
-        agent = AconAgent(_endpoint(agent_srv.url, "scripted"),
+        agent = AconAgent(chat_endpoint(agent_srv.url, "scripted"),
                           AconConfig(t_obs=T_OBS, t_hist=T_HIST),
-                          compressor=_endpoint(trunc_srv.url, "truncate"))
+                          compressor=chat_endpoint(trunc_srv.url, "truncate"))
         states = [run_task(agent, t) for t in tasks]
     return _summary(states), states
 
@@ -166,7 +167,7 @@ def teacher_part(guideline: str, tasks) -> list:
     from lcjax.agents.scripted import ThreadedServer, create_scripted_app
 
     with ThreadedServer(create_scripted_app()) as server:
-        agent = AconAgent(_endpoint(server.url, "scripted"),
+        agent = AconAgent(chat_endpoint(server.url, "scripted"),
                           AconConfig(t_obs=T_OBS, t_hist=T_HIST, guideline=guideline,
                                      compress_max_tokens=COMPRESS_MAX_TOKENS))
         return [run_task(agent, t) for t in tasks]
@@ -204,7 +205,7 @@ def serve_part(tasks) -> dict:
     app = create_app(ServedModel(_lm(cfg, nnx.Rngs(0)), ByteTokenizer(), "tiny", cfg.max_len),
                      batch_window_ms=1, max_batch=1, min_bucket=512)
     with ThreadedServer(app) as server:
-        agent = AconAgent(_endpoint(server.url, "tiny"), AconConfig(
+        agent = AconAgent(chat_endpoint(server.url, "tiny"), AconConfig(
             t_obs=60, t_hist=60, act_max_tokens=8, compress_max_tokens=8))
         states = [run_task(agent, t) for t in tasks]
     return {**_summary(states), "tasks": len(tasks), "finished": sum(s.done for s in states)}
@@ -244,8 +245,8 @@ def distil_part(teacher_states, guideline: str, tasks, held_out_states, *,
     student = ServedModel(result.model, ByteTokenizer(), "student", max_len)
     app = create_app(student, batch_window_ms=1, max_batch=1, min_bucket=max_len)
     with ThreadedServer(create_scripted_app()) as teacher, ThreadedServer(app) as served:
-        student_endpoint = _endpoint(served.url, "student")
-        agent = AconAgent(_endpoint(teacher.url, "scripted"),
+        student_endpoint = chat_endpoint(served.url, "student")
+        agent = AconAgent(chat_endpoint(teacher.url, "scripted"),
                           AconConfig(t_obs=T_OBS, t_hist=T_HIST, guideline=guideline,
                                      compress_max_tokens=COMPRESS_MAX_TOKENS),
                           compressor=student_endpoint)
