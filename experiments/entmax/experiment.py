@@ -132,11 +132,11 @@ class Setting:
 
 # The full run: 4 paired seeds at one fixed budget of 2,000 steps (the former cap) on MQMTAR
 # and flip-flop with NAPE, the cells where the early-stop run's largest gains were claimed
-# (one task × 4 seeds × 3 variants: 7,841 s of training wall time on the 2-core host shared
-# with other runs, 2026-12-06; about 1,100 s in two processes unshared, 2026-12-07). The RoPE
-# cells and niah are left out for their cost; run them into the same folder with
-# ``python -m experiments.entmax.experiment --full --out reports/entmax --positions rope``
-# (``--tasks niah``) and add them below.
+# (training: MQMTAR 3,881 s, flip-flop 3,002 s, 75 minutes wall in two processes beside
+# another run, 2026-12-07). The RoPE cells and niah are left out for their cost; to add them,
+# put them in the setting below and rerun ``python experiments/reproduce.py --only entmax``:
+# the runs kept under ``runs/records/entmax/runs/`` are reused, only the new ones train (a
+# run with ``--tasks`` or ``--positions`` writes a results.json of those cells alone).
 FULL = Setting(seeds=(0, 1, 2, 3), tasks=("mqmtar", "flip_flop"),
                variants=("softmax", "entmax", "asentmax"), positions=("nape",),
                max_steps=2000, eval_items=256)
