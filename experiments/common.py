@@ -296,6 +296,77 @@ def copy_model(model):
     return nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
 
 
+# --- answer-format fine-tuning (the warm starts of TableLong and MGAL) -----------------------
+
+
+def answer_rows(pairs, width: int, *, name: str = "answer_rows") -> dict[str, np.ndarray]:
+    """Teacher-forcing rows of ``(prompt_ids, answer_ids)`` pairs (the prompt with its BOS,
+    the answer with its EOS): ``row = prompt + answer``, ``inputs = row[:-1]``, ``targets =
+    row[1:]``, PAD to ``width``; ``loss_mask`` True exactly on the targets that are answer
+    tokens — the rows of ``lcjax.train.losses.answer_weighted_nll``. All ``[len(pairs),
+    width]``.
+
+    Raises:
+      ValueError: a row longer than ``width + 1`` tokens, or an empty prompt.
+    """
+    from lcjax.data import tokenizer as tok
+
+    n = len(pairs)
+    out = {"inputs": np.full((n, width), tok.PAD, np.int32),
+           "targets": np.full((n, width), tok.PAD, np.int32),
+           "loss_mask": np.zeros((n, width), bool)}
+    for i, (prompt, answer) in enumerate(pairs):
+        row = np.concatenate([prompt, answer])
+        if len(prompt) == 0:
+            raise ValueError(f"{name}: pair {i} has an empty prompt (start it with BOS)")
+        if len(row) > width + 1:
+            raise ValueError(f"{name}: item {i}'s row has {len(row)} tokens > width + 1 = "
+                             f"{width + 1}")
+        out["inputs"][i, :len(row) - 1] = row[:-1]
+        out["targets"][i, :len(row) - 1] = row[1:]
+        out["loss_mask"][i, len(prompt) - 1:len(row) - 1] = True
+    return out
+
+
+def row_batches(rows: dict[str, np.ndarray], steps: int, batch: int, seed: int
+                ) -> list[dict[str, np.ndarray]]:
+    """``steps`` batches of ``batch`` rows: passes over ``rows`` in a fresh permutation of
+    ``seed`` each (every row once per pass; the last pass cut short)."""
+    n = len(rows["inputs"])
+    rng = np.random.default_rng([seed, 2])
+    order = np.concatenate([rng.permutation(n) for _ in range(-(-steps * batch // n))])
+    return [{k: v[order[i * batch:(i + 1) * batch]] for k, v in rows.items()}
+            for i in range(steps)]
+
+
+def answer_finetune(base, rows: dict[str, np.ndarray], *, steps: int, batch: int, lr: float,
+                    seed: int) -> tuple[object, dict]:
+    """A copy of ``base`` fine-tuned by ``lcjax.train.train`` on ``rows``
+    (:func:`answer_rows`) for ``steps`` AdamW steps of ``batch`` rows (:func:`row_batches`;
+    cosine schedule, 10% warm-up), the loss on the answer tokens only
+    (``answer_weighted_loss(0)``); ``base`` is left as it was. Returns the model and
+    ``{"steps", "batch", "lr", "rows", "seed", "answer_nll_first", "answer_nll_last",
+    "wall_s", "cpu_s"}`` (the training answer NLL, nats per answer token, of the first and
+    the last step's batch)."""
+    import time
+
+    from lcjax.train import TrainConfig, answer_weighted_loss, train
+
+    cfg = TrainConfig(steps=steps, batch_size=batch, seq_len=rows["inputs"].shape[1], lr=lr,
+                      warmup_steps=steps // 10, seed=seed, log_every=max(1, steps // 10),
+                      eval_batches=0, progress=False)
+    model = copy_model(base)
+    t0, c0 = time.perf_counter(), time.process_time()
+    result = train(base.config, cfg, dataset=row_batches(rows, steps, batch, seed),
+                   model_fn=lambda *_: model, loss_fn=answer_weighted_loss(0.0))
+    hist = result.history
+    return result.model, {
+        "steps": steps, "batch": batch, "lr": lr, "rows": len(rows["inputs"]), "seed": seed,
+        "answer_nll_first": float(hist[0]["answer_nll"]),
+        "answer_nll_last": float(hist[-1]["answer_nll"]),
+        "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
+
+
 def parse_bench_args(name: str, add_arguments: Callable, argv: list[str]) -> argparse.Namespace:
     """The flags of a paper benchmark, ``python -m experiments.<name>.bench [flags]``, parsed
     from ``argv`` (without the program name): ``add_arguments`` adds them to a subcommand

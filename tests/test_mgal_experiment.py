@@ -152,3 +152,53 @@ def test_likelihood_claim_follows_the_interval():
     null = (rng.random(200) < 0.25).astype(float) - 0.25  # at chance
     c = ex.likelihood_claim("m", {**base, "excess": null.tolist()})
     assert c.holds is False and "95% CI" in c.ours
+
+
+# --- the warm start on the MC answer format --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def warm(suite):
+    return ex.warm_items(suite, seeds=(100, 101), length=LENGTH)
+
+
+def test_warm_items_are_multiple_choice_of_their_own_seeds(suite, warm):
+    items, skipped = warm
+    assert items and all(it.sample.info["item"].options is not None for it in items)
+    assert 0 <= skipped < len(suite.tasks)  # the synthetic corpus fills most cells at 6,000
+    assert ex.shared_questions(items, items) == len(items)
+    assert ex.shared_questions(items, []) == 0
+    for clash in (ex.SEED, ex.SEED + 1):
+        with pytest.raises(ValueError, match="must not see"):
+            ex.warm_items(suite, seeds=(100, clash), length=LENGTH)
+
+
+def test_warm_rows_teach_the_gold_option_text_then_eos(warm):
+    from lcjax.data import tokenizer as tok
+    from lcjax.data.mgal_metrics import parse_choice
+
+    items, _ = warm
+    rows = ex.warm_rows(items)
+    assert rows["inputs"].shape[1] % ex.BUCKET == 0
+    for i, it in enumerate(items):
+        mi = it.sample.info["item"]
+        prompt = tok.encode(it.prompt, bos=True)
+        assert np.array_equal(rows["inputs"][i][:len(prompt)], prompt)
+        taught = rows["targets"][i][rows["loss_mask"][i]]
+        assert taught[-1] == tok.EOS
+        assert parse_choice(tok.decode(taught[:-1]), mi.options) == mi.answer
+
+
+def test_generated_claim_needs_answers_and_follows_the_interval():
+    rng = np.random.default_rng(0)
+
+    def records(p_named, p_right, n=120):
+        return {"mc": [{"n_options": 4, "choice": (0 if rng.random() < p_named else None),
+                        "correct": bool(rng.random() < p_right)} for _ in range(n)]}
+
+    assert ex.generated_claim("m", records(0.2, 0.1)).verdict == "not tested"
+    assert ex.generated_claim("m", records(1.0, 0.9, n=10)).verdict == "not tested"
+    assert ex.generated_claim("m", records(1.0, 0.6)).holds is True
+    at_chance = ex.generated_claim("m", records(1.0, 0.25))
+    assert at_chance.holds is False and "95% CI" in at_chance.ours
+    assert ex.chosen_positions(records(1.0, 0.5)["mc"]) == [120, 0, 0, 0]

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from experiments.common import row_batches
 from experiments.tablelong import experiment as tl
 from lcjax.data import tokenizer as tok
 from lcjax.nn import DecoderConfig, DecoderLM
@@ -187,7 +188,7 @@ def test_warm_items_are_disjoint_from_the_rl_items():
 def test_warm_batches_cover_every_row_once_per_pass():
     rows = {"inputs": np.arange(10)[:, None], "targets": np.arange(10)[:, None],
             "loss_mask": np.ones((10, 1), bool)}
-    batches = tl.warm_batches(rows, steps=7, batch=3, seed=1)  # 21 rows: 2 passes + 1
+    batches = row_batches(rows, steps=7, batch=3, seed=1)  # 21 rows: 2 passes + 1
     seen = np.concatenate([b["inputs"][:, 0] for b in batches])
     assert len(batches) == 7 and all(len(b["inputs"]) == 3 for b in batches)
     assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:20]) == list(range(10))

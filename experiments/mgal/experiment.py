@@ -34,6 +34,19 @@ model's choice is the option with the highest mean log-probability per byte. Cla
 accuracy beats chance (1 / #options per item), tested by the per-item differences
 ``correct − 1/#options`` with a 95% t interval over the MC items (one model, seed 0: the
 interval covers the item draw). Precondition: at least :data:`MIN_MC_ITEMS` MC items.
+
+**Warm start** (full run; :func:`warm_start`): neither byte LM ever names an option, so
+"beats chance on multiple choice" by generation was not tested. A copy of the Shakespeare
+base is fine-tuned on the MC answer format (:func:`experiments.common.answer_finetune`, the
+loss on ``" " + option text + EOS`` only after ``[BOS] + prompt``): MGAL MC items of the
+same suite and budget drawn with the seeds :data:`WARM_SEEDS`, disjoint from the grid's
+(:data:`SEED`) and the option-likelihood items' (``SEED + 1``); a (task, seed) cell the corpus
+cannot fill is skipped and counted, and the report counts warm questions that also occur
+among the evaluated ones. The warm model is then evaluated on the grid at
+``warm_eval_per_cell`` items per cell (≥ :data:`MIN_MC_ITEMS` MC items), its replies long
+enough to copy the longest option, and scored by option likelihood too. Claim: its MC
+accuracy beats chance, by the per-item ``correct − 1/#options`` with a 95% t interval;
+precondition: it names an option in ≥ :data:`ANSWERS_MC` of the MC items.
 """
 
 from __future__ import annotations
@@ -49,11 +62,14 @@ from experiments.common import (
     Claim,
     Experiment,
     Result,
+    answer_finetune,
+    answer_rows,
     interval_verdict,
     machine_info,
     main,
     mean_interval,
     not_tested,
+    records_dir,
     shakespeare_base,
 )
 
@@ -65,16 +81,23 @@ DEPTHS = (0.0, 0.5, 1.0)
 # costs ~19 CPU s for one batch of 3 items with 32 new tokens (compile included), so the
 # grid is small. ``langs``: the corpus (a probe needs a second language); ``eval_langs``:
 # the languages evaluated.
+# the warm start's item seeds, disjoint from the grid's (SEED) and the likelihood items' (SEED + 1)
+WARM_SEEDS = tuple(range(100, 130))
+WARM_STEPS = 150
 SETTINGS = {
     # quick: a smoke run of the pipeline — the oracle and the Shakespeare base only (no
     # RULER model to train), replies of 8 bytes (an option letter fits)
     True: dict(langs=("en", "ja"), eval_langs=("en",), n_per_cell=1, batch=16,
                max_new_tokens=8, models=("shakespeare",), ruler_stages=(),
-               likelihood_per_cell=1, likelihood_max_items=1),
+               likelihood_per_cell=1, likelihood_max_items=1, warm_steps=0),
+    # warm start: WARM_STEPS AdamW steps of warm_batch rows (lr warm_lr) on the MC items of
+    # warm_seeds seeds; evaluated on warm_eval_per_cell items per grid cell
     False: dict(langs=("en", "ja"), eval_langs=("en", "ja"), n_per_cell=1, batch=16,
                 max_new_tokens=32, models=("shakespeare", "ruler"),
                 ruler_stages=((128, 150, ("niah_single_1",)),),
-                likelihood_per_cell=3, likelihood_max_items=None),
+                likelihood_per_cell=3, likelihood_max_items=None,
+                warm_steps=WARM_STEPS, warm_batch=2, warm_lr=1e-3, warm_seeds=WARM_SEEDS,
+                warm_eval_per_cell=3),
 }
 MIN_MC_ITEMS = 30  # precondition of the option-likelihood claim
 BUCKET = 256  # rows are right-padded to a multiple of this (few compiled shapes)
@@ -106,24 +129,174 @@ def oracle_for(suite, n_per_cell: int, length: int = LENGTH):
 
 
 def evaluate_target(target, suite, n_per_cell: int, out_dir: Path, name: str, *,
-                    length: int = LENGTH, max_new_tokens: int | None = None) -> dict:
+                    length: int = LENGTH, max_new_tokens: int | None = None,
+                    folder: Path | None = None) -> dict:
     """``lcjax.eval.evaluate`` of ``target`` on ``suite``; the evaluator's and the suite's
-    reports (MGAL metrics, heat maps) go to ``out_dir/name``; returns the overall scores,
-    the grid and the string-match summary."""
+    reports (MGAL metrics, heat maps) go to ``folder`` (default ``out_dir/name``); returns
+    the overall scores, the grid, the string-match summary, the MC items' records and the
+    heat maps that lie under ``out_dir`` (paths relative to it)."""
     from lcjax.eval import evaluate, write_report
 
     t0 = time.perf_counter()
     res = evaluate(target, suite, (length,), DEPTHS, n_per_cell, SEED, batch_size=8,
                    progress=False, max_new_tokens=max_new_tokens)
-    folder = out_dir / name
+    folder = Path(out_dir / name if folder is None else folder)
     write_report(res, str(folder))
     mg = suite.report(res.records, str(folder))
     return {"overall": mg["overall"], "grid": mg["grid"], "items": len(res.records),
             "errors": sum(r["error"] is not None for r in res.records),
             "string_match_all": res.summary["overall"]["string_match_all"],
+            "mc": [{k: m[k] for k in ("task", "language", "n_options", "choice", "correct")}
+                   for m in (r["suite_metrics"] for r in res.records) if m["kind"] == "mc"],
             "figures": [str(Path(f).relative_to(out_dir)) for f in mg["files"]
-                        if f.endswith(".png")],
+                        if f.endswith(".png") and Path(f).is_relative_to(out_dir)],
             "seconds": time.perf_counter() - t0}
+
+
+def warm_items(suite, seeds=WARM_SEEDS, length: int = LENGTH) -> tuple[list, int]:
+    """``(items, skipped)``: the MC items (``EvalItem``) of ``suite`` at ``length`` bytes,
+    :data:`DEPTHS`, one per task, depth and seed of ``seeds``; a (task, seed) the corpus
+    cannot fill (the generator's RuntimeError) is skipped and counted.
+
+    Raises:
+      ValueError: a seed of the grid (:data:`SEED`) or of the likelihood items (``SEED + 1``).
+    """
+    from lcjax.data.items import build_items
+
+    clash = sorted({SEED, SEED + 1} & set(seeds))
+    if clash:
+        raise ValueError(f"warm_items: seeds {clash} are the evaluated items' (grid {SEED}, "
+                         f"option likelihood {SEED + 1}); the warm start must not see them")
+    items, skipped = [], 0
+    for seed in seeds:
+        for task in suite.tasks:
+            try:
+                cell = build_items(suite, (length,), DEPTHS, 1, seed, tasks=(task.name,))
+            except RuntimeError:
+                skipped += 1
+                continue
+            items += [it for it in cell if it.sample.info["item"].options is not None]
+    return items, skipped
+
+
+def answer_text(item) -> str:
+    """What the model is taught to reply to an MC ``item``: ``" "`` + the gold option's text
+    (the prompt ends ``Answer:``; :func:`lcjax.data.mgal_metrics.parse_choice` strips)."""
+    mi = item.sample.info["item"]
+    return " " + mi.options[int(mi.answer)]
+
+
+def warm_rows(items) -> dict[str, np.ndarray]:
+    """Rows ``[BOS] + prompt + answer_text + [EOS]`` of ``items``, the loss on the answer
+    and EOS (:func:`experiments.common.answer_rows`), padded to a multiple of
+    :data:`BUCKET`."""
+    from lcjax.data import tokenizer as tok
+
+    pairs = [(tok.encode(it.prompt, bos=True), tok.encode(answer_text(it), eos=True))
+             for it in items]
+    width = -(-max(len(p) + len(a) - 1 for p, a in pairs) // BUCKET) * BUCKET
+    return answer_rows(pairs, width, name="warm_rows")
+
+
+def shared_questions(warm, evaluated) -> int:
+    """How many of ``warm``'s items ask a question (text and options) that an item of
+    ``evaluated`` also asks."""
+    def key(it):
+        mi = it.sample.info["item"]
+        return mi.question, mi.options
+
+    seen = {key(it) for it in evaluated}
+    return sum(key(it) in seen for it in warm)
+
+
+def warm_start(base, suite, s: dict) -> tuple[object, dict, list]:
+    """A copy of ``base`` fine-tuned on the MC answer format (module docstring):
+    :func:`warm_rows` of :func:`warm_items`, ``s["warm_steps"]`` steps of
+    ``s["warm_batch"]`` rows at ``s["warm_lr"]``; (model, info, the warm items)."""
+    items, skipped = warm_items(suite, s["warm_seeds"])
+    rows = warm_rows(items)
+    model, info = answer_finetune(base, rows, steps=s["warm_steps"], batch=s["warm_batch"],
+                                  lr=s["warm_lr"], seed=min(s["warm_seeds"]))
+    info |= {"items": len(items), "skipped_cells": skipped,
+             "seeds": [min(s["warm_seeds"]), max(s["warm_seeds"])],
+             "width": rows["inputs"].shape[1],
+             "passes": s["warm_steps"] * s["warm_batch"] / len(items)}
+    return model, info, items
+
+
+def generated_claim(model: str, evaluated: dict) -> Claim:
+    """"Beats chance on MC by its generated replies": the per-item ``correct − 1/#options``
+    with a 95% t interval over the MC items (a reply naming no option is wrong); not tested
+    when the model names an option in fewer than :data:`ANSWERS_MC` of them or there are
+    fewer than :data:`MIN_MC_ITEMS`."""
+    name = f"the {model} byte LM beats chance on multiple choice (generated replies)"
+    pre = (f"the model names an option in ≥ {ANSWERS_MC:.0%} of ≥ {MIN_MC_ITEMS} MC items")
+    target = "accuracy − chance > 0 (95% interval above 0)"
+    mc = evaluated["mc"]
+    answered = float(np.mean([r["choice"] is not None for r in mc])) if mc else 0.0
+    if len(mc) < MIN_MC_ITEMS or answered < ANSWERS_MC:
+        return not_tested(name, target, f"names an option in {answered:.0%} of {len(mc)} MC "
+                          "items", pre)
+    excess = [float(r["correct"]) - 1.0 / r["n_options"] for r in mc]
+    mean, lo, hi = mean_interval(excess)
+    acc = float(np.mean([r["correct"] for r in mc]))
+    chance = float(np.mean([1.0 / r["n_options"] for r in mc]))
+    ours = (f"{_pct(acc)} vs chance {_pct(chance)}: {100 * mean:+.1f} points [95% CI "
+            f"{100 * lo:+.1f}, {100 * hi:+.1f}] over {len(mc)} items (names an option in "
+            f"{answered:.0%})")
+    return Claim(name, target, ours, interval_verdict(lo, hi), pre)
+
+
+def chosen_positions(mc) -> list[int]:
+    """How often each option position (A = 0, B = 1, ...) was the one a reply named (a
+    model that copies one position whatever the question shows here)."""
+    return np.bincount([r["choice"] for r in mc if r["choice"] is not None],
+                       minlength=4).tolist()
+
+
+WARM_NAME = "warm-started Shakespeare"
+
+
+def warm_part(base, suite, lik_items, s: dict, out_dir: Path) -> dict:
+    """The warm start and its evaluation (module docstring): the grid at
+    ``s["warm_eval_per_cell"]`` items per cell through ``lcjax.eval.evaluate`` (replies up to
+    the longest option's bytes + 8; its reports in ``records_dir(out_dir) / "warm"``) and
+    option likelihood on ``lik_items``."""
+    from lcjax.data.items import build_items
+
+    t0 = time.perf_counter()
+    model, info, items = warm_start(base, suite, s)
+    grid = build_items(suite, (LENGTH,), DEPTHS, s["warm_eval_per_cell"], SEED)
+    info["shared_questions"] = shared_questions(items, grid + list(lik_items))
+    new_tokens = 8 + max(len(o.encode()) for it in grid
+                         for o in (it.sample.info["item"].options or ("",)))
+    # its per-item reports go with the records (untracked): reports/ keeps the aggregates
+    evaluated = evaluate_target(model, suite, s["warm_eval_per_cell"], out_dir, "warm",
+                                max_new_tokens=new_tokens,
+                                folder=records_dir(out_dir) / "warm")
+    return {"info": info, "eval": evaluated, "max_new_tokens": new_tokens,
+            "chosen_positions": chosen_positions(evaluated["mc"]),
+            "likelihood": option_scores(model, lik_items),
+            "seconds": time.perf_counter() - t0}
+
+
+def warm_notes(warm: dict) -> str:
+    """The report's paragraph on the warm start."""
+    i, o = warm["info"], warm["eval"]["overall"]
+    lik = warm["likelihood"]
+    return (f"Warm start ({WARM_NAME}): {i['steps']} steps x {i['batch']} rows (lr {i['lr']}) "
+            f"on {i['items']} MC items of seeds {i['seeds'][0]}-{i['seeds'][1]} "
+            f"({i['skipped_cells']} cells the corpus could not fill skipped; "
+            f"{i['passes']:.1f} passes; {i['shared_questions']} warm questions also evaluated), "
+            f"rows of {i['width']} bytes; answer NLL {i['answer_nll_first']:.3f} -> "
+            f"{i['answer_nll_last']:.3f} nats/byte ({i['wall_s']:.0f} s). Evaluated on "
+            f"{o['n']} items ({o['n_mc']} MC), replies up to {warm['max_new_tokens']} bytes: MC "
+            f"{_pct(o['mc_accuracy'])} vs chance {_pct(o['mc_chance'])}, names an option in "
+            f"{_pct(o['mc_answered'])}; positions chosen (A, B, C, D) "
+            f"{warm['chosen_positions']}; open exact match {_pct(o['exact_match'])}. Option "
+            f"likelihood: {_pct(lik['accuracy'])} per-byte / {_pct(lik['accuracy_sum'])} "
+            f"summed vs chance {_pct(lik['chance'])} over {lik['n_mc']} MC items "
+            f"({warm['seconds']:.0f} s in all).")
 
 
 def train_ruler_model(s) -> dict:
@@ -277,6 +450,7 @@ def run(quick: bool, out_dir: Path) -> Result:
     t1 = time.perf_counter()
     likelihood = {m: option_scores(targets[m], lik_items) for m in s["models"]}
     lik_s = time.perf_counter() - t1
+    warm = warm_part(base, suite, lik_items, s, out_dir) if s["warm_steps"] else None
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     o = {name: r["overall"] for name, r in results.items()}
     claims = [
@@ -284,6 +458,9 @@ def run(quick: bool, out_dir: Path) -> Result:
               "100%", _pct(o["oracle"]["accuracy"]), o["oracle"]["accuracy"] == 1.0),
     ] + [beats_chance_claim(m, o[m]) for m in s["models"]] + [
         likelihood_claim(m, likelihood[m]) for m in s["models"]]
+    if warm is not None:
+        claims += [generated_claim(WARM_NAME, warm["eval"]),
+                   likelihood_claim(WARM_NAME, warm["likelihood"])]
     notes = (f"Corpus: {label}; languages {', '.join(langs)}; context budget {LENGTH} bytes "
              f"(prompts up to ~3.3 KB; MGAL uses 8K-128K tokens); depths {DEPTHS} = "
              f"begin/middle/end; {s['n_per_cell']} item(s) per language x granularity x "
@@ -299,8 +476,11 @@ def run(quick: bool, out_dir: Path) -> Result:
                  f"{m} {_pct(v['accuracy'])} per-byte / {_pct(v['accuracy_sum'])} summed vs "
                  f"chance {_pct(v['chance'])} over {v['n_mc']} MC items"
                  for m, v in likelihood.items())
+             + ("" if warm is None else "\n\n" + warm_notes(warm))
              + f"\n\n{wall:.1f} s wall, {cpu:.1f} CPU s.")
-    figures = [out_dir / f for r in results.values() for f in r["figures"]]
+    figures = [out_dir / f for r in [*results.values(), *([] if warm is None else
+                                                          [warm["eval"]])]
+               for f in r["figures"]]
     return Result(claims=claims, notes=notes, figures=figures, numbers={
         "seed": SEED, "quick": quick, "corpus": label, "langs": list(langs),
         "length": LENGTH, "depths": list(DEPTHS), "settings": s,
@@ -309,6 +489,7 @@ def run(quick: bool, out_dir: Path) -> Result:
             {k: ruler[k] for k in ("params", "steps", "stages", "cpu_s")}
             | {"last_answer_nll": ruler["history"][-1]["answer_nll"]}),
         "results": results, "option_likelihood": likelihood, "likelihood_s": lik_s,
+        "warm_start": warm,
         "wall_s": wall, "cpu_s": cpu, "machine": machine_info()})
 
 

@@ -79,6 +79,8 @@ from experiments.common import (
     Claim,
     Experiment,
     Result,
+    answer_finetune,
+    answer_rows,
     copy_model,
     machine_info,
     not_tested,
@@ -223,69 +225,30 @@ def warm_items(n: int, seed: int = WARM_SEED) -> list[dict]:
 
 
 def warm_rows(items: list[dict], width: int = WARM_WIDTH) -> dict[str, np.ndarray]:
-    """Teacher-forcing rows of ``items``: ``row = [BOS] + prompt + answer + [EOS]``
-    (:func:`rl_prompt`, :func:`answer_ids`), ``inputs = row[:-1]``, ``targets = row[1:]``,
-    PAD to ``width``; ``loss_mask`` True on the targets that are answer bytes or EOS — the
-    rows of ``lcjax.train.losses.answer_weighted_nll``. All three ``[len(items), width]``.
+    """Teacher-forcing rows of ``items`` (:func:`experiments.common.answer_rows`): ``row =
+    [BOS] + prompt + answer + [EOS]`` (:func:`rl_prompt`, :func:`answer_ids`), PAD to
+    ``width``, ``loss_mask`` on the answer bytes and EOS. All three ``[len(items), width]``.
 
     Raises:
       ValueError: a row longer than ``width + 1`` tokens.
     """
-    from lcjax.data import tokenizer as tok
-
-    n = len(items)
-    out = {"inputs": np.full((n, width), tok.PAD, np.int32),
-           "targets": np.full((n, width), tok.PAD, np.int32),
-           "loss_mask": np.zeros((n, width), bool)}
-    for i, item in enumerate(items):
-        prompt, answer = rl_prompt(item), answer_ids(item)
-        row = np.concatenate([prompt, answer])
-        if len(row) > width + 1:
-            raise ValueError(f"warm_rows: item {i}'s row has {len(row)} tokens > width + 1 = "
-                             f"{width + 1}")
-        out["inputs"][i, :len(row) - 1] = row[:-1]
-        out["targets"][i, :len(row) - 1] = row[1:]
-        out["loss_mask"][i, len(prompt) - 1:len(row) - 1] = True
-    return out
-
-
-def warm_batches(rows: dict[str, np.ndarray], steps: int, batch: int, seed: int
-                 ) -> list[dict[str, np.ndarray]]:
-    """``steps`` batches of ``batch`` rows: passes over ``rows`` in a fresh permutation of
-    ``seed`` each (every row once per pass; the last pass cut short)."""
-    n = len(rows["inputs"])
-    rng = np.random.default_rng([seed, 2])
-    order = np.concatenate([rng.permutation(n) for _ in range(-(-steps * batch // n))])
-    return [{k: v[order[i * batch:(i + 1) * batch]] for k, v in rows.items()}
-            for i in range(steps)]
+    return answer_rows([(rl_prompt(it), answer_ids(it)) for it in items], width,
+                       name="warm_rows")
 
 
 def warm_start(base, items: list[dict], *, steps: int, batch: int, lr: float = WARM_LR,
                seed: int = WARM_SEED) -> tuple[object, dict]:
-    """A copy of ``base`` fine-tuned by ``lcjax.train.train`` on :func:`warm_rows` of
-    ``items`` for ``steps`` AdamW steps of ``batch`` rows (cosine schedule, 10% warm-up),
-    the loss on the answer bytes and EOS only (``answer_weighted_loss(0)``); ``base`` is
-    left as it was. Returns the model and ``{"steps", "batch", "lr", "rows", "tasks",
-    "answer_nll_first", "answer_nll_last", "wall_s", "cpu_s"}`` (the training answer NLL,
-    nats per answer byte, of the first and the last step's batch)."""
-    from lcjax.train import TrainConfig, answer_weighted_loss, train
-
-    rows = warm_rows(items)
-    cfg = TrainConfig(steps=steps, batch_size=batch, seq_len=WARM_WIDTH, lr=lr,
-                      warmup_steps=steps // 10, seed=seed, log_every=max(1, steps // 10),
-                      eval_batches=0, progress=False)
-    model = copy_model(base)
-    t0, c0 = time.perf_counter(), time.process_time()
-    result = train(base.config, cfg, dataset=warm_batches(rows, steps, batch, seed),
-                   model_fn=lambda *_: model, loss_fn=answer_weighted_loss(0.0))
-    hist = result.history
-    info = {"steps": steps, "batch": batch, "lr": lr, "rows": len(items), "seed": seed,
-            "tasks": {t: sum(it["task"] == t for it in items)
-                      for t in dict.fromkeys(it["task"] for it in items)},
-            "answer_nll_first": float(hist[0]["answer_nll"]),
-            "answer_nll_last": float(hist[-1]["answer_nll"]),
-            "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
-    return result.model, info
+    """A copy of ``base`` fine-tuned on :func:`warm_rows` of ``items``
+    (:func:`experiments.common.answer_finetune`: ``steps`` AdamW steps of ``batch`` rows,
+    the loss on the answer bytes and EOS only); ``base`` is left as it was. Returns the model
+    and ``{"steps", "batch", "lr", "rows", "seed", "tasks", "answer_nll_first",
+    "answer_nll_last", "wall_s", "cpu_s"}`` (the training answer NLL, nats per answer byte,
+    of the first and the last step's batch)."""
+    model, info = answer_finetune(base, warm_rows(items), steps=steps, batch=batch, lr=lr,
+                                  seed=seed)
+    info["tasks"] = {t: sum(it["task"] == t for it in items)
+                     for t in dict.fromkeys(it["task"] for it in items)}
+    return model, info
 
 
 def param_digest(model) -> str:
