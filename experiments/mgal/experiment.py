@@ -254,6 +254,12 @@ def chosen_positions(mc) -> list[int]:
                        minlength=4).tolist()
 
 
+def without(record: dict, *keys: str) -> dict:
+    """``record`` less ``keys``: the report keeps aggregates; the per-item MC records and
+    the warm model's grid stay in its evaluator reports."""
+    return {k: v for k, v in record.items() if k not in keys}
+
+
 WARM_NAME = "warm-started Shakespeare"
 
 
@@ -488,8 +494,10 @@ def run(quick: bool, out_dir: Path) -> Result:
         "ruler_model": None if ruler is None else (
             {k: ruler[k] for k in ("params", "steps", "stages", "cpu_s")}
             | {"last_answer_nll": ruler["history"][-1]["answer_nll"]}),
-        "results": results, "option_likelihood": likelihood, "likelihood_s": lik_s,
-        "warm_start": warm,
+        "results": {name: without(r, "mc") for name, r in results.items()},
+        "option_likelihood": likelihood, "likelihood_s": lik_s,
+        "warm_start": None if warm is None else warm | {
+            "eval": without(warm["eval"], "mc", "grid")},
         "wall_s": wall, "cpu_s": cpu, "machine": machine_info()})
 
 
