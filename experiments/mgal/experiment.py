@@ -76,14 +76,16 @@ from experiments.common import (
 SEED = 0
 LENGTH = 2048
 DEPTHS = (0.0, 0.5, 1.0)
+# the warm start's item seeds, disjoint from the grid's (SEED) and the likelihood items'
+# (SEED + 1); its steps: 150 x 2 rows of up to 4,096 bytes took 2,593 s here (2026-12-07,
+# beside other runs; 4-row steps at that width did not fit the time or ~11 GB of memory)
+WARM_SEEDS = tuple(range(100, 130))
+WARM_STEPS = 150
 # max_new_tokens: the models' reply budget in bytes (enough for an option letter or a short
 # answer; longer gold answers cannot be matched by them). Greedy decoding at 2-3 KB prompts
 # costs ~19 CPU s for one batch of 3 items with 32 new tokens (compile included), so the
 # grid is small. ``langs``: the corpus (a probe needs a second language); ``eval_langs``:
 # the languages evaluated.
-# the warm start's item seeds, disjoint from the grid's (SEED) and the likelihood items' (SEED + 1)
-WARM_SEEDS = tuple(range(100, 130))
-WARM_STEPS = 150
 SETTINGS = {
     # quick: a smoke run of the pipeline — the oracle and the Shakespeare base only (no
     # RULER model to train), replies of 8 bytes (an option letter fits)
