@@ -129,6 +129,32 @@ def test_reader_hammering_a_training_run(tmp_path):
                                                        (steps - 2, steps - 1, steps)]
 
 
+class _VanishingSteps:
+    """A manager whose first ``fails`` reloads raise ``error`` (a step deleted mid-listing)."""
+
+    def __init__(self, error, fails):
+        self.error, self.fails, self.reloads = error, fails, 0
+
+    def reload(self):
+        self.reloads += 1
+        if self.reloads <= self.fails:
+            raise self.error("step 11 went away")
+
+    def all_steps(self):
+        return [12, 13, 14]
+
+
+@pytest.mark.parametrize("error", [FileNotFoundError, NotADirectoryError])
+def test_list_steps_retries_a_step_deleted_while_listing(error):
+    """Both ways orbax reports a step the writer deletes under it (seen in the hammer test:
+    the folder vanishes between its exists() and is_dir() checks) make the listing retry;
+    past the attempts the error is raised."""
+    manager = _VanishingSteps(error, fails=3)
+    assert ckpt.list_steps(manager) == [12, 13, 14] and manager.reloads == 4
+    with pytest.raises(error):
+        ckpt.list_steps(_VanishingSteps(error, fails=5), attempts=5)
+
+
 # ---- corrupt steps and truncated logs, in process ------------------------------------------
 
 TRAIN = dict(steps=4, batch_size=2, seq_len=16, warmup_steps=1, ckpt_every=1, log_every=1,

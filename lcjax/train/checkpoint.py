@@ -89,12 +89,14 @@ def checkpoint_reader(directory: str | os.PathLike) -> ocp.CheckpointManager:
 
 def list_steps(manager: ocp.CheckpointManager, *, attempts: int = 50) -> list[int]:
     """The committed steps of ``manager``'s folder, read again from disk. A step the writer
-    deletes while they are listed (orbax stats each one) makes the listing retry."""
+    deletes while they are listed (orbax stats each one) makes the listing retry: orbax
+    then raises FileNotFoundError, or NotADirectoryError when the step folder vanishes
+    between its ``exists()`` and ``is_dir()`` checks."""
     for _ in range(attempts - 1):
         try:
             manager.reload()
             return list(manager.all_steps())
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             time.sleep(0.01)
     manager.reload()
     return list(manager.all_steps())
