@@ -155,6 +155,8 @@ def run_one(exp: Experiment, quick: bool, out: Path, command: str) -> tuple[dict
 # --- what a committed report folder keeps ---------------------------------------------------
 
 ITEM_LIMIT = 50  # a JSON list longer than this holds per-item/per-run records or a curve
+MOVED_NOTE = "items: in the untracked copy under runs/records/]"  # what replaces such a list
+FLOAT_DIGITS = 6  # significant digits a committed float keeps (the twin keeps them all)
 PNG_COLOURS = 64
 
 
@@ -164,7 +166,7 @@ def split_items(value, limit: int = ITEM_LIMIT, *, top: bool = True):
     list (``top``) is a table of rows: its rows are looked into, never replaced."""
     if isinstance(value, list):
         if len(value) > limit and not top:
-            return f"[{len(value)} items: in the untracked copy under runs/records/]", True
+            return f"[{len(value)} {MOVED_NOTE}", True
         pairs = [split_items(v, limit, top=False) for v in value]
         return [k for k, _ in pairs], any(m for _, m in pairs)
     if isinstance(value, dict):
@@ -173,13 +175,29 @@ def split_items(value, limit: int = ITEM_LIMIT, *, top: bool = True):
     return value, False
 
 
+def round_floats(value, digits: int = FLOAT_DIGITS):
+    """``value`` (parsed JSON) with every float rounded to ``digits`` significant digits
+    (``float(f"{x:.{digits}g}")``: idempotent; ints, bools, nan and inf unchanged)."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, list):
+        return [round_floats(v, digits) for v in value]
+    if isinstance(value, dict):
+        return {k: round_floats(v, digits) for k, v in value.items()}
+    return value
+
+
 def compact_json(path: Path, twin: Path) -> bool:
-    """Move ``path``'s per-item lists out: the whole file is copied to ``twin`` and
-    ``path`` keeps the rest (:func:`split_items`), indented by one space. Returns whether
-    ``path`` changed."""
+    """Move ``path``'s per-item lists out (:func:`split_items`) and round its floats
+    (:func:`round_floats`): when either changes something the whole file is copied to
+    ``twin`` first — unless ``path`` was compacted before (it holds a :data:`MOVED_NOTE`;
+    its twin then has the lists). ``path`` keeps the rest, indented by one space. Returns
+    whether ``path`` changed."""
     text = path.read_text(encoding="utf-8")
-    kept, moved = split_items(json.loads(text))
-    if moved:
+    body = json.loads(text)
+    kept = round_floats(split_items(body)[0])
+    changed = json.dumps(kept) != json.dumps(body)  # (strings: NaN != NaN as floats)
+    if changed and MOVED_NOTE not in text:
         twin.parent.mkdir(parents=True, exist_ok=True)
         twin.write_text(text, encoding="utf-8")
     small = json.dumps(kept, indent=1, ensure_ascii=False)

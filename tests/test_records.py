@@ -61,7 +61,7 @@ def test_split_items_moves_long_lists_only():
     value = {"a": list(range(n + 1)), "b": [{"c": list(range(n))}], "d": 3}
     kept, moved = reproduce.split_items(value)
     assert moved and kept["d"] == 3 and kept["b"] == [{"c": list(range(n))}]
-    assert kept["a"] == f"[{n + 1} items: in the untracked copy under runs/records/]"
+    assert kept["a"] == f"[{n + 1} {reproduce.MOVED_NOTE}"
     assert reproduce.split_items(kept) == (kept, False)
     rows = [{"cell": i, "curve": list(range(n + 1))} for i in range(n + 2)]  # a table file
     kept, moved = reproduce.split_items(rows)
@@ -79,6 +79,25 @@ def test_compact_json_keeps_the_whole_file_in_its_twin(tmp_path):
     small = json.loads(path.read_text())
     assert small["claims"] == [1, 2] and isinstance(small["items"], str)
     assert not reproduce.compact_json(path, twin)  # idempotent
+    path.write_text(json.dumps(dict(small, x=0.123456789)))  # compacted before, then edited
+    assert reproduce.compact_json(path, twin)
+    assert json.loads(twin.read_text()) == body  # the twin keeps the lists
+
+
+def test_compact_json_rounds_floats_and_keeps_them_whole_in_its_twin(tmp_path):
+    path, twin = tmp_path / "r" / "results.json", tmp_path / "t" / "results.json"
+    path.parent.mkdir()
+    body = {"x": 0.123456789012, "n": [3, 1e-300 * 7.123456789, float("nan")], "b": True,
+            "i": 12345678901}
+    path.write_text(json.dumps(body))
+    assert reproduce.compact_json(path, twin)
+    small = json.loads(path.read_text())
+    assert small["x"] == 0.123457 and small["n"][0] == 3 and small["n"][1] == 7.12346e-300
+    assert np.isnan(small["n"][2]) and small["b"] is True and small["i"] == 12345678901
+    assert json.loads(twin.read_text())["x"] == body["x"]
+    twin.write_text("kept")
+    assert not reproduce.compact_json(path, twin)  # idempotent, the twin left alone
+    assert twin.read_text() == "kept"
 
 
 def test_compact_png_keeps_the_pixels_of_a_few_colour_plot(tmp_path):

@@ -130,15 +130,14 @@ class Setting:
     eval_items: int  # fresh items per length
 
 
-# The full run: 4 paired seeds at one fixed budget of 2,000 steps (the former cap) on MQMTAR
-# and flip-flop with NAPE and with RoPE (training, 2026-12-07, two processes: NAPE MQMTAR
-# 3,881 s and flip-flop 3,002 s beside another run; RoPE MQMTAR 1,881 s and flip-flop
-# 2,113 s, 40-43 minutes wall beside the MGAL run).
-# niah is left out for its cost; to add it, put it in the setting below and rerun ``python
-# experiments/reproduce.py --only entmax``: the runs kept under ``runs/records/entmax/runs/``
-# are reused, only the new ones train (a run with ``--tasks`` or ``--positions`` writes a
+# The full run: 4 paired seeds at one fixed budget of 2,000 steps (the former cap) on niah,
+# MQMTAR and flip-flop with NAPE and with RoPE. Training, two processes on this 2-core machine:
+# NAPE MQMTAR 3,881 s and flip-flop 3,002 s beside another run; RoPE MQMTAR 1,881 s and
+# flip-flop 2,113 s, 40-43 minutes wall beside the MGAL run (2026-12-07); niah (L = 128) NAPE
+# and RoPE, 2026-12-07, see docs/entmax.md. The runs kept under ``runs/records/entmax/runs/``
+# are reused, only missing ones train (a run with ``--tasks`` or ``--positions`` writes a
 # results.json of those cells alone).
-FULL = Setting(seeds=(0, 1, 2, 3), tasks=("mqmtar", "flip_flop"),
+FULL = Setting(seeds=(0, 1, 2, 3), tasks=("niah", "mqmtar", "flip_flop"),
                variants=("softmax", "entmax", "asentmax"), positions=("nape", "rope"),
                max_steps=2000, eval_items=256)
 # quick: the one task a softmax model learns within a few hundred steps at this size
@@ -617,8 +616,8 @@ def _notes(setting, ran, not_run, positions, pos_not_run, per_task, seconds,
 EXPERIMENT = Experiment(
     name="entmax",
     paper="ASEntmax / AdaSplash-2 (α-entmax attention)",
-    summary="softmax, α=1.5 entmax and ASEntmax with NAPE, each trained the same 2,000 steps "
-            "on MQMTAR and on flip-flop (4 paired seeds), scored at 1×–16× L",
+    summary="softmax, α=1.5 entmax and ASEntmax with NAPE and with RoPE, each trained the same "
+            "2,000 steps on niah, MQMTAR and flip-flop (4 paired seeds), scored at 1×–16× L",
     run=run,
     quick_budget_s=210,  # 186 s in the 2026-12-02 afternoon make reproduce (1,207 s in all)
 )
