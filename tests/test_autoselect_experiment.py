@@ -36,3 +36,20 @@ def test_paired_claim_follows_the_interval():
     same = {"policy": rng.random(100), "nearest": rng.random(100)}
     assert ex.paired_claim(same, "policy", "nearest", 0.9).holds is False
     assert ex.paired_claim(better, "policy", "nearest", 0.1).verdict == "not tested"
+
+
+def test_more_demos_claim_pairs_episodes():
+    """The k_max-vs-k=1 claim follows the paired t interval of per-episode hit differences:
+    k=6 answers every episode k=1 answers plus 30 of the other 60 (d = +0.3, interval
+    [0.209, 0.391] by hand: s = 0.4606, t_{0.975, 99} = 1.9842); the same hits shuffled
+    between episodes tie in mean but are not better; a weak LM is not tested."""
+    k1 = np.zeros(100, bool)
+    k1[:40] = True
+    k6 = k1.copy()
+    k6[40:70] = True
+    c = ex.more_demos_claim({1: k1, 2: k1, 6: k6}, 0.9)
+    assert c.holds is True and "k=6 vs k=1" in c.claim
+    assert "+0.300 [95% CI +0.209, +0.391]" in c.ours
+    tie = ex.more_demos_claim({1: k1, 6: np.roll(k1, 50)}, 0.9)
+    assert tie.holds is False
+    assert ex.more_demos_claim({1: k1, 6: k6}, 0.1).verdict == "not tested"
