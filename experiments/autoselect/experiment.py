@@ -66,6 +66,7 @@ SETTINGS = {
 }
 CUE = 20  # first spare feature slot of make_lookup_episode's 30 features
 LEARNED = 0.5  # precondition: the LM answers >= this share with the oracle's (best-of-k) demos
+GOOD_DEMOS = f"the LM answers with good demos: best-of-k accuracy ≥ {LEARNED:.0%}"
 DIGITS = [encode(str(d)) for d in range(10)]
 
 
@@ -181,7 +182,7 @@ def paired_claim(per_episode: dict, a: str, b: str, learned: float) -> Claim:
     95% t interval; holds when the interval's low end is above 0. Not tested unless the LM
     answers with good demonstrations (best-of-k accuracy >= LEARNED)."""
     name = f"the trained policy beats {b} selection (accuracy averaged over k, paired)"
-    pre = f"the LM answers with good demos: best-of-k accuracy ≥ {LEARNED:.0%}"
+    pre = GOOD_DEMOS
     d = per_episode[a] - per_episode[b]
     mean, lo, hi = mean_interval(d)
     ours = (f"{per_episode[a].mean():.3f} vs {per_episode[b].mean():.3f}; difference "
@@ -199,7 +200,7 @@ def more_demos_claim(hits: dict, learned: float) -> Claim:
     above 0. Not tested unless the LM answers with good demos (best-of-k ≥ LEARNED)."""
     k1, kmax = min(hits), max(hits)
     name = f"more demonstrations help the policy (k={kmax} vs k={k1}, paired)"
-    pre = f"the LM answers with good demos: best-of-k accuracy ≥ {LEARNED:.0%}"
+    pre = GOOD_DEMOS
     d = hits[kmax].astype(float) - hits[k1].astype(float)
     mean, lo, hi = mean_interval(d)
     ours = (f"{hits[kmax].mean():.3f} vs {hits[k1].mean():.3f}; difference {mean:+.3f} "
