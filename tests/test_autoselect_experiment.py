@@ -50,6 +50,10 @@ def test_more_demos_claim_pairs_episodes():
     c = ex.more_demos_claim({1: k1, 2: k1, 6: k6}, 0.9)
     assert c.holds is True and "k=6 vs k=1" in c.claim
     assert "+0.300 [95% CI +0.209, +0.391]" in c.ours
+    small = k1.copy()
+    small[40:48] = True  # +8 episodes, nested: paired [0.026, 0.134] holds, unpaired would not
+    c = ex.more_demos_claim({1: k1, 6: small}, 0.9)
+    assert c.holds is True and "+0.080 [95% CI +0.026, +0.134]" in c.ours
     tie = ex.more_demos_claim({1: k1, 6: np.roll(k1, 50)}, 0.9)
     assert tie.holds is False
     assert ex.more_demos_claim({1: k1, 6: k6}, 0.1).verdict == "not tested"
